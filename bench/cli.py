@@ -1,0 +1,170 @@
+"""Command line: ``python run_suite.py [run|report|list] [options]``.
+
+* ``run`` (default): plan the suite, train and predict every incomplete cell into the
+  store ``<results>/<suite>/``, then write the report ``<reports>/<suite>/``.
+* ``report``: rebuild every table and plot from the store alone (no model is built and
+  no checkpoint read).
+* ``list``: the registered methods, datasets, attention layers, metrics and suites.
+
+Exit status: 0 success, 1 some cells failed (the report marks them), 2 bad input
+(nothing written).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from pathlib import Path
+
+from bench.errors import ConfigError
+
+# modules whose import registers the built-in attention layers, metrics, methods and datasets
+BUILTIN_PLUGINS = ("bench.vit", "bench.metrics", "methods", "datasets")
+
+
+def _csv(kind):
+    def parse(text: str):
+        items = tuple(x.strip() for x in text.split(",") if x.strip())
+        if not items:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {kind}")
+        if kind == "seeds":
+            try:
+                return tuple(int(x) for x in items)
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"seeds must be integers, got {text!r}") from None
+        return items
+
+    return parse
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="run_suite.py",
+        description="uqbench: train, evaluate and report uncertainty methods for Transformers.",
+    )
+    p.add_argument("command", nargs="?", default="run", choices=("run", "report", "list"),
+                   help="run (default): train+predict+report; report: tables and plots from the store; list: registries")
+    p.add_argument("--suite", default="default", help="built-in suite name or path to a suite .toml (default: default)")
+    p.add_argument("--methods", type=_csv("methods"), help="comma-separated method names to run (or, with report, to show)")
+    p.add_argument("--datasets", type=_csv("datasets"), help="comma-separated dataset names of the suite to use")
+    p.add_argument("--seeds", type=_csv("seeds"), help="comma-separated seeds, replacing the suite's")
+    p.add_argument("--epochs", type=_positive_int, help="training epochs for every method, replacing the suite's")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="where to train (default: auto)")
+    p.add_argument("--results", default="results", type=Path, help="prediction store root (default: results)")
+    p.add_argument("--reports", default="reports", type=Path, help="report root (default: reports)")
+    p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                   help="import MODULE so its registrations take part (repeatable)")
+    p.add_argument("--format", type=_csv("formats"), default=("md", "tex", "csv"), help="table formats (md,tex,csv)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars or per-cell lines")
+    return p
+
+
+def import_plugins(names: list[str]) -> None:
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    for name in BUILTIN_PLUGINS:
+        importlib.import_module(name)
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise ConfigError(
+                f"--plugin {name}: cannot import it ({exc}); give an importable module name "
+                "(a .py file or package in the current directory or on PYTHONPATH)"
+            ) from None
+
+
+def cmd_list() -> int:
+    from bench.registry import ATTENTIONS, DATASETS, METHODS, METRICS
+    from bench.spec import available_suites
+
+    def first_line(obj) -> str:
+        doc = (obj.__doc__ or sys.modules[obj.__module__].__doc__ or "").strip().splitlines()
+        return doc[0] if doc else ""
+
+    print("methods:")
+    for name in METHODS.names():
+        cls = METHODS.get(name)
+        print(f"  {name:<22} [{cls.kind}] {first_line(cls)}")
+    print("datasets:")
+    for name in DATASETS.names():
+        print(f"  {name:<22} {first_line(DATASETS.get(name))}")
+    print("attention layers:")
+    for name in ATTENTIONS.names():
+        print(f"  {name:<22} {first_line(ATTENTIONS.get(name))}")
+    print("metrics:")
+    print("  " + ", ".join(METRICS.names()))
+    print("suites:")
+    print("  " + ", ".join(available_suites()))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _main(args)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _main(args: argparse.Namespace) -> int:
+    import_plugins(args.plugin)
+    if args.command == "list":
+        return cmd_list()
+
+    from bench.spec import Overrides, load_suite, select
+
+    for fmt in args.format:
+        if fmt not in ("md", "tex", "csv"):
+            raise ConfigError(f"--format: unknown table format {fmt!r}; known: md, tex, csv")
+    suite = load_suite(args.suite, Overrides(seeds=args.seeds, epochs=args.epochs, methods=args.methods))
+    store_root = args.results / suite.name
+    status = 0
+    if args.command == "run":
+        from bench.plan import make_plan
+        from bench.runner import Console, run_plan
+        from bench.store import Store
+        from bench.train import resolve_device
+
+        device = resolve_device(args.device)
+        console = Console(args.quiet)
+        plan = make_plan(select(suite, args.methods, args.datasets))
+        console.log(f"suite {suite.name!r}: {len(plan.cells)} cells on {device}, store {store_root}")
+        summary = run_plan(plan, Store(store_root), device, console)
+        console.log(f"done: {len(summary.done)} trained, {len(summary.skipped)} skipped, {len(summary.failed)} failed")
+        status = 1 if summary.failed else 0
+        shown = None  # after a run, the report covers the whole suite
+    else:
+        shown = list(args.methods) if args.methods else None
+    written = write_suite_report(suite, store_root, args.reports / suite.name, args.format, shown, args.datasets)
+    if not args.quiet:
+        print(f"report: {written}", file=sys.stderr)
+    return status
+
+
+def write_suite_report(suite, store_root: Path, out_dir: Path, formats, methods, datasets) -> Path:
+    """Analyse the store for ``suite`` and write the report; returns the README path."""
+    from bench.analysis import collect
+    from bench.plan import make_plan
+    from bench.report import write_report
+    from bench.spec import select
+    from bench.store import Store
+
+    if not store_root.is_dir():
+        raise ConfigError(f"no results for suite {suite.name!r} under {store_root}; run the suite first "
+                          f"(python run_suite.py --suite {suite.name}) or pass --results DIR")
+    results = collect(make_plan(select(suite, None, datasets, to_run=False)), Store(store_root))
+    write_report(results, out_dir, tuple(formats), methods)
+    return out_dir / "README.md"

@@ -1,0 +1,117 @@
+"""The two shapes a method takes.
+
+**Trained** methods (:class:`TrainedMethod`) are "a ViT whose attention is X, trained
+with loss L, predicting with S Monte-Carlo passes"; a subclass overrides only what
+differs (``Options``, ``attention_for_block``, ``eval_mode``, ``training_loss``).  Each
+(dataset, method, seed) is one cell of the plan, trained by the one loop in
+``bench.train``.
+
+**Derived** methods (:class:`DerivedMethod`) are never trained: they are computed in
+analysis from the *stored* predictions of member cells of a trained ``base`` method
+(temperature scaling fits on the stored validation predictions; ensembles average the
+predictions of several seeds).  They are plain numpy, so analysis needs no model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from bench.data import DataBundle
+from bench.spec import ModelConfig
+
+
+class TrainedMethod:
+    kind: ClassVar[str] = "trained"
+
+    @dataclass(frozen=True)
+    class Options:
+        """A deterministic single-pass predictor has no options."""
+
+    def __init__(self, options) -> None:
+        self.options = options
+
+    # --- model -------------------------------------------------------------------------
+    @classmethod
+    def model_defaults(cls) -> dict:
+        """Backbone settings this method wants unless the suite overrides them."""
+        return {}
+
+    def build_model(self, cfg: ModelConfig, data: DataBundle):
+        from bench.vit import ViT
+
+        return ViT(data.image_shape, data.num_classes, cfg, self.attention_for_block(cfg))
+
+    def attention_for_block(self, cfg: ModelConfig):
+        """``block index -> attention module``; None = ``cfg.attention`` everywhere."""
+        return None
+
+    # --- training ----------------------------------------------------------------------
+    def training_loss(self, model, logits, labels):
+        """Cross-entropy plus every ``extra_loss()`` that a layer reports (KL, KSVD, ...)."""
+        import torch.nn.functional as F
+
+        loss = F.cross_entropy(logits.float(), labels)
+        for module in model.modules():
+            extra = getattr(module, "extra_loss", None)
+            if extra is not None and (term := extra()) is not None:
+                loss = loss + term
+        return loss
+
+    # --- prediction --------------------------------------------------------------------
+    @property
+    def samples(self) -> int:
+        """Stochastic forward passes per prediction."""
+        return getattr(self.options, "samples", 1)
+
+    @property
+    def average(self) -> str:
+        """How passes are combined: ``"logits"`` (then softmax) or ``"probs"``."""
+        return getattr(self.options, "average", "probs")
+
+    def eval_mode(self, model) -> None:
+        """Put the model in its prediction mode (MC Dropout keeps dropout on)."""
+        model.eval()
+
+
+@dataclass(frozen=True)
+class DerivedOptions:
+    base: str = "msp"  # the trained method of the suite whose stored predictions are used
+
+
+class DerivedMethod:
+    kind: ClassVar[str] = "derived"
+    Options: ClassVar[type] = DerivedOptions
+
+    def __init__(self, options) -> None:
+        self.options = options
+
+    def members_per_replicate(self) -> int:
+        return 1
+
+    def replicates(self, seeds: tuple[int, ...]) -> list[tuple[int, tuple[int, ...]]]:
+        """``(replicate id, member seeds)`` pairs.  A one-member method (post-hoc) has one
+        replicate per seed, identified by that seed; a combinator of M members uses
+        consecutive disjoint blocks of M seeds, identified 0, 1, ..."""
+        m = self.members_per_replicate()
+        blocks = [tuple(seeds[r * m : (r + 1) * m]) for r in range(len(seeds) // m)]
+        return [(block[0] if m == 1 else r, block) for r, block in enumerate(blocks)]
+
+    def combine(self, members: list[dict[str, np.ndarray]], labels: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Map the members' ``split -> log_probs [N, C]`` dicts (and the splits' labels,
+        ``-1`` on OOD) to this method's ``split -> log_probs``."""
+        raise NotImplementedError
+
+
+def log_mean_exp(log_probs: np.ndarray, axis: int = 0) -> np.ndarray:
+    """log(mean(exp(x))) along ``axis``, stably: averaging probabilities in log space."""
+    m = np.max(log_probs, axis=axis, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    out = m + np.log(np.mean(np.exp(log_probs - m), axis=axis, keepdims=True))
+    return np.squeeze(out, axis=axis)
+
+
+def log_softmax(z: np.ndarray) -> np.ndarray:
+    z = z - np.max(z, axis=-1, keepdims=True)
+    return z - np.log(np.sum(np.exp(z), axis=-1, keepdims=True))

@@ -1,0 +1,70 @@
+"""The planner: a suite becomes cells (dataset x trained method x seed), each keyed by a
+hash of its resolved config.  Derived methods add no cells: analysis computes them from
+the cells of their base method."""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+from bench.options import to_dict
+from bench.spec import DatasetSpec, MethodSpec, Suite
+from bench.store import STORE_SCHEMA
+
+
+@dataclass(frozen=True)
+class Cell:
+    dataset: DatasetSpec
+    method: MethodSpec
+    seed: int
+    key: str
+    config: dict  # the resolved config the key hashes (also stored in cell.json)
+
+    @property
+    def label(self) -> str:
+        return f"{self.dataset.name} / {self.method.name} / seed {self.seed}"
+
+
+def cell_config(dataset: DatasetSpec, method: MethodSpec, seed: int) -> dict:
+    """Everything that determines a cell's predictions (suite-level names excluded, so two
+    suites with the same settings share keys)."""
+    return {
+        "schema": STORE_SCHEMA,
+        "dataset": {"type": dataset.type, "options": to_dict(dataset.options), "splits": list(dataset.splits)},
+        "method": {
+            "type": method.type,
+            "options": to_dict(method.options),
+            "train": to_dict(method.train),
+            "model": to_dict(method.model),
+        },
+        "seed": seed,
+    }
+
+
+def config_key(config: dict) -> str:
+    canonical = json.dumps(config, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Plan:
+    suite: Suite
+    cells: tuple[Cell, ...]
+
+    def find(self, dataset: str, method: str, seed: int) -> Cell:
+        for c in self.cells:
+            if (c.dataset.name, c.method.name, c.seed) == (dataset, method, seed):
+                return c
+        raise KeyError((dataset, method, seed))
+
+
+def make_plan(suite: Suite) -> Plan:
+    cells = []
+    for d in suite.datasets:
+        for m in suite.methods:
+            if m.kind != "trained":
+                continue
+            for seed in suite.seeds:
+                config = cell_config(d, m, seed)
+                cells.append(Cell(d, m, seed, config_key(config), config))
+    return Plan(suite, tuple(cells))

@@ -1,0 +1,200 @@
+"""The sequential local runner: train and predict every incomplete cell of a plan.
+
+Complete cells (manifest verifies) are skipped with a log line; incomplete ones (a run
+killed mid-cell) are cleared and redone; a cell whose training fails (non-finite loss, or
+any other error inside the cell) is stored with status ``failed`` and the reason, and the
+run goes on.  Configuration problems are found up front, before anything is written, by
+building every (dataset, method) model once (:func:`preflight`).
+"""
+from __future__ import annotations
+
+import csv
+import io
+import platform
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+import numpy as np
+import torch
+
+from bench.data import DataBundle
+from bench.errors import ConfigError, NonFiniteLoss
+from bench.plan import Cell, Plan
+from bench.registry import DATASETS, METHODS
+from bench.spec import DatasetSpec
+from bench.store import CellDir, Store
+from bench.train import fit, predict, seed_everything
+
+
+class Console:
+    """Progress bars on a terminal, one line per finished cell, nothing when quiet."""
+
+    def __init__(self, quiet: bool = False) -> None:
+        self.quiet = quiet
+        self.bars = not quiet and sys.stderr.isatty()
+        self._tqdm = None
+        if self.bars:
+            from tqdm import tqdm
+
+            self._tqdm = tqdm
+
+    def log(self, msg: str) -> None:
+        if self.quiet:
+            return
+        if self._tqdm is not None:
+            self._tqdm.write(msg, file=sys.stderr)
+        else:
+            print(msg, file=sys.stderr, flush=True)
+
+    def warn(self, msg: str) -> None:
+        print(f"warning: {msg}", file=sys.stderr, flush=True)
+
+    def bar(self, total: int, desc: str, leave: bool = True):
+        if self._tqdm is None:
+            return None
+        return self._tqdm(total=total, desc=desc, leave=leave, file=sys.stderr, dynamic_ncols=True)
+
+
+def load_data(spec: DatasetSpec) -> DataBundle:
+    return DATASETS.get(spec.type).load(spec.options)
+
+
+def preflight(plan: Plan, datasets: dict[str, DataBundle]) -> None:
+    """Raise ConfigError for anything that would make a cell fail for config reasons:
+    split patterns matching nothing, or a model that cannot be built for the data."""
+    for d in plan.suite.datasets:
+        data = datasets[d.name]
+        for pattern in d.splits:
+            if not data.eval_splits((pattern,))[1:] and pattern != "val":
+                raise ConfigError(
+                    f"datasets.{d.name}.splits: pattern {pattern!r} matches no split; "
+                    f"available: {', '.join(n for n in data.split_names() if n != 'train')}"
+                )
+        for m in plan.suite.methods:
+            if m.kind == "trained":
+                METHODS.get(m.type)(m.options).build_model(m.model, data)
+
+
+def versions() -> dict:
+    return {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__}
+
+
+@dataclass
+class RunSummary:
+    done: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+
+
+def run_plan(plan: Plan, store: Store, device: torch.device, console: Console) -> RunSummary:
+    datasets = {d.name: load_data(d) for d in plan.suite.datasets}
+    preflight(plan, datasets)
+    summary = RunSummary()
+    bar = console.bar(len(plan.cells), "cells")
+    for i, cell in enumerate(plan.cells, 1):
+        cd = store.cell(cell.key)
+        prefix = f"[{i}/{len(plan.cells)}] {cell.label}"
+        if cd.status() == "complete":
+            console.log(f"{prefix}: complete, skipped ({cell.key})")
+            summary.skipped.append(cell.key)
+        else:
+            t0 = time.perf_counter()
+            status, detail = run_cell(cell, datasets[cell.dataset.name], cd, device, console)
+            secs = time.perf_counter() - t0
+            if status == "complete":
+                console.log(f"{prefix}: complete in {secs:.1f} s, {detail}")
+                summary.done.append(cell.key)
+            else:
+                console.warn(f"{prefix}: FAILED after {secs:.1f} s: {detail}")
+                summary.failed.append(cell.key)
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    return summary
+
+
+def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, console: Console) -> tuple[str, str]:
+    """Train, predict every evaluation split, store; returns (status, one-line detail)."""
+    cd.reset()
+    method = METHODS.get(cell.method.type)(cell.method.options)
+    info = {
+        "key": cell.key,
+        "dataset": cell.dataset.name,
+        "method": cell.method.name,
+        "seed": cell.seed,
+        "config": cell.config,
+        "status": "running",
+        "device": str(device),
+        "versions": versions(),
+        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "samples": method.samples,
+        "average": method.average,
+    }
+    cd.write_cell(info)
+    try:
+        seed_everything(cell.seed)
+        model = method.build_model(cell.method.model, data).to(device)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        bar = console.bar(cell.method.train.epochs, "epochs", leave=False)
+        result = fit(method, model, data, cell.method.train, device, cell.seed, on_epoch=(lambda _r: bar.update(1)) if bar else None)
+        if bar is not None:
+            bar.close()
+        log_buf = io.StringIO()
+        writer = csv.DictWriter(log_buf, fieldnames=list(result.log[0]))
+        writer.writeheader()
+        writer.writerows(result.log)
+        cd.write_bytes("train_log.csv", log_buf.getvalue().encode())
+        ckpt = io.BytesIO()
+        torch.save(result.state_dict, ckpt)
+        cd.write_bytes("checkpoint.pt", ckpt.getvalue())
+
+        t_pred, n_pred = time.perf_counter(), 0
+        test_acc = float("nan")
+        for split in data.eval_splits(cell.dataset.splits):
+            s = data.get(split)
+            lp = predict(method, model, s, data, device, cell.method.train.eval_batch_size)
+            cd.write_preds(split, lp, s.y)
+            n_pred += len(s)
+            if split == "test":
+                test_acc = float((lp.argmax(1) == s.y).mean())
+        pred_secs = time.perf_counter() - t_pred
+    except NonFiniteLoss as exc:
+        return _fail(cd, info, str(exc))
+    except ConfigError:
+        raise
+    except Exception as exc:  # a bug or resource error inside one cell must not stop the grid
+        console.warn(traceback.format_exc())
+        return _fail(cd, info, f"{type(exc).__name__}: {exc}")
+    info.update(
+        {
+            "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "train_seconds": round(result.seconds, 3),
+            "predict_seconds": round(pred_secs, 3),
+            "predict_seconds_per_1000": round(1000 * pred_secs / max(1, n_pred), 4),
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "best_epoch": result.best_epoch,
+            "best_val_acc": result.best_val_acc,
+            "test_acc": test_acc,
+            "peak_memory_mb": _peak_memory_mb(device),
+        }
+    )
+    cd.seal(info)
+    return "complete", f"best epoch {result.best_epoch}, test acc {test_acc:.3f}"
+
+
+def _fail(cd: CellDir, info: dict, reason: str) -> tuple[str, str]:
+    cd.write_cell({**info, "status": "failed", "reason": reason, "finished": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+    return "failed", reason
+
+
+def _peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # process peak RSS (Linux: KiB)

@@ -1,0 +1,300 @@
+"""The suite file: TOML parsed into frozen dataclasses and validated before any work starts.
+
+A suite names its seeds, a default training budget (``[train]``) and backbone
+(``[model]``), the datasets (``[datasets.<name>]``) and the methods (``[methods.<name>]``).
+Each dataset/method table may set ``type`` (the registered name; defaults to the table
+name) and its own options; a trained method may override ``train``/``model`` keys in
+sub-tables.  Example::
+
+    seeds = [0, 1, 2]
+    [train]
+    epochs = 15
+    [model]
+    dim = 64
+    [datasets.mnist5k]
+    splits = ["test", "shift/*", "ood/*"]
+    [methods.msp]
+    [methods.deep_ensemble]
+    base = "msp"
+    members = 3
+
+Every problem (unknown key or name, wrong type, out-of-range value) is collected with
+its key path and raised as one :class:`~bench.errors.ConfigError`.
+"""
+from __future__ import annotations
+
+import copy
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from bench.errors import ConfigError
+from bench.options import Problems, parse
+from bench.registry import ATTENTIONS, DATASETS, METHODS
+
+SUITES_DIR = Path(__file__).resolve().parent / "suites"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training loop's budget and optimiser (``[train]``)."""
+
+    epochs: int = field(default=15, metadata={"min": 1})
+    batch_size: int = field(default=128, metadata={"min": 1})
+    optimizer: Literal["adam", "adamw"] = "adamw"
+    lr: float = field(default=1e-3, metadata={"exclusive_min": 0.0})
+    weight_decay: float = field(default=5e-5, metadata={"min": 0.0})
+    warmup_epochs: int = field(default=1, metadata={"min": 0})
+    min_lr: float = field(default=1e-5, metadata={"min": 0.0})
+    grad_clip: float = field(default=1.0, metadata={"min": 0.0})  # max grad norm; 0 = off
+    augment: tuple[str, ...] = field(default=(), metadata={"choices": ("crop", "flip")})
+    eval_batch_size: int = field(default=1000, metadata={"min": 1})
+    compile: bool = False  # torch.compile on CUDA
+
+    def __post_init__(self) -> None:
+        if self.warmup_epochs >= self.epochs and self.warmup_epochs > 0:
+            raise ValueError(f"warmup_epochs ({self.warmup_epochs}) must be smaller than epochs ({self.epochs})")
+        if self.min_lr > self.lr:
+            raise ValueError(f"min_lr ({self.min_lr}) must not exceed lr ({self.lr})")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The ViT backbone (``[model]``); ``attention`` is looked up in the attention registry."""
+
+    patch_size: int = field(default=7, metadata={"min": 1})
+    dim: int = field(default=64, metadata={"min": 1})
+    depth: int = field(default=2, metadata={"min": 1})
+    heads: int = field(default=4, metadata={"min": 1})
+    mlp_ratio: float = field(default=2.0, metadata={"exclusive_min": 0.0})
+    dropout: float = field(default=0.1, metadata={"min": 0.0, "max": 0.95})
+    attention: str = "softmax"
+    pool: Literal["mean", "cls"] = "mean"
+
+    def __post_init__(self) -> None:
+        if self.dim % self.heads:
+            raise ValueError(f"dim ({self.dim}) must be divisible by heads ({self.heads})")
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    name: str  # the suite's name for it (table name)
+    type: str  # registered dataset name
+    options: Any  # the dataset's frozen Options instance
+    splits: tuple[str, ...]  # glob patterns of evaluation splits
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    name: str
+    type: str
+    kind: str  # "trained" or "derived"
+    options: Any  # the method's frozen Options instance
+    train: TrainConfig | None  # None for derived methods
+    model: ModelConfig | None
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    seeds: tuple[int, ...]
+    datasets: tuple[DatasetSpec, ...]
+    methods: tuple[MethodSpec, ...]
+    description: str = ""
+
+    def method(self, name: str) -> MethodSpec:
+        for m in self.methods:
+            if m.name == name:
+                return m
+        raise KeyError(name)
+
+
+@dataclass(frozen=True)
+class _Top:
+    """Top-level keys of a suite file (sub-tables are parsed separately)."""
+
+    name: str = ""
+    description: str = ""
+    seeds: tuple[int, ...] = field(default=(0,), metadata={"min": 0})
+    train: dict = field(default_factory=dict)
+    model: dict = field(default_factory=dict)
+    datasets: dict = field(default_factory=dict)
+    methods: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """Command-line settings applied on top of the suite file."""
+
+    seeds: tuple[int, ...] | None = None
+    epochs: int | None = None
+    methods: tuple[str, ...] | None = None  # registered methods missing from the suite are added
+
+
+def available_suites() -> list[str]:
+    return sorted(p.stem for p in SUITES_DIR.glob("*.toml"))
+
+
+def resolve_suite_path(name_or_path: str) -> Path:
+    path = Path(name_or_path)
+    if path.suffix == ".toml" or path.exists():
+        if not path.is_file():
+            raise ConfigError(f"suite file {str(path)!r} does not exist")
+        return path
+    builtin = SUITES_DIR / f"{name_or_path}.toml"
+    if not builtin.is_file():
+        raise ConfigError(
+            f"unknown suite {name_or_path!r}: neither a built-in suite ({', '.join(available_suites())}) "
+            "nor a path to a .toml file"
+        )
+    return builtin
+
+
+def load_suite(name_or_path: str = "default", overrides: Overrides = Overrides()) -> Suite:
+    """Read, override and validate a suite; raises ConfigError listing every problem."""
+    path = resolve_suite_path(name_or_path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: malformed TOML: {exc}") from None
+    raw.setdefault("name", path.stem)
+    return build_suite(raw, overrides)
+
+
+def _merge(base: dict, over: dict) -> dict:
+    return {**base, **over}
+
+
+def build_suite(raw: dict, overrides: Overrides = Overrides()) -> Suite:
+    """Validate a suite given as a plain dict (the parsed TOML)."""
+    raw = copy.deepcopy(raw)
+    problems = Problems()
+    if overrides.seeds is not None:
+        raw["seeds"] = list(overrides.seeds)
+    top = parse(_Top, raw, "", problems)
+    if top is None:
+        problems.raise_if_any()
+    if not top.seeds:
+        problems.add("seeds", "needs at least one seed")
+    if len(set(top.seeds)) != len(top.seeds):
+        problems.add("seeds", f"seeds must be distinct, got {list(top.seeds)}")
+
+    base_train = dict(top.train)
+    if overrides.epochs is not None:
+        base_train["epochs"] = overrides.epochs
+    parse(TrainConfig, base_train, "train", problems)
+    parse(ModelConfig, top.model, "model", problems)
+
+    method_tables = dict(top.methods)
+    if overrides.methods is not None:
+        for name in overrides.methods:  # a registered method not in the suite runs with defaults
+            if name not in method_tables and name in METHODS:
+                method_tables[name] = {}
+
+    datasets = tuple(_parse_dataset(n, t, problems) for n, t in top.datasets.items())
+    methods = tuple(
+        _parse_method(n, t, base_train, top.model, overrides, problems) for n, t in method_tables.items()
+    )
+    if not datasets:
+        problems.add("datasets", "the suite names no dataset; add a [datasets.<name>] table")
+    if not methods:
+        problems.add("methods", "the suite names no method; add a [methods.<name>] table")
+    problems.raise_if_any()
+
+    by_name = {m.name: m for m in methods}
+    for m in methods:
+        if m.kind == "derived":
+            _check_derived(m, by_name, problems)
+    problems.raise_if_any()
+
+    return Suite(top.name, top.seeds, datasets, methods, top.description)
+
+
+def _parse_dataset(name: str, table: Any, problems: Problems) -> DatasetSpec | None:
+    path = f"datasets.{name}"
+    if not isinstance(table, dict):
+        problems.add(path, f"expected a table, got {table!r}")
+        return None
+    table = dict(table)
+    type_ = table.pop("type", name)
+    splits = table.pop("splits", ["test", "shift/*", "ood/*"])
+    if type_ not in DATASETS:
+        problems.add(f"{path}.type" if "type" in table else path, DATASETS.unknown_message(type_))
+        return None
+    if not isinstance(splits, list) or not splits or not all(isinstance(s, str) for s in splits):
+        problems.add(f"{path}.splits", f"expected a non-empty list of split patterns, got {splits!r}")
+    options = parse(DATASETS.get(type_).Options, table, path, problems)
+    return DatasetSpec(name, type_, options, tuple(splits) if isinstance(splits, list) else ())
+
+
+def _parse_method(
+    name: str, table: Any, base_train: dict, base_model: dict, overrides: Overrides, problems: Problems
+) -> MethodSpec | None:
+    path = f"methods.{name}"
+    if not isinstance(table, dict):
+        problems.add(path, f"expected a table, got {table!r}")
+        return None
+    table = dict(table)
+    type_ = table.pop("type", name)
+    if type_ not in METHODS:
+        problems.add(f"{path}.type" if type_ != name else path, METHODS.unknown_message(type_))
+        return None
+    cls = METHODS.get(type_)
+    train_over, model_over = table.pop("train", {}), table.pop("model", {})
+    options = parse(cls.Options, table, path, problems)
+    if cls.kind == "derived":
+        if train_over or model_over:
+            problems.add(path, f"{type_!r} is computed from stored predictions and takes no train/model settings")
+        return MethodSpec(name, type_, cls.kind, options, None, None)
+    train_raw = _merge(base_train, train_over if isinstance(train_over, dict) else {})
+    if overrides.epochs is not None:
+        train_raw["epochs"] = overrides.epochs
+    model_raw = _merge(cls.model_defaults(), _merge(base_model, model_over if isinstance(model_over, dict) else {}))
+    train = parse(TrainConfig, train_raw, f"{path}.train", problems)
+    model = parse(ModelConfig, model_raw, f"{path}.model", problems)
+    if model is not None and model.attention not in ATTENTIONS:
+        problems.add(f"{path}.model.attention", ATTENTIONS.unknown_message(model.attention))
+    return MethodSpec(name, type_, cls.kind, options, train, model)
+
+
+def _check_derived(m: MethodSpec, by_name: dict[str, MethodSpec], problems: Problems) -> None:
+    base = m.options.base
+    if base not in by_name:
+        problems.add(f"methods.{m.name}.base", f"names no method of this suite; known: {', '.join(by_name)}")
+    elif by_name[base].kind != "trained":
+        problems.add(f"methods.{m.name}.base", f"{base!r} must be a trained method, not a derived one")
+
+
+def select(
+    suite: Suite, methods: tuple[str, ...] | None = None, datasets: tuple[str, ...] | None = None, *, to_run: bool = True
+) -> Suite:
+    """The part of a suite to run (or report): only these datasets and methods, plus the
+    trained methods that the selected derived ones are computed from.  ``to_run`` also
+    checks that every selected combinator has enough seeds for one replicate."""
+    if datasets is not None:
+        known = [d.name for d in suite.datasets]
+        for name in datasets:
+            if name not in known:
+                raise ConfigError(f"--datasets: suite {suite.name!r} has no dataset {name!r}; it has: {', '.join(known)}")
+    chosen_methods = suite.methods
+    if methods is not None:
+        known = [m.name for m in suite.methods]
+        for name in methods:
+            if name not in known:
+                raise ConfigError(
+                    f"--methods: unknown method {name!r}; suite {suite.name!r} has: {', '.join(known)}; "
+                    f"registered methods: {', '.join(METHODS.names())}"
+                )
+        wanted = set(methods)
+        wanted |= {m.options.base for m in suite.methods if m.name in wanted and m.kind == "derived"}
+        chosen_methods = tuple(m for m in suite.methods if m.name in wanted)
+    for m in chosen_methods:
+        need = METHODS.get(m.type)(m.options).members_per_replicate() if m.kind == "derived" else 0
+        if to_run and need > len(suite.seeds):
+            raise ConfigError(
+                f"methods.{m.name}: needs {need} member seeds but the run has {len(suite.seeds)} "
+                f"({list(suite.seeds)}); add seeds, lower 'members', or leave it out with --methods"
+            )
+    chosen_datasets = tuple(d for d in suite.datasets if datasets is None or d.name in datasets)
+    return Suite(suite.name, suite.seeds, chosen_datasets, chosen_methods, suite.description)

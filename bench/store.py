@@ -1,0 +1,168 @@
+"""The prediction store: one directory per cell, every write atomic, completeness by manifest.
+
+``<root>/<cell-key>/`` holds
+
+* ``cell.json``: resolved config, versions, status (``running``/``complete``/``failed``),
+  timings, seed, and the failure reason if any;
+* ``train_log.csv``: one row per epoch;
+* ``checkpoint.pt``: the best-on-validation weights (``torch.load(weights_only=True)``);
+* ``preds/<split>.npz``: ``log_probs`` float32 [N, C] and ``labels`` int64 [N]
+  (``-1`` on OOD splits); split names map to paths (``shift/x/3`` -> ``preds/shift/x/3.npz``);
+* ``manifest.json``: sha256 of every other file, written last.
+
+A cell is complete only when its manifest exists and every listed file verifies.  Every
+file is written to a temporary name, fsynced and renamed, so a run killed at any moment
+leaves either the old file or the new one, never half of one.  Nothing in a complete
+cell is ever deleted; an incomplete cell's directory is cleared before it is redone.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+STORE_SCHEMA = 1
+MANIFEST = "manifest.json"
+CELL = "cell.json"
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the whole new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def split_relpath(split: str) -> str:
+    parts = split.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"bad split name {split!r}")
+    return "preds/" + "/".join(parts) + ".npz"
+
+
+class CellDir:
+    """Reads and writes one cell's directory."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @property
+    def key(self) -> str:
+        return self.path.name
+
+    # --- state -------------------------------------------------------------------------
+    def read_cell(self) -> dict | None:
+        try:
+            return json.loads((self.path / CELL).read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+
+    def status(self) -> str:
+        """``complete`` (manifest verifies), ``failed``, ``incomplete`` or ``missing``."""
+        if not self.path.exists():
+            return "missing"
+        if self.verify():
+            return "complete"
+        cell = self.read_cell()
+        if cell is not None and cell.get("status") == "failed":
+            return "failed"
+        return "incomplete"
+
+    def verify(self) -> bool:
+        try:
+            manifest = json.loads((self.path / MANIFEST).read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return False
+        for rel, digest in manifest.get("files", {}).items():
+            f = self.path / rel
+            if not f.is_file() or sha256_file(f) != digest:
+                return False
+        cell = self.read_cell()
+        return cell is not None and cell.get("status") == "complete"
+
+    def reset(self) -> None:
+        """Clear an incomplete or failed cell before redoing it (never a complete one)."""
+        if self.verify():
+            raise RuntimeError(f"refusing to clear complete cell {self.path}")
+        if self.path.exists():
+            shutil.rmtree(self.path)
+        self.path.mkdir(parents=True)
+
+    # --- writes ------------------------------------------------------------------------
+    def write_cell(self, info: dict) -> None:
+        atomic_write_json(self.path / CELL, info)
+
+    def write_preds(self, split: str, log_probs: np.ndarray, labels: np.ndarray) -> None:
+        buf = io.BytesIO()
+        np.savez(buf, log_probs=np.asarray(log_probs, dtype=np.float32), labels=np.asarray(labels, dtype=np.int64))
+        atomic_write_bytes(self.path / split_relpath(split), buf.getvalue())
+
+    def write_bytes(self, rel: str, data: bytes) -> None:
+        atomic_write_bytes(self.path / rel, data)
+
+    def seal(self, info: dict) -> None:
+        """Mark complete: write the final ``cell.json``, then the manifest over every file."""
+        info = {**info, "status": "complete"}
+        self.write_cell(info)
+        files = sorted(
+            p.relative_to(self.path).as_posix()
+            for p in self.path.rglob("*")
+            if p.is_file() and p.name != MANIFEST and not p.name.startswith(".")
+        )
+        manifest = {"schema": STORE_SCHEMA, "files": {rel: sha256_file(self.path / rel) for rel in files}}
+        atomic_write_json(self.path / MANIFEST, manifest)
+
+    # --- reads -------------------------------------------------------------------------
+    def read_preds(self, split: str) -> tuple[np.ndarray, np.ndarray]:
+        with np.load(self.path / split_relpath(split), allow_pickle=False) as z:
+            return z["log_probs"], z["labels"]
+
+    def splits(self) -> list[str]:
+        root = self.path / "preds"
+        return sorted(p.relative_to(root).with_suffix("").as_posix() for p in root.rglob("*.npz"))
+
+
+class Store:
+    """``<results>/<suite>/``: a directory of cells keyed by config hash."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+
+    def cell(self, key: str) -> CellDir:
+        return CellDir(self.root / key)

@@ -1,0 +1,198 @@
+"""The one training loop and the one prediction routine, shared by every trained method.
+
+Adam or AdamW, linear warm-up then cosine decay to ``min_lr`` (stepped per batch),
+gradient-norm clipping, validation after every epoch and the best-validation-accuracy
+weights kept (ties keep the earlier epoch).  Method-specific loss terms enter through
+``method.training_loss``.  On CUDA the data sit on the GPU, augmentation runs there and
+the forward pass uses bf16 autocast; on CPU everything is deterministic for a seed.
+A non-finite loss raises :class:`~bench.errors.NonFiniteLoss`.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from bench.data import DataBundle, Split
+from bench.errors import ConfigError, NonFiniteLoss
+from bench.method import TrainedMethod
+from bench.spec import TrainConfig
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA device is available; use --device cpu or auto")
+    if name not in ("cpu", "cuda"):
+        raise ConfigError(f"--device must be auto, cpu or cuda, got {name!r}")
+    return torch.device(name)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def to_tensor(split: Split, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """uint8 images as ``[N, C, H, W]`` uint8 on ``device`` (normalised per batch later)."""
+    x = torch.from_numpy(np.ascontiguousarray(split.x))
+    x = x.unsqueeze(1) if x.ndim == 3 else x.permute(0, 3, 1, 2)
+    return x.contiguous().to(device), torch.from_numpy(split.y).to(device)
+
+
+class Normalize:
+    def __init__(self, data: DataBundle, device: torch.device) -> None:
+        self.mean = torch.tensor(data.mean, device=device).view(1, -1, 1, 1) * 255.0
+        self.std = torch.tensor(data.std, device=device).view(1, -1, 1, 1) * 255.0
+
+    def __call__(self, x_uint8: torch.Tensor) -> torch.Tensor:
+        return (x_uint8.float() - self.mean) / self.std
+
+
+def augment(x: torch.Tensor, ops: tuple[str, ...], gen: torch.Generator) -> torch.Tensor:
+    """Random crop with 4-pixel zero padding and/or horizontal flip, per sample, on uint8 NCHW."""
+    b, _, h, w = x.shape
+    if "crop" in ops:
+        pad = 4
+        padded = F.pad(x, (pad, pad, pad, pad))
+        oy = torch.randint(0, 2 * pad + 1, (b,), generator=gen).to(x.device)
+        ox = torch.randint(0, 2 * pad + 1, (b,), generator=gen).to(x.device)
+        rows = (oy[:, None] + torch.arange(h, device=x.device))[:, None, :, None]
+        cols = (ox[:, None] + torch.arange(w, device=x.device))[:, None, None, :]
+        idx_b = torch.arange(b, device=x.device)[:, None, None, None]
+        idx_c = torch.arange(x.shape[1], device=x.device)[None, :, None, None]
+        x = padded[idx_b, idx_c, rows, cols]
+    if "flip" in ops:
+        flip = (torch.rand(b, generator=gen) < 0.5).to(x.device)
+        x = torch.where(flip[:, None, None, None], x.flip(3), x)
+    return x
+
+
+def lr_factor(step: int, total: int, warmup: int, lr: float, min_lr: float) -> float:
+    """Multiplier of the base lr: linear warm-up over ``warmup`` steps, then cosine to min_lr."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return (min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))) / lr
+
+
+def autocast(device: torch.device):
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+@torch.no_grad()
+def predict(
+    method: TrainedMethod, model: torch.nn.Module, split: Split, data: DataBundle, device: torch.device, batch_size: int
+) -> np.ndarray:
+    """Log predictive probabilities ``[N, C]`` (float32) with the method's S passes and
+    averaging rule (``logits``: softmax of the mean logit; ``probs``: mean probability)."""
+    method.eval_mode(model)
+    norm = Normalize(data, device)
+    x_all, _ = to_tensor(split, device)
+    out = []
+    for i in range(0, len(x_all), batch_size):
+        x = norm(x_all[i : i + batch_size])
+        with autocast(device):
+            logits = torch.stack([model(x).float() for _ in range(method.samples)])  # [S, B, C]
+        if method.average == "logits":
+            lp = F.log_softmax(logits.mean(0), dim=-1)
+        else:
+            lp = torch.logsumexp(F.log_softmax(logits, dim=-1), dim=0) - math.log(method.samples)
+        out.append(lp.cpu())
+    return torch.cat(out).numpy().astype(np.float32)
+
+
+@dataclass
+class TrainResult:
+    state_dict: dict
+    best_epoch: int
+    best_val_acc: float
+    log: list[dict] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def fit(
+    method: TrainedMethod,
+    model: torch.nn.Module,
+    data: DataBundle,
+    cfg: TrainConfig,
+    device: torch.device,
+    seed: int,
+    on_epoch: Callable[[dict], None] | None = None,
+) -> TrainResult:
+    """Train ``model`` on ``data``'s train split, validating on ``val`` after each epoch."""
+    start = time.perf_counter()
+    gen = torch.Generator().manual_seed(seed)
+    train, val = data.get("train"), data.get("val")
+    x_train, y_train = to_tensor(train, device)
+    norm = Normalize(data, device)
+    n = len(x_train)
+    bs = min(cfg.batch_size, n)
+    steps_per_epoch = n // bs  # drop the last partial batch, as the reference recipe does
+    total = steps_per_epoch * cfg.epochs
+    warmup = steps_per_epoch * cfg.warmup_epochs
+
+    opt_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
+    opt = opt_cls(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, total, warmup, cfg.lr, cfg.min_lr))
+    step_model = torch.compile(model) if (cfg.compile and device.type == "cuda") else model
+
+    best = TrainResult(copy.deepcopy(model.state_dict()), -1, -1.0)
+    for epoch in range(cfg.epochs):
+        model.train()
+        t0 = time.perf_counter()
+        perm = torch.randperm(n, generator=gen).to(device)
+        loss_sum = torch.zeros((), device=device)
+        correct = torch.zeros((), device=device)
+        for s in range(steps_per_epoch):
+            idx = perm[s * bs : (s + 1) * bs]
+            x = x_train[idx]
+            if cfg.augment:
+                x = augment(x, cfg.augment, gen)
+            y = y_train[idx]
+            with autocast(device):
+                logits = step_model(norm(x))
+                loss = method.training_loss(model, logits, y)
+            if not torch.isfinite(loss):
+                raise NonFiniteLoss(f"non-finite training loss {loss.item()} at epoch {epoch + 1}, step {s + 1}")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            opt.step()
+            sched.step()
+            loss_sum += loss.detach() * len(y)
+            correct += (logits.argmax(-1) == y).sum()
+        val_lp = predict(method, model, val, data, device, cfg.eval_batch_size)
+        val_acc = float((val_lp.argmax(1) == val.y).mean())
+        val_nll = float(-val_lp[np.arange(len(val.y)), val.y].mean())
+        row = {
+            "epoch": epoch + 1,
+            "lr": opt.param_groups[0]["lr"],
+            "train_loss": float(loss_sum) / (steps_per_epoch * bs),
+            "train_acc": float(correct) / (steps_per_epoch * bs),
+            "val_acc": val_acc,
+            "val_nll": val_nll,
+            "seconds": time.perf_counter() - t0,
+        }
+        best.log.append(row)
+        if val_acc > best.best_val_acc:
+            best.state_dict = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+            best.best_epoch, best.best_val_acc = epoch + 1, val_acc
+        if on_epoch is not None:
+            on_epoch(row)
+    model.load_state_dict(best.state_dict)
+    best.seconds = time.perf_counter() - start
+    return best

@@ -1,0 +1,110 @@
+"""A small pre-LayerNorm Vision Transformer whose attention layers come from a registry.
+
+Attention layers are registered in ``bench.registry.ATTENTIONS`` and constructed as
+``cls(dim=..., heads=..., dropout=...)``; they map ``[B, N, dim] -> [B, N, dim]``.  The
+plain ``softmax`` layer lives here; layers that a method introduces (SGPA, KEP-SVGP, ...)
+live with that method.  A method chooses the attention of each block through
+``attention_for_block`` (e.g. KEP-SVGP only in the last block).
+
+A layer may also define ``extra_loss() -> Tensor | None``: a regulariser (KL, KSVD) from
+its last forward pass, which the training loop adds to the loss.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bench.errors import ConfigError
+from bench.registry import ATTENTIONS
+from bench.spec import ModelConfig
+
+
+@ATTENTIONS.register("softmax")
+class SoftmaxAttention(nn.Module):
+    """Multi-head scaled dot-product attention, softmax(QK^T / sqrt(d_head)) V."""
+
+    def __init__(self, dim: int, heads: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        out = F.scaled_dot_product_attention(q, k, v)
+        return self.drop(self.proj(out.transpose(1, 2).reshape(b, n, c)))
+
+
+class Block(nn.Module):
+    """Pre-LN transformer block: x + Attn(LN x), then x + MLP(LN x)."""
+
+    def __init__(self, dim: int, mlp_ratio: float, dropout: float, attention: nn.Module) -> None:
+        super().__init__()
+        hidden = max(1, int(round(dim * mlp_ratio)))
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = attention
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(
+            nn.Linear(dim, hidden), nn.GELU(), nn.Dropout(dropout), nn.Linear(hidden, dim), nn.Dropout(dropout)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+AttentionFactory = Callable[[int], nn.Module]
+
+
+class ViT(nn.Module):
+    """Patch embedding (Conv2d) + learned positions + ``depth`` blocks + pooled linear head.
+
+    Input: float images ``[B, C, H, W]`` (already normalised); output: logits ``[B, classes]``.
+    """
+
+    def __init__(
+        self,
+        image_shape: tuple[int, int, int],
+        num_classes: int,
+        cfg: ModelConfig,
+        attention_for_block: AttentionFactory | None = None,
+    ) -> None:
+        super().__init__()
+        h, w, c = image_shape
+        p = cfg.patch_size
+        if h % p or w % p:
+            raise ConfigError(f"model.patch_size {p} must divide the image size {h}x{w}")
+        if attention_for_block is None:
+            attention_for_block = default_attention(cfg)
+        self.pool = cfg.pool
+        self.patch = nn.Conv2d(c, cfg.dim, kernel_size=p, stride=p)
+        n_tokens = (h // p) * (w // p) + (1 if cfg.pool == "cls" else 0)
+        self.cls = nn.Parameter(torch.zeros(1, 1, cfg.dim)) if cfg.pool == "cls" else None
+        self.pos = nn.Parameter(0.02 * torch.randn(1, n_tokens, cfg.dim))
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(
+            Block(cfg.dim, cfg.mlp_ratio, cfg.dropout, attention_for_block(i)) for i in range(cfg.depth)
+        )
+        self.norm = nn.LayerNorm(cfg.dim)
+        self.head = nn.Linear(cfg.dim, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch(x).flatten(2).transpose(1, 2)  # [B, N, dim]
+        if self.cls is not None:
+            x = torch.cat([self.cls.expand(len(x), -1, -1), x], dim=1)
+        x = self.drop(x + self.pos)
+        for block in self.blocks:
+            x = block(x)
+        x = self.norm(x)
+        return self.head(x[:, 0] if self.cls is not None else x.mean(dim=1))
+
+
+def default_attention(cfg: ModelConfig) -> AttentionFactory:
+    """Every block uses ``cfg.attention`` from the registry."""
+    cls = ATTENTIONS.get(cfg.attention, key="model.attention")
+    return lambda _block: cls(dim=cfg.dim, heads=cfg.heads, dropout=cfg.dropout)

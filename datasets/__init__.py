@@ -1,0 +1,9 @@
+"""Data set families; importing this package registers every one of them in
+``bench.registry.DATASETS``.
+
+This top-level package is named ``datasets`` and so shadows the Hugging Face
+``datasets`` package if both are installed: the suite does not use Hugging Face, is not
+installed into site-packages, and runs from the repository root, where this package
+comes first on ``sys.path``.
+"""
+from datasets import embedded  # noqa: F401

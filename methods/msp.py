@@ -1,0 +1,11 @@
+"""MSP: the plain softmax-attention ViT; confidence = maximum softmax probability
+(Hendrycks & Gimpel, 2017).  One deterministic forward pass per prediction."""
+from __future__ import annotations
+
+from bench.method import TrainedMethod
+from bench.registry import METHODS
+
+
+@METHODS.register("msp")
+class MSP(TrainedMethod):
+    """Softmax-attention ViT, cross-entropy, one pass; confidence = max softmax probability."""
