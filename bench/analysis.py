@@ -18,7 +18,7 @@ from bench.metrics import CLASSIFICATION_METRICS, OOD_METRICS
 from bench.data import is_ood
 from bench.plan import Plan
 from bench.registry import METHODS, METRICS
-from bench.store import Store
+from bench.store import CHECKPOINT, Store
 
 Preds = dict[str, tuple[np.ndarray, np.ndarray]]  # split -> (log_probs [N, C], labels [N])
 
@@ -83,7 +83,7 @@ def collect(plan: Plan, store: Store) -> AnalysisResults:
     def trained_preds(dataset: str, method: str, seed: int) -> Preds | str | None:
         """Predictions of a stored cell, its failure reason, or None when not run yet."""
         cd = store.cell(plan.find(dataset, method, seed).key)
-        status = cd.status()
+        status = cd.status(skip=(CHECKPOINT,))  # analysis never reads weights
         if status == "failed":
             return (cd.read_cell() or {}).get("reason", "failed")
         if status != "complete":

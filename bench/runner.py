@@ -151,7 +151,7 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
         cd.write_bytes("train_log.csv", log_buf.getvalue().encode())
         ckpt = io.BytesIO()
         torch.save(result.state_dict, ckpt)
-        cd.write_bytes("checkpoint.pt", ckpt.getvalue())
+        cd.write_checkpoint(ckpt.getvalue())
 
         t_pred, n_pred = time.perf_counter(), 0
         test_acc = float("nan")

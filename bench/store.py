@@ -31,6 +31,7 @@ import numpy as np
 STORE_SCHEMA = 1
 MANIFEST = "manifest.json"
 CELL = "cell.json"
+CHECKPOINT = "checkpoint.pt"
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -93,23 +94,28 @@ class CellDir:
         except (FileNotFoundError, json.JSONDecodeError):
             return None
 
-    def status(self) -> str:
-        """``complete`` (manifest verifies), ``failed``, ``incomplete`` or ``missing``."""
+    def status(self, skip: tuple[str, ...] = ()) -> str:
+        """``complete`` (manifest verifies), ``failed``, ``incomplete`` or ``missing``.
+
+        ``skip`` names files not to check: analysis passes ``(CHECKPOINT,)`` because it
+        never reads weights (and a store whose checkpoints were pruned stays usable)."""
         if not self.path.exists():
             return "missing"
-        if self.verify():
+        if self.verify(skip):
             return "complete"
         cell = self.read_cell()
         if cell is not None and cell.get("status") == "failed":
             return "failed"
         return "incomplete"
 
-    def verify(self) -> bool:
+    def verify(self, skip: tuple[str, ...] = ()) -> bool:
         try:
             manifest = json.loads((self.path / MANIFEST).read_text())
         except (FileNotFoundError, json.JSONDecodeError):
             return False
         for rel, digest in manifest.get("files", {}).items():
+            if rel in skip:
+                continue
             f = self.path / rel
             if not f.is_file() or sha256_file(f) != digest:
                 return False
@@ -132,6 +138,9 @@ class CellDir:
         buf = io.BytesIO()
         np.savez(buf, log_probs=np.asarray(log_probs, dtype=np.float32), labels=np.asarray(labels, dtype=np.int64))
         atomic_write_bytes(self.path / split_relpath(split), buf.getvalue())
+
+    def write_checkpoint(self, data: bytes) -> None:
+        atomic_write_bytes(self.path / CHECKPOINT, data)
 
     def write_bytes(self, rel: str, data: bytes) -> None:
         atomic_write_bytes(self.path / rel, data)

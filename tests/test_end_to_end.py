@@ -1,0 +1,211 @@
+"""End-to-end: real runs of ``run_suite.py`` on a tiny suite over the embedded data.
+
+Covers: a run writes the store and a report with every default method; ``report``
+rebuilds byte-identical tables from the store alone (no model, no checkpoint); a re-run
+skips complete cells; a run killed at arbitrary moments and restarted ends with the same
+tables as an uninterrupted run; a non-finite loss fails only its own cells.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+TINY_SUITE = """
+name = "tiny"
+seeds = [0, 1]
+[train]
+epochs = 4
+batch_size = 64
+lr = 3e-3
+warmup_epochs = 0
+eval_batch_size = 500
+[model]
+patch_size = 7
+dim = 32
+depth = 1
+heads = 2
+mlp_ratio = 1.0
+[datasets.mnist5k]
+train_limit = 600
+eval_limit = 100
+ood_size = 100
+[methods.msp]
+[methods.mc_dropout]
+samples = 2
+[methods.temperature_scaling]
+[methods.deep_ensemble]
+members = 2
+"""
+TABLES = ("in_distribution", "shift", "ood")
+
+
+def run_suite(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "run_suite.py", *args], cwd=REPO, capture_output=True, text=True, timeout=600, env=env
+    )
+
+
+def tables(report_dir: Path) -> dict[str, bytes]:
+    return {f.name: f.read_bytes() for f in sorted((report_dir / "tables").iterdir())}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict:
+    """One uninterrupted run of the tiny suite."""
+    root = tmp_path_factory.mktemp("reference")
+    suite = root / "tiny.toml"
+    suite.write_text(TINY_SUITE)
+    proc = run_suite("--suite", str(suite), "--results", str(root / "results"), "--reports", str(root / "reports"))
+    assert proc.returncode == 0, proc.stderr
+    return {"root": root, "suite": suite, "proc": proc, "tables": tables(root / "reports" / "tiny")}
+
+
+def test_run_writes_store_and_report_with_every_method(reference):
+    root = reference["root"]
+    cells = sorted((root / "results" / "tiny").iterdir())
+    assert len(cells) == 4  # 2 trained methods x 2 seeds; derived methods add no cells
+    for cell in cells:
+        info = json.loads((cell / "cell.json").read_text())
+        assert info["status"] == "complete"
+        for rel in ("manifest.json", "train_log.csv", "checkpoint.pt", "preds/test.npz", "preds/val.npz",
+                    "preds/shift/digits_box.npz", "preds/ood/animal_mnist.npz", "preds/ood/uniform_noise.npz"):
+            assert (cell / rel).is_file(), rel
+        assert info["test_acc"] > 0.2  # chance is 0.1
+    readme = (root / "reports" / "tiny" / "README.md").read_text()
+    for method in ("msp", "mc_dropout", "temperature_scaling", "deep_ensemble"):
+        assert f"| {method} " in readme
+    for split in ("shift/digits_box", "ood/animal_mnist", "ood/uniform_noise"):
+        assert split in readme
+    for ext in ("md", "tex", "csv"):
+        assert (root / "reports" / "tiny" / "tables" / f"in_distribution.{ext}").is_file()
+    assert list((root / "reports" / "tiny" / "plots").glob("reliability_*.png"))
+    # one log line per finished cell, with its time
+    assert reference["proc"].stderr.count("complete in") == 4
+
+
+def test_report_rebuilds_identical_tables_without_models(reference, tmp_path, monkeypatch):
+    """``report`` never builds a model or reads a checkpoint, and is byte-reproducible."""
+    import torch
+
+    import bench.vit
+    from bench.cli import main
+
+    root = reference["root"]
+    for ckpt in (root / "results" / "tiny").rglob("checkpoint.pt"):
+        ckpt.rename(ckpt.with_suffix(".moved"))  # no checkpoint to touch
+    try:
+        def forbidden(*a, **k):
+            raise AssertionError("report must not build a model or load a checkpoint")
+
+        monkeypatch.setattr(bench.vit.ViT, "__init__", forbidden)
+        monkeypatch.setattr(torch, "load", forbidden)
+        out = []
+        for i in range(2):
+            reports = tmp_path / f"r{i}"
+            args = ["report", "--suite", str(reference["suite"]), "--results", str(root / "results"),
+                    "--reports", str(reports), "--quiet"]
+            assert main(args) == 0
+            out.append(tables(reports / "tiny"))
+            out[-1]["README.md"] = (reports / "tiny" / "README.md").read_bytes()
+    finally:
+        for moved in (root / "results" / "tiny").rglob("checkpoint.moved"):
+            moved.rename(moved.with_suffix(".pt"))
+    assert out[0] == out[1]
+    assert {k: v for k, v in out[0].items() if k != "README.md"} == reference["tables"]
+
+
+def test_rerun_skips_complete_cells(reference):
+    root = reference["root"]
+    proc = run_suite("--suite", str(reference["suite"]), "--results", str(root / "results"),
+                     "--reports", str(root / "reports"))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("complete, skipped") == 4
+    assert "complete in" not in proc.stderr
+    assert tables(root / "reports" / "tiny") == reference["tables"]
+
+
+def test_killed_runs_resume_to_identical_tables(reference, tmp_path):
+    """SIGKILL a run at several arbitrary moments; restarting redoes only the unfinished
+    cells and the final tables equal those of the uninterrupted run."""
+    results, reports = tmp_path / "results", tmp_path / "reports"
+    args = [sys.executable, "run_suite.py", "--suite", str(reference["suite"]),
+            "--results", str(results), "--reports", str(reports)]
+    rng = random.Random(1234)
+    store = results / "tiny"
+    kills = 0
+    for _ in range(4):
+        proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # wait until the run is inside a cell (its directory exists but is not sealed), then
+        # let it go on for a random while, so the kill lands mid-training or mid-write
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None:
+            if store.exists() and any(not (c / "manifest.json").exists() for c in store.iterdir()):
+                break
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0.0, 1.5))
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            kills += 1
+        proc.wait()
+    assert kills >= 2, "the run finished before it could be killed; make the suite slower"
+    complete_before = {c.name for c in store.iterdir() if (c / "manifest.json").exists()}
+
+    final = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert final.returncode == 0, final.stderr
+    assert final.stderr.count("complete, skipped") == len(complete_before)
+    assert final.stderr.count("complete in") == 4 - len(complete_before)
+    assert tables(reports / "tiny") == reference["tables"]
+    # no temporary files left behind in sealed cells
+    assert not [p for p in store.rglob(".*.tmp")]
+
+
+NAN_PLUGIN = '''
+from methods.msp import MSP
+from bench.registry import METHODS
+
+
+@METHODS.register("nan_loss")
+class NanLoss(MSP):
+    """MSP whose loss turns NaN on the third step."""
+
+    calls = 0
+
+    def training_loss(self, model, logits, labels):
+        NanLoss.calls += 1
+        loss = super().training_loss(model, logits, labels)
+        return loss * float("nan") if NanLoss.calls >= 3 else loss
+'''
+
+
+def test_nonfinite_loss_fails_only_its_cells(reference, tmp_path):
+    (tmp_path / "nanplugin.py").write_text(NAN_PLUGIN)
+    suite = tmp_path / "nan.toml"
+    suite.write_text(
+        TINY_SUITE.replace('name = "tiny"', 'name = "nan"').replace("seeds = [0, 1]", "seeds = [0]")
+        .replace("[methods.mc_dropout]\nsamples = 2\n", "[methods.nan_loss]\n")
+        .replace("[methods.deep_ensemble]\nmembers = 2\n", "[methods.nan_ensemble]\ntype = \"ensemble\"\nbase = \"nan_loss\"\nmembers = 1\n")
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    proc = run_suite("--suite", str(suite), "--plugin", "nanplugin", "--results", str(tmp_path / "results"),
+                     "--reports", str(tmp_path / "reports"), env=env)
+    assert proc.returncode == 1, proc.stderr  # finished, with a failed cell
+    infos = [json.loads((c / "cell.json").read_text()) for c in (tmp_path / "results" / "nan").iterdir()]
+    by_method = {i["method"]: i for i in infos}
+    assert by_method["msp"]["status"] == "complete"
+    assert by_method["nan_loss"]["status"] == "failed"
+    assert "non-finite" in by_method["nan_loss"]["reason"]
+    readme = (tmp_path / "reports" / "nan" / "README.md").read_text()
+    failed_section = readme.split("Failed cells", 1)[1]
+    assert "nan_loss" in failed_section and "non-finite" in failed_section
+    assert "nan_ensemble" in failed_section  # its member failed
+    assert "| msp " in readme

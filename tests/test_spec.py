@@ -1,0 +1,579 @@
+"""Tests for the suite spec (bench.spec), option parsing (bench.options) and the planner
+(bench.plan), in process: every suite here is a plain dict or a small TOML file.
+
+Expected values come from the suite file bench/suites/default.toml and from the issue's
+requirements, never from the code under test.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import re
+
+import pytest
+
+import bench.vit  # noqa: F401  (registers the attention layers)
+import datasets  # noqa: F401  (registers the datasets)
+import methods  # noqa: F401  (registers the methods)
+from bench.errors import ConfigError
+from bench.method import TrainedMethod
+from bench.options import parse
+from bench.plan import make_plan
+from bench.registry import METHODS
+from bench.spec import ModelConfig, Overrides, TrainConfig, build_suite, load_suite, select
+
+
+def minimal(**extra) -> dict:
+    """A small valid suite: one dataset, one trained method, two seeds."""
+    raw = {
+        "name": "mini",
+        "seeds": [0, 1],
+        "datasets": {"mnist5k": {"train_limit": 50, "eval_limit": 20, "ood_size": 20}},
+        "methods": {"msp": {}},
+    }
+    raw.update(extra)
+    return raw
+
+
+def config_error(raw: dict, overrides: Overrides = Overrides()) -> str:
+    with pytest.raises(ConfigError) as exc:
+        build_suite(raw, overrides)
+    return str(exc.value)
+
+
+def problem_lines(message: str) -> dict[str, str]:
+    """``key.path -> message`` for each ``  key.path: message`` line of a ConfigError."""
+    out = {}
+    for line in message.splitlines()[1:]:
+        path, _, msg = line.strip().partition(": ")
+        out[path] = msg
+    return out
+
+
+# --------------------------------------------------------------------------- default suite
+
+
+def test_default_suite_loads_with_its_methods_datasets_and_seeds():
+    suite = load_suite("default")
+    assert suite.name == "default"
+    assert suite.seeds == (0, 1, 2, 3, 4)
+    assert [d.name for d in suite.datasets] == ["mnist5k"]
+    assert [m.name for m in suite.methods] == ["msp", "mc_dropout", "temperature_scaling", "deep_ensemble"]
+    kinds = {m.name: m.kind for m in suite.methods}
+    assert kinds == {"msp": "trained", "mc_dropout": "trained",
+                     "temperature_scaling": "derived", "deep_ensemble": "derived"}
+    msp = suite.method("msp")
+    assert msp.train.epochs == 15 and msp.train.lr == pytest.approx(2e-3) and msp.train.batch_size == 128
+    assert msp.model.dim == 64 and msp.model.heads == 4 and msp.model.patch_size == 7
+    assert msp.model.attention == "softmax"
+    assert suite.method("mc_dropout").options.samples == 10
+    ens = suite.method("deep_ensemble")
+    assert ens.options.base == "msp" and ens.options.members == 5
+    assert ens.train is None and ens.model is None
+    assert suite.method("temperature_scaling").options.base == "msp"
+    assert suite.datasets[0].splits == ("test", "shift/*", "ood/*")
+
+
+def test_load_suite_accepts_a_path(tmp_path):
+    path = tmp_path / "tiny.toml"
+    path.write_text('seeds = [3]\n[datasets.mnist5k]\ntrain_limit = 50\n[methods.msp]\n')
+    suite = load_suite(str(path))
+    assert suite.name == "tiny"  # defaults to the file's stem
+    assert suite.seeds == (3,)
+    assert suite.datasets[0].options.train_limit == 50
+
+
+# --------------------------------------------------------------------------- overrides
+
+
+def test_per_method_train_and_model_overrides_merge_over_suite_defaults():
+    raw = minimal(
+        train={"epochs": 9, "lr": 2e-3, "batch_size": 64},
+        model={"dim": 32, "heads": 4, "dropout": 0.2},
+        methods={
+            "msp": {"train": {"lr": 5e-4}, "model": {"depth": 3}},
+            "mc_dropout": {"samples": 4, "model": {"dropout": 0.3}},
+        },
+    )
+    suite = build_suite(raw)
+    msp, mcd = suite.method("msp"), suite.method("mc_dropout")
+    # overridden keys
+    assert msp.train.lr == pytest.approx(5e-4)
+    assert msp.model.depth == 3
+    assert mcd.model.dropout == pytest.approx(0.3)
+    assert mcd.options.samples == 4
+    # suite defaults kept for everything else
+    assert msp.train.epochs == 9 and msp.train.batch_size == 64
+    assert msp.model.dim == 32 and msp.model.dropout == pytest.approx(0.2)
+    assert mcd.train.lr == pytest.approx(2e-3) and mcd.train.epochs == 9
+    assert mcd.model.depth == ModelConfig().depth and mcd.model.dim == 32
+    # a key the suite does not set falls back to the dataclass default
+    assert msp.train.optimizer == TrainConfig().optimizer
+
+
+@METHODS.register("_test_spec_wide_model")
+class _WideModel(TrainedMethod):
+    """Test-only method whose backbone defaults differ from ModelConfig's."""
+
+    @classmethod
+    def model_defaults(cls) -> dict:
+        return {"dim": 96, "heads": 6, "depth": 5}
+
+
+def test_model_default_precedence_method_then_suite_then_table():
+    raw = minimal(model={"depth": 4}, methods={"_test_spec_wide_model": {"model": {"heads": 3}}})
+    m = build_suite(raw).method("_test_spec_wide_model")
+    assert m.model.dim == 96  # the method's own default (suite and table silent)
+    assert m.model.depth == 4  # suite [model] beats the method's default
+    assert m.model.heads == 3  # the method table beats both
+
+
+def test_epochs_override_replaces_every_trained_methods_epochs():
+    raw = minimal(train={"epochs": 20, "warmup_epochs": 1},
+                  methods={"msp": {"train": {"epochs": 7}}, "mc_dropout": {}})
+    suite = build_suite(raw, Overrides(epochs=3))
+    assert suite.method("msp").train.epochs == 3
+    assert suite.method("mc_dropout").train.epochs == 3
+
+
+def test_seeds_override_replaces_the_suite_seeds():
+    suite = build_suite(minimal(seeds=[0, 1, 2]), Overrides(seeds=(7, 11)))
+    assert suite.seeds == (7, 11)
+
+
+def test_bad_seed_override_is_checked_like_the_file():
+    msg = config_error(minimal(), Overrides(seeds=(1, 1)))
+    assert "seeds" in msg
+    msg = config_error(minimal(), Overrides(seeds=(-1,)))
+    assert "seeds" in problem_lines(msg) and "-1" in msg
+
+
+def test_methods_override_adds_a_registered_method_with_defaults():
+    suite = build_suite(minimal(), Overrides(methods=("mc_dropout",)))
+    assert {m.name for m in suite.methods} == {"msp", "mc_dropout"}
+
+
+# --------------------------------------------------------------------------- problems
+
+
+def test_every_problem_is_reported_at_once_with_its_key_path():
+    raw = minimal(train={"epochs": "ten"}, model={"dropuot": 0.2},
+                  methods={"msp": {}, "mc_dropout": {"samples": 0}})
+    lines = problem_lines(config_error(raw))
+    assert "train.epochs" in lines and "'ten'" in lines["train.epochs"]
+    assert "model.dropuot" in lines and "'dropout'" in lines["model.dropuot"]
+    assert "methods.mc_dropout.samples" in lines
+
+
+def test_problems_in_datasets_and_methods_are_reported_together():
+    raw = minimal(datasets={"mnist5k": {"train_limt": 50}}, methods={"mc_dropout": {"sample": 3}})
+    lines = problem_lines(config_error(raw))
+    assert "datasets.mnist5k.train_limt" in lines
+    assert "'train_limit'" in lines["datasets.mnist5k.train_limt"]
+    assert "methods.mc_dropout.sample" in lines
+    assert "'samples'" in lines["methods.mc_dropout.sample"]
+
+
+def test_unknown_key_suggests_the_closest_and_lists_known_keys():
+    msg = problem_lines(config_error(minimal(train={"epoch": 3})))["train.epoch"]
+    assert "unknown key" in msg
+    assert "did you mean 'epochs'" in msg
+    for known in ("epochs", "batch_size", "lr", "warmup_epochs"):
+        assert known in msg
+
+
+def test_unknown_top_level_key_is_reported():
+    lines = problem_lines(config_error(minimal(sedes=[0])))
+    assert "sedes" in lines and "'seeds'" in lines["sedes"]
+
+
+@pytest.mark.parametrize(
+    "section, key, value, path",
+    [
+        ("train", "epochs", "10", "train.epochs"),  # string for int
+        ("train", "epochs", True, "train.epochs"),  # bool for int
+        ("train", "batch_size", 32.5, "train.batch_size"),  # float for int
+        ("train", "epochs", 10.0, "train.epochs"),  # an integral float is still not an int
+        ("train", "lr", "fast", "train.lr"),  # string for float
+        ("train", "compile", 1, "train.compile"),  # int for bool
+        ("train", "optimizer", "sgd", "train.optimizer"),  # not one of the literals
+        ("model", "attention", 5, "model.attention"),  # int for str
+    ],
+)
+def test_wrong_types_are_rejected(section, key, value, path):
+    lines = problem_lines(config_error(minimal(**{section: {key: value}})))
+    assert path in lines
+    assert repr(value) in lines[path]
+
+
+def test_seeds_as_list_of_strings_is_rejected():
+    lines = problem_lines(config_error(minimal(seeds=["0", "1"])))
+    assert "seeds[0]" in lines and "seeds[1]" in lines
+    assert "integer" in lines["seeds[0]"]
+
+
+def test_dataset_option_wrong_type():
+    lines = problem_lines(config_error(minimal(datasets={"mnist5k": {"train_limit": "50"}})))
+    assert "datasets.mnist5k.train_limit" in lines
+
+
+@pytest.mark.parametrize(
+    "section, key, value, path, bound",
+    [
+        ("train", "epochs", 0, "train.epochs", ">= 1"),
+        ("model", "dropout", 1.5, "model.dropout", "<= 0.95"),
+        ("train", "lr", 0, "train.lr", "> 0"),
+        ("train", "lr", -1e-3, "train.lr", "> 0"),
+        ("model", "heads", 0, "model.heads", ">= 1"),
+    ],
+)
+def test_out_of_range_values_are_rejected(section, key, value, path, bound):
+    lines = problem_lines(config_error(minimal(**{section: {key: value}})))
+    assert path in lines
+    assert bound in lines[path]
+
+
+def test_out_of_range_method_and_dataset_options():
+    raw = minimal(datasets={"mnist5k": {"train_limit": 0}},
+                  methods={"msp": {}, "deep_ensemble": {"members": 0}})
+    lines = problem_lines(config_error(raw))
+    assert "datasets.mnist5k.train_limit" in lines
+    assert "methods.deep_ensemble.members" in lines
+
+
+def test_dim_must_be_divisible_by_heads():
+    msg = config_error(minimal(model={"dim": 30, "heads": 4}))
+    assert "model" in msg and "dim" in msg and "heads" in msg
+    assert "30" in msg and "4" in msg
+
+
+def test_warmup_must_be_shorter_than_training():
+    msg = config_error(minimal(train={"epochs": 5, "warmup_epochs": 5}))
+    assert "warmup_epochs" in msg and "epochs" in msg
+    build_suite(minimal(train={"epochs": 5, "warmup_epochs": 4}))  # one less is fine
+
+
+def test_cross_field_check_applies_to_a_per_method_override():
+    raw = minimal(model={"dim": 64, "heads": 4}, methods={"msp": {"model": {"heads": 5}}})
+    msg = config_error(raw)
+    assert "methods.msp.model" in msg and "divisible" in msg
+
+
+# --------------------------------------------------------------------------- names
+
+
+def test_unknown_dataset_lists_known_and_closest():
+    msg = config_error(minimal(datasets={"mnist5": {}}))
+    assert "datasets.mnist5" in msg
+    assert "'mnist5'" in msg
+    assert "Did you mean 'mnist5k'" in msg
+    assert "mnist5k" in msg.split("Known")[-1]
+
+
+def test_unknown_method_lists_known_and_closest():
+    msg = config_error(minimal(methods={"mc_dropuot": {}}))
+    assert "methods.mc_dropuot" in msg
+    assert "Did you mean 'mc_dropout'" in msg
+    known = msg.split("Known")[-1]
+    for name in ("msp", "mc_dropout", "temperature_scaling", "deep_ensemble"):
+        assert name in known
+
+
+def test_unknown_method_type_names_the_type_key():
+    msg = config_error(minimal(methods={"mine": {"type": "mps"}}))
+    assert "methods.mine.type" in msg and "Did you mean 'msp'" in msg
+
+
+def test_unknown_attention_lists_known_and_closest():
+    msg = config_error(minimal(model={"attention": "sofmax"}))
+    assert "methods.msp.model.attention" in msg
+    assert "'sofmax'" in msg
+    assert "Did you mean 'softmax'" in msg
+
+
+def test_derived_method_with_unknown_base():
+    raw = minimal(methods={"msp": {}, "ts": {"type": "temperature_scaling", "base": "mps"}})
+    lines = problem_lines(config_error(raw))
+    assert "methods.ts.base" in lines
+    assert "msp" in lines["methods.ts.base"]  # the suite's methods are listed
+
+
+def test_derived_method_whose_base_is_derived():
+    raw = minimal(methods={"msp": {}, "ts": {"type": "temperature_scaling", "base": "msp"},
+                           "ens": {"type": "ensemble", "base": "ts", "members": 1}})
+    lines = problem_lines(config_error(raw))
+    assert "methods.ens.base" in lines
+    assert "'ts'" in lines["methods.ens.base"] and "trained" in lines["methods.ens.base"]
+
+
+def test_derived_method_rejects_train_settings():
+    raw = minimal(methods={"msp": {}, "ts": {"type": "temperature_scaling", "train": {"epochs": 3}}})
+    assert "methods.ts" in config_error(raw)
+
+
+def test_empty_suite_is_rejected():
+    msg = config_error({"seeds": [0]})
+    assert "datasets" in msg and "methods" in msg
+
+
+# --------------------------------------------------------------------------- select
+
+
+def _suite_with_ensemble(seeds=(0, 1, 2)) -> object:
+    raw = minimal(seeds=list(seeds), methods={
+        "msp": {}, "mc_dropout": {},
+        "ts": {"type": "temperature_scaling", "base": "msp"},
+        "ens": {"type": "ensemble", "base": "msp", "members": 5},
+    })
+    return build_suite(raw)
+
+
+def test_select_raises_for_a_combinator_with_too_few_seeds_only_when_selected():
+    suite = _suite_with_ensemble()
+    with pytest.raises(ConfigError) as exc:
+        select(suite)  # everything, including "ens" (5 members, 3 seeds)
+    assert "methods.ens" in str(exc.value) and "5" in str(exc.value)
+    with pytest.raises(ConfigError):
+        select(suite, ("ens",))
+    chosen = select(suite, ("msp", "ts"))  # ens not selected: fine
+    assert [m.name for m in chosen.methods] == ["msp", "ts"]
+
+
+def test_select_to_run_false_does_not_check_members():
+    suite = _suite_with_ensemble()
+    chosen = select(suite, to_run=False)
+    assert [m.name for m in chosen.methods] == ["msp", "mc_dropout", "ts", "ens"]
+
+
+def test_select_with_enough_seeds_passes():
+    suite = _suite_with_ensemble(seeds=range(5))
+    assert len(select(suite).methods) == 4
+
+
+def test_select_pulls_in_the_base_of_a_derived_method():
+    suite = _suite_with_ensemble()
+    chosen = select(suite, ("ts",))
+    assert {m.name for m in chosen.methods} == {"ts", "msp"}
+    assert make_plan(chosen).cells  # the base is trained, so there are cells
+
+
+def test_select_unknown_method_lists_the_suites_methods():
+    with pytest.raises(ConfigError) as exc:
+        select(_suite_with_ensemble(), ("bogus",))
+    msg = str(exc.value)
+    assert "'bogus'" in msg
+    for name in ("msp", "mc_dropout", "ts", "ens"):
+        assert name in msg
+
+
+def test_select_unknown_dataset_lists_the_suites_datasets():
+    with pytest.raises(ConfigError) as exc:
+        select(_suite_with_ensemble(), None, ("cifar10",))
+    assert "'cifar10'" in str(exc.value) and "mnist5k" in str(exc.value)
+
+
+# --------------------------------------------------------------------------- files
+
+
+def test_malformed_toml_gives_config_error_with_the_path(tmp_path):
+    path = tmp_path / "broken.toml"
+    path.write_text("seeds = [0, 1\n[train]\n")
+    with pytest.raises(ConfigError) as exc:
+        load_suite(str(path))
+    assert str(path) in str(exc.value)
+    assert "TOML" in str(exc.value)
+
+
+def test_missing_suite_file_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError) as exc:
+        load_suite(str(tmp_path / "absent.toml"))
+    assert "absent.toml" in str(exc.value)
+
+
+def test_unknown_suite_name_lists_available_suites():
+    with pytest.raises(ConfigError) as exc:
+        load_suite("no_such_suite")
+    msg = str(exc.value)
+    assert "'no_such_suite'" in msg and "default" in msg
+
+
+# --------------------------------------------------------------------------- options.parse
+
+
+def test_parse_builds_the_frozen_dataclass():
+    cfg = parse(TrainConfig, {"epochs": 4, "lr": 1, "augment": ["crop"]})
+    assert cfg == TrainConfig(epochs=4, lr=1.0, augment=("crop",))
+    assert isinstance(cfg.lr, float)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.epochs = 5
+
+
+def test_parse_rejects_unknown_choice_in_a_list():
+    with pytest.raises(ConfigError) as exc:
+        parse(TrainConfig, {"augment": ["crop", "rotate"]}, "train")
+    assert "train.augment" in str(exc.value) and "'rotate'" in str(exc.value)
+
+
+# --------------------------------------------------------------------------- plan
+
+
+def test_plan_has_one_cell_per_dataset_trained_method_and_seed():
+    suite = build_suite(minimal(
+        seeds=[0, 1, 2],
+        datasets={"a": {"type": "mnist5k", "train_limit": 50}, "b": {"type": "mnist5k", "split_seed": 1}},
+        methods={"msp": {}, "mc_dropout": {}, "ts": {"type": "temperature_scaling"}},
+    ))
+    plan = make_plan(suite)
+    assert len(plan.cells) == 2 * 2 * 3  # datasets x trained methods x seeds
+    triples = {(c.dataset.name, c.method.name, c.seed) for c in plan.cells}
+    assert len(triples) == 12
+    assert all(c.method.name != "ts" for c in plan.cells)
+    assert len({c.key for c in plan.cells}) == 12  # every cell has its own key
+    assert all(re.fullmatch(r"[0-9a-f]+", c.key) for c in plan.cells)
+
+
+def test_default_plan_cell_count():
+    plan = make_plan(load_suite("default"))
+    assert len(plan.cells) == 1 * 2 * 5  # mnist5k x {msp, mc_dropout} x 5 seeds
+
+
+def _keys(raw: dict) -> dict[tuple[str, str, int], str]:
+    return {(c.dataset.name, c.method.name, c.seed): c.key for c in make_plan(build_suite(raw)).cells}
+
+
+BASE = minimal(seeds=[0, 1], methods={
+    "msp": {}, "mc_dropout": {"samples": 4},
+    "ens": {"type": "ensemble", "base": "msp", "members": 2},
+})
+
+
+def test_cell_keys_are_deterministic_across_builds():
+    first = _keys(copy.deepcopy(BASE))
+    second = _keys(copy.deepcopy(BASE))
+    assert first == second
+    # the suite's name is not part of a cell's config
+    assert _keys({**copy.deepcopy(BASE), "name": "other"}) == first
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"train": {"lr": 5e-4}},
+        {"train": {"epochs": 4}},
+        {"model": {"dropout": 0.2}},
+        {"model": {"attention": "softmax", "depth": 3}},
+        {"samples": 5},
+    ],
+    ids=["train.lr", "train.epochs", "model.dropout", "model.depth", "options.samples"],
+)
+def test_changing_a_methods_option_changes_only_its_keys(change):
+    before = _keys(copy.deepcopy(BASE))
+    raw = copy.deepcopy(BASE)
+    raw["methods"]["mc_dropout"].update(change)
+    after = _keys(raw)
+    assert set(after) == set(before)
+    for cell, key in before.items():
+        if cell[1] == "mc_dropout":
+            assert after[cell] != key, cell
+        else:
+            assert after[cell] == key, cell
+
+
+def test_changing_a_dataset_option_changes_its_keys():
+    before = _keys(copy.deepcopy(BASE))
+    raw = copy.deepcopy(BASE)
+    raw["datasets"]["mnist5k"]["train_limit"] = 60
+    after = _keys(raw)
+    assert all(after[c] != before[c] for c in before)
+
+
+def test_the_seed_is_part_of_the_key():
+    keys = _keys(copy.deepcopy(BASE))
+    assert keys[("mnist5k", "msp", 0)] != keys[("mnist5k", "msp", 1)]
+    # seed 1's cell keeps its key when seed 0 is dropped
+    raw = copy.deepcopy(BASE)
+    raw["seeds"] = [1, 2]
+    raw["methods"]["ens"]["members"] = 1
+    other = _keys(raw)
+    assert other[("mnist5k", "msp", 1)] == keys[("mnist5k", "msp", 1)]
+    assert other[("mnist5k", "msp", 2)] not in keys.values()
+
+
+def test_a_derived_methods_options_do_not_change_trained_keys():
+    before = _keys(copy.deepcopy(BASE))
+    raw = copy.deepcopy(BASE)
+    raw["methods"]["ens"].update({"members": 1, "average": "logits"})
+    raw["methods"]["ts"] = {"type": "temperature_scaling"}
+    assert _keys(raw) == before
+
+
+def test_suite_level_train_change_changes_every_trained_key():
+    before = _keys(copy.deepcopy(BASE))
+    after = _keys({**copy.deepcopy(BASE), "train": {"batch_size": 64}})
+    assert all(after[c] != before[c] for c in before)
+
+
+# --------------------------------------------------------------------------- bugs found
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "bench/options.py:140 `_parse` returns None when the *shared* Problems list is non-empty "
+    "(`if problems:`), not when this call added problems; so after any earlier problem the "
+    "ModelConfig of each method is None and bench/spec.py:_parse_method skips the attention "
+    "check: a typo'd attention is not reported together with an unrelated typo"))
+def test_unknown_attention_reported_together_with_another_problem():
+    msg = config_error(minimal(train={"epoch": 3}, model={"attention": "sofmax"}))
+    assert "train.epoch" in msg
+    assert "sofmax" in msg
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "bench/options.py:140 (`if problems: return None` on the shared list) skips every later "
+    "__post_init__ cross-field check once any problem exists, so dim % heads is not reported "
+    "together with an unrelated unknown key"))
+def test_cross_field_problem_reported_together_with_another_problem():
+    msg = config_error(minimal(train={"epoch": 3}, model={"dim": 30, "heads": 4}))
+    assert "train.epoch" in msg
+    assert "divisible" in msg
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "bench/spec.py:250-251 `_parse_method` replaces a non-table `train`/`model` value of a "
+    "trained method with {} (isinstance(..., dict) else {}) instead of reporting it: "
+    "`[methods.msp] train = 5` is silently accepted"))
+@pytest.mark.parametrize("key, value", [("train", 5), ("model", "big")])
+def test_non_table_train_or_model_of_a_method_is_rejected(key, value):
+    msg = config_error(minimal(methods={"msp": {key: value}}))
+    assert f"methods.msp.{key}" in msg
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "bench/spec.py:222-223 `_parse_dataset` pops 'type' from the table before testing "
+    "`\"type\" in table`, so an unknown dataset type is always reported at `datasets.<name>` "
+    "instead of `datasets.<name>.type` (methods get `.type` right)"))
+def test_unknown_dataset_type_names_the_type_key():
+    msg = config_error(minimal(datasets={"mine": {"type": "mnist5kk"}}))
+    assert "datasets.mine.type" in msg
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "bench/registry.py:55 `__contains__` does `name in self._items`; an unhashable value "
+    "(TOML list) for `type` raises TypeError from bench/spec.py:240 (methods) / 222 "
+    "(datasets) instead of a ConfigError"))
+@pytest.mark.parametrize("section", ["methods", "datasets"])
+def test_list_valued_type_is_a_config_error(section):
+    raw = minimal()
+    raw[section] = {"mine": {"type": ["msp"]}}
+    config_error(raw)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "bench/spec.py:154-158 `load_suite` reads the file with path.read_text() outside the "
+    "try block, so a suite file that is not UTF-8 raises UnicodeDecodeError instead of a "
+    "ConfigError naming the path"))
+def test_non_utf8_suite_file_is_a_config_error(tmp_path):
+    path = tmp_path / "binary.toml"
+    path.write_bytes(b"\xff\xfe seeds = [0]\n")
+    with pytest.raises(ConfigError) as exc:
+        load_suite(str(path))
+    assert str(path) in str(exc.value)
