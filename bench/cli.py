@@ -61,6 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=_csv("seeds"), help="comma-separated seeds, replacing the suite's")
     p.add_argument("--epochs", type=_positive_int, help="training epochs for every method, replacing the suite's")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="where to train (default: auto)")
+    p.add_argument("--data-root", type=Path, default=None,
+                   help="where on-disk data sets live (default: $UQBENCH_DATA_ROOT or ~/.cache/uqbench)")
+    p.add_argument("--download", action="store_true",
+                   help="fetch missing official archives over HTTPS (md5-verified); never done unless asked")
+    p.add_argument("--strict-data", action="store_true",
+                   help="a data file whose md5 differs from the official one is an error, not a warning")
     p.add_argument("--results", default="results", type=Path, help="prediction store root (default: results)")
     p.add_argument("--reports", default="reports", type=Path, help="report root (default: reports)")
     p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
@@ -124,7 +130,10 @@ def _main(args: argparse.Namespace) -> int:
     if args.command == "list":
         return cmd_list()
 
+    from bench.data import configure_data
     from bench.spec import Overrides, load_suite, select
+
+    configure_data(args.data_root, download=args.download, strict=args.strict_data)
 
     for fmt in args.format:
         if fmt not in ("md", "tex", "csv"):

@@ -13,7 +13,9 @@ Splits are loaded lazily (a CIFAR-C grid does not fit in memory at once) and cac
 from __future__ import annotations
 
 import fnmatch
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -79,3 +81,44 @@ def is_ood(split: str) -> bool:
 
 def is_shift(split: str) -> bool:
     return split.startswith("shift/")
+
+
+
+DATA_ROOT_ENV = "UQBENCH_DATA_ROOT"
+
+
+@dataclass(frozen=True)
+class DataSettings:
+    """Where on-disk data sets live and how they may be obtained (``--data-root``,
+    ``--download``, ``--strict-data``).  Run-time settings, never part of a cell key:
+    they change where the bytes come from, not what they are."""
+
+    root: Path | None = None  # None: $UQBENCH_DATA_ROOT, else ~/.cache/uqbench
+    download: bool = False  # fetch missing official archives (md5-verified); never by default
+    strict: bool = False  # a file whose md5 differs from the official one is an error, not a warning
+
+
+_settings = DataSettings()
+
+
+def configure_data(root: str | Path | None = None, *, download: bool = False, strict: bool = False) -> None:
+    global _settings
+    _settings = DataSettings(Path(root).expanduser() if root is not None else None, download, strict)
+
+
+def set_data_root(path: str | Path | None) -> None:
+    """Set the data root only (keeps the other settings); None restores the default."""
+    global _settings
+    _settings = DataSettings(Path(path).expanduser() if path is not None else None, _settings.download, _settings.strict)
+
+
+def data_settings() -> DataSettings:
+    return _settings
+
+
+def data_root() -> Path:
+    """``--data-root`` if given, else ``$UQBENCH_DATA_ROOT``, else ``~/.cache/uqbench``."""
+    if _settings.root is not None:
+        return _settings.root
+    env = os.environ.get(DATA_ROOT_ENV)
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "uqbench"

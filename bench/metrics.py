@@ -283,32 +283,45 @@ def accuracy(probs: np.ndarray, labels: np.ndarray) -> float:
     return float(correct.mean())
 
 
-@_register
-def ece(probs: np.ndarray, labels: np.ndarray, *, n_bins: int = 15) -> float:
-    """Top-label expected calibration error as a fraction in [0, 1] (not %).
+def calibration_bins(probs: np.ndarray, labels: np.ndarray, *, n_bins: int = 15) -> dict[str, np.ndarray]:
+    """Top-label reliability statistics on ``n_bins`` equal-width ``(lo, hi]`` bins.
 
-    ``probs`` [N, C], ``labels`` [N] int.  Confidence c = max prob, ``n_bins`` equal-width
-    bins with edges ``linspace(0, 1, n_bins + 1)``; bin m holds ``lo < c <= hi`` (c = 1.0
-    in the last bin, c = 0 in the first).  ECE = sum_m (n_m / N) |acc_m - conf_m|; empty
-    bins contribute 0.  Bin membership is decided in the input's float precision (float32
-    inputs compare against float32 edges), means and sums in float64.
+    Returns ``edges`` [B+1] (float64), ``count``, ``sum_conf``, ``sum_acc`` [B] and the
+    per-bin means ``conf``, ``acc`` [B] (NaN in empty bins).  Confidence c = max prob; bin
+    m holds ``lo < c <= hi`` (c = 1.0 in the last bin, c = 0 in the first).  Bin
+    membership is decided in the input's float precision (float32 inputs compare against
+    float32 edges), sums in float64.  Shared by :func:`ece` and the reliability diagram.
     """
     if isinstance(n_bins, bool) or not isinstance(n_bins, (int, np.integer)) or n_bins < 1:
         raise ValueError(f"n_bins must be a positive integer, got {n_bins!r}")
     probs, labels = _check_probs_labels(probs, labels)
     bin_dtype = np.result_type(probs.dtype, np.float32)  # float32 stays float32, else float64
     conf_native = probs.astype(bin_dtype, copy=False).max(axis=1)
-    edges = np.linspace(0.0, 1.0, int(n_bins) + 1).astype(bin_dtype)
+    edges = np.linspace(0.0, 1.0, int(n_bins) + 1)
     # first edge >= c is the upper edge of c's (lo, hi] bin; c = 0 -> index 0 -> bin 0
-    bins = np.clip(np.searchsorted(edges, conf_native, side="left") - 1, 0, n_bins - 1)
+    bins = np.clip(np.searchsorted(edges.astype(bin_dtype), conf_native, side="left") - 1, 0, n_bins - 1)
 
     conf = conf_native.astype(np.float64)  # exact widening: same values as the float64 max
     correct = probs.argmax(axis=1) == labels
     count = np.bincount(bins, minlength=n_bins).astype(np.float64)
     sum_conf = np.bincount(bins, weights=conf, minlength=n_bins)
     sum_acc = np.bincount(bins, weights=correct.astype(np.float64), minlength=n_bins)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        acc, mean_conf = sum_acc / count, sum_conf / count
+    return {"edges": edges, "count": count, "sum_conf": sum_conf, "sum_acc": sum_acc, "acc": acc, "conf": mean_conf}
+
+
+@_register
+def ece(probs: np.ndarray, labels: np.ndarray, *, n_bins: int = 15) -> float:
+    """Top-label expected calibration error as a fraction in [0, 1] (not %).
+
+    ``probs`` [N, C], ``labels`` [N] int; bins as in :func:`calibration_bins` (15
+    equal-width ``(lo, hi]`` bins, the KEP-SVGP convention).
+    ECE = sum_m (n_m / N) |acc_m - conf_m|; empty bins contribute 0.
+    """
+    b = calibration_bins(probs, labels, n_bins=n_bins)
     # n_m/N * |acc_m - conf_m| = |sum_acc_m - sum_conf_m| / N; empty bins give 0
-    return float(np.abs(sum_acc - sum_conf).sum() / count.sum())
+    return float(np.abs(b["sum_acc"] - b["sum_conf"]).sum() / b["count"].sum())
 
 
 @_register
@@ -348,11 +361,22 @@ def aurc(probs: np.ndarray, labels: np.ndarray) -> float:
     return _aurc(*_confidence_correct(probs, labels))
 
 
-def _aurc(conf: np.ndarray, correct: np.ndarray) -> float:
-    """AURC from confidences ``[N]`` and correctness ``[N]`` (already validated)."""
+def _selective_risk(conf: np.ndarray, correct: np.ndarray) -> np.ndarray:
+    """E_i / i for i = 1..N: error rate among the i most confident (stable sort)."""
     order = np.argsort(-conf, kind="stable")
     errors = np.cumsum(~correct[order], dtype=np.float64)
-    return float(np.mean(errors / np.arange(1, errors.shape[0] + 1)))
+    return errors / np.arange(1, errors.shape[0] + 1)
+
+
+def _aurc(conf: np.ndarray, correct: np.ndarray) -> float:
+    """AURC from confidences ``[N]`` and correctness ``[N]`` (already validated)."""
+    return float(np.mean(_selective_risk(conf, correct)))
+
+
+def risk_coverage_curve(probs: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(coverage i/N, selective risk E_i/i)`` for i = 1..N, the curve :func:`aurc` averages."""
+    risk = _selective_risk(*_confidence_correct(probs, labels))
+    return np.arange(1, risk.shape[0] + 1) / risk.shape[0], risk
 
 
 @_register

@@ -1,9 +1,9 @@
 """Report: :class:`~bench.analysis.AnalysisResults` -> tables, plots and one README.
 
 Everything here is rendering; no metric of a table is computed here (the numbers come
-from ``results.metrics``).  The plots recompute only what they draw from the stored
-predictions: the reliability bins (whose ECE is the plot's own title) and the
-risk-coverage curve.
+from ``results.metrics``).  The plots draw curves from the stored predictions with the
+same functions the metrics use (``bench.metrics.calibration_bins`` and
+``risk_coverage_curve``).
 
 Layout written under ``out_dir``::
 
@@ -19,7 +19,7 @@ are averaged, so the same results give byte-identical tables and README.  PNGs a
 written without a software/date stamp from fixed-size figures.
 
 Imports: numpy, pandas, matplotlib (Agg canvas, no pyplot), tabulate and the stdlib only;
-never torch or ``methods/``.
+never torch or ``methods/``.  Files are written atomically (``bench.store``).
 """
 from __future__ import annotations
 
@@ -38,6 +38,8 @@ from matplotlib.figure import Figure
 from tabulate import tabulate
 
 from bench.errors import ConfigError
+from bench.metrics import aurc, calibration_bins, ece, risk_coverage_curve
+from bench.store import atomic_write_text
 
 if TYPE_CHECKING:
     from bench.analysis import AnalysisResults
@@ -176,14 +178,14 @@ def write_report(
             else:
                 text = _to_csv(spec, rows, values, seed_counts)
             path = tables_dir / f"{spec.name}.{fmt}"
-            _write_text(path, text)
+            atomic_write_text(path, text)
             written.append(path)
 
     plots = _write_plots(results, shown, out_dir / "plots")
     written.extend(path for _, _, path in plots)
 
     readme = out_dir / "README.md"
-    _write_text(readme, _readme(results, shown, frames, plots, out_dir))
+    atomic_write_text(readme, _readme(results, shown, frames, plots, out_dir))
     written.append(readme)
     return written
 
@@ -465,37 +467,8 @@ def _save(fig: Figure, path: Path) -> None:
     fig.clear()
 
 
-def reliability_bins(probs: np.ndarray, labels: np.ndarray, n_bins: int = N_BINS) -> dict:
-    """Top-label reliability statistics on equal-width ``(lo, hi]`` bins.
-
-    Returns ``edges [B+1]``, ``count [B]``, ``acc [B]`` and ``conf [B]`` (NaN in empty
-    bins) and ``ece`` = sum_m (n_m / n) |acc_m - conf_m| as a fraction.
-    """
-    conf = probs.max(axis=1)
-    correct = (probs.argmax(axis=1) == labels).astype(np.float64)
-    edges = np.linspace(0.0, 1.0, n_bins + 1)
-    # index m such that edges[m] < c <= edges[m + 1]; c = 0 joins the first bin
-    idx = np.clip(np.searchsorted(edges, conf, side="left") - 1, 0, n_bins - 1)
-    count = np.bincount(idx, minlength=n_bins).astype(np.float64)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        acc = np.bincount(idx, weights=correct, minlength=n_bins) / count
-        mean_conf = np.bincount(idx, weights=conf, minlength=n_bins) / count
-    filled = count > 0
-    ece = float(np.sum(count[filled] / conf.size * np.abs(acc[filled] - mean_conf[filled])))
-    return {"edges": edges, "count": count, "acc": acc, "conf": mean_conf, "ece": ece}
-
-
-def risk_coverage(probs: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(coverage i/n, selective risk E_i/i) for i = 1..n, MSP descending, stable sort."""
-    conf = probs.max(axis=1)
-    errors = (probs.argmax(axis=1) != labels).astype(np.float64)
-    order = np.argsort(-conf, kind="stable")
-    i = np.arange(1, conf.size + 1, dtype=np.float64)
-    return i / conf.size, np.cumsum(errors[order]) / i
-
-
 def _plot_reliability(probs: np.ndarray, labels: np.ndarray, title: str, path: Path) -> None:
-    stats = reliability_bins(probs, labels)
+    stats = calibration_bins(probs, labels, n_bins=N_BINS)
     edges, width = stats["edges"], 1.0 / N_BINS
     filled = stats["count"] > 0
     left = edges[:-1][filled]
@@ -508,7 +481,7 @@ def _plot_reliability(probs: np.ndarray, labels: np.ndarray, title: str, path: P
            alpha=0.45, edgecolor="#C44E52", hatch="//", linewidth=0.5, label="gap to confidence")
     ax.plot([0, 1], [0, 1], "--", color="gray", linewidth=1.0, label="perfect calibration")
     ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="confidence (max probability)", ylabel="accuracy")
-    ax.set_title(f"{title}\nECE = {100 * stats['ece']:.2f}% ({N_BINS} bins)")
+    ax.set_title(f"{title}\nECE = {100 * ece(probs, labels, n_bins=N_BINS):.2f}% ({N_BINS} bins)")
     ax.legend(loc="upper left")
     _save(fig, path)
 
@@ -517,9 +490,9 @@ def _plot_risk_coverage(curves: list[tuple[str, np.ndarray, np.ndarray]], title:
                         path: Path) -> None:
     fig = _new_figure()
     ax = fig.add_subplot()
-    for method, coverage, risk in curves:
-        ax.plot(coverage, risk, linewidth=1.2,
-                label=f"{method} (AURC x1000 = {1000 * float(np.mean(risk)):.2f})")
+    for method, probs, labels in curves:
+        coverage, risk = risk_coverage_curve(probs, labels)
+        ax.plot(coverage, risk, linewidth=1.2, label=f"{method} (AURC x1000 = {1000 * aurc(probs, labels):.2f})")
     ax.set(xlim=(0, 1), xlabel="coverage", ylabel="selective risk (error rate)")
     ax.set_ylim(bottom=0)
     ax.set_title(title)
@@ -569,7 +542,7 @@ def _write_plots(
                 path = plot_dir / f"reliability_{sanitize(dataset)}_{sanitize(method)}.png"
                 _plot_reliability(probs, labels, f"Reliability: {name}", path)
                 reliability.append((dataset, f"Reliability diagram: {name}", path))
-                curves.append((method, *risk_coverage(probs, labels)))
+                curves.append((method, probs, labels))
                 if ood_splits:
                     ood = [(s, results.load_predictions(dataset, method, seed, s)[0].max(axis=1))
                            for s in ood_splits]
@@ -662,8 +635,3 @@ def _failures_in_order(results: AnalysisResults, methods: list[str]) -> pd.DataF
     f = f.sort_values(["_d", "dataset", "_m", "seed", "reason"], kind="stable")
     return f[cols].reset_index(drop=True)
 
-
-def _write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8", newline="\n") as fh:
-        fh.write(text)

@@ -11,7 +11,8 @@ import pytest
 
 from bench.analysis import AnalysisResults
 from bench.errors import ConfigError
-from bench.report import reliability_bins, risk_coverage, sanitize, write_report
+from bench.metrics import calibration_bins, ece, risk_coverage_curve
+from bench.report import sanitize, write_report
 
 DATASETS = ["toy_a", "toy b&c"]  # the second name needs escaping / sanitising
 METHODS = ["msp", "mc_dropout", "broken"]  # "broken": every seed failed on toy_a
@@ -309,17 +310,17 @@ def test_reliability_bins_are_lo_exclusive_hi_inclusive():
     k = 10
     probs = np.stack([conf] + [(1 - conf) / (k - 1)] * (k - 1), axis=1)  # class 0 is top
     labels = np.array([0, 1, 0, 0])  # only the second prediction is wrong
-    stats = reliability_bins(probs, labels)
+    stats = calibration_bins(probs, labels)
     # (lo, hi]: edges[2] -> bin 1, just above -> bin 2, 1.0 -> last bin, 0.5 -> bin 7
     assert {i: int(c) for i, c in enumerate(stats["count"]) if c} == {1: 1, 2: 1, 7: 1, 14: 1}
     np.testing.assert_allclose(stats["acc"][[1, 2, 7, 14]], [1.0, 0.0, 1.0, 1.0])
     correct = np.array([1.0, 0.0, 1.0, 1.0])
-    assert stats["ece"] == pytest.approx(np.mean(np.abs(correct - conf)))  # one sample per bin
+    assert ece(probs, labels) == pytest.approx(np.mean(np.abs(correct - conf)))  # one sample per bin
 
 
 def test_risk_coverage_hand_example():
     probs = np.array([[0.9, 0.1], [0.6, 0.4], [0.8, 0.2], [0.6, 0.4]])
     labels = np.array([0, 1, 0, 0])  # second sample (conf 0.6, first of the tie) is wrong
-    coverage, risk = risk_coverage(probs, labels)
+    coverage, risk = risk_coverage_curve(probs, labels)
     np.testing.assert_allclose(coverage, [0.25, 0.5, 0.75, 1.0])
     np.testing.assert_allclose(risk, [0.0, 0.0, 1 / 3, 1 / 4])  # stable: index 1 before 3

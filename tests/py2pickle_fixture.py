@@ -1,0 +1,49 @@
+"""Write pickles the way the official CIFAR files were written (Python 2, pickle protocol 2).
+
+Byte strings, and ASCII text, become Python-2 ``str`` opcodes (``SHORT_BINSTRING`` /
+``BINSTRING``), and numpy arrays refer to ``numpy.core.multiarray._reconstruct``,
+``numpy.ndarray`` and ``numpy.dtype`` under numpy 1's module name, as in the published
+``cifar-10-batches-py`` and ``cifar-100-python`` files.  A loader tested only on Python 3's
+default pickles could accept those and still refuse the real files.
+"""
+from __future__ import annotations
+
+import io
+import pickle
+import struct
+
+
+class Py2Pickler(pickle._Pickler):
+    def __init__(self, f):
+        super().__init__(f, protocol=2)
+        self.dispatch = dict(pickle._Pickler.dispatch)
+        self.dispatch[bytes] = Py2Pickler.save_py2_str
+        self.dispatch[str] = Py2Pickler.save_text
+
+    def save_py2_str(self, obj):
+        n = len(obj)
+        if n < 256:
+            self.write(pickle.SHORT_BINSTRING + bytes([n]) + obj)
+        else:
+            self.write(pickle.BINSTRING + struct.pack("<i", n) + obj)
+        self.memoize(obj)
+
+    def save_text(self, obj):
+        if obj.isascii():  # a Python-2 str; only unicode objects were written as unicode
+            self.save_py2_str(obj.encode("ascii"))
+        else:
+            pickle._Pickler.save_str(self, obj)
+
+    def save_global(self, obj, name=None):
+        module = obj.__module__
+        name = name or obj.__qualname__
+        if module.startswith("numpy._core"):
+            module = module.replace("numpy._core", "numpy.core")
+        self.write(pickle.GLOBAL + f"{module}\n{name}\n".encode())
+        self.memoize(obj)
+
+
+def py2_dumps(obj) -> bytes:
+    buf = io.BytesIO()
+    Py2Pickler(buf).dump(obj)
+    return buf.getvalue()
