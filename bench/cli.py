@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--methods", type=_csv("methods"), help="comma-separated method names to run (or, with report, to show)")
     p.add_argument("--datasets", type=_csv("datasets"), help="comma-separated dataset names of the suite to use")
     p.add_argument("--seeds", type=_csv("seeds"), help="comma-separated seeds, replacing the suite's")
-    p.add_argument("--epochs", type=_positive_int, help="training epochs for every method, replacing the suite's")
+    p.add_argument("--epochs", type=_positive_int, help="training epochs for every method, replacing the suite's (warm-up shortened to fit)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="where to train (default: auto)")
     p.add_argument("--data-root", type=Path, default=None,
                    help="where on-disk data sets live (default: $UQBENCH_DATA_ROOT or ~/.cache/uqbench)")

@@ -44,7 +44,8 @@ class TrainedMethod:
         return ViT(data.image_shape, data.num_classes, cfg, self.attention_for_block(cfg))
 
     def attention_for_block(self, cfg: ModelConfig):
-        """``block index -> attention module``; None = ``cfg.attention`` everywhere."""
+        """``(block index, tokens per sequence) -> attention module``; None = ``cfg.attention``
+        in every block."""
         return None
 
     # --- training ----------------------------------------------------------------------

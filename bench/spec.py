@@ -61,8 +61,11 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The ViT backbone (``[model]``); ``attention`` is looked up in the attention registry."""
+    """The ViT backbone (``[model]``); ``attention`` is looked up in the attention registry
+    and built with ``attention_options`` as keyword arguments.  ``preset`` names a set of
+    defaults from :data:`MODEL_PRESETS` that the other keys override."""
 
+    preset: str = ""
     patch_size: int = field(default=7, metadata={"min": 1})
     dim: int = field(default=64, metadata={"min": 1})
     depth: int = field(default=2, metadata={"min": 1})
@@ -70,11 +73,38 @@ class ModelConfig:
     mlp_ratio: float = field(default=2.0, metadata={"exclusive_min": 0.0})
     dropout: float = field(default=0.1, metadata={"min": 0.0, "max": 0.95})
     attention: str = "softmax"
+    attention_options: dict = field(default_factory=dict, hash=False)
     pool: Literal["mean", "cls"] = "mean"
+    mlp_final_gelu: bool = False  # GELU after the MLP's second Linear too (the official KEP-SVGP ViT)
+    pos_init_std: float = field(default=0.02, metadata={"min": 0.0})  # learned positional embedding init
 
     def __post_init__(self) -> None:
         if self.dim % self.heads:
             raise ValueError(f"dim ({self.dim}) must be divisible by heads ({self.heads})")
+
+
+# Backbone presets: ``[model] preset = "vit_cifar_paper"``.
+MODEL_PRESETS: dict[str, dict] = {
+    # KEP-SVGP's CIFAR ViT (reference kep_svgp_and_sgpa.md section 1.1): 4x4 patches -> 64
+    # tokens, depth 7, width 384, 12 heads, MLP ratio 1 with a second GELU, no class token
+    # (mean pooling), dropout 0.1, softmax logits divided by sqrt(384) (the full width),
+    # positional embedding initialised from randn (std 1).
+    "vit_cifar_paper": {
+        "patch_size": 4, "dim": 384, "depth": 7, "heads": 12, "mlp_ratio": 1.0, "dropout": 0.1,
+        "pool": "mean", "mlp_final_gelu": True, "pos_init_std": 1.0,
+        "attention": "softmax", "attention_options": {"scale": "width"},
+    },
+}
+
+
+def _apply_preset(model_raw: dict, path: str, problems: Problems) -> dict:
+    name = model_raw.get("preset", "")
+    if not name:
+        return model_raw
+    if name not in MODEL_PRESETS:
+        problems.add(f"{path}.preset", f"unknown preset {name!r}; known presets: {', '.join(MODEL_PRESETS)}")
+        return model_raw
+    return {**MODEL_PRESETS[name], **model_raw}
 
 
 @dataclass(frozen=True)
@@ -162,6 +192,17 @@ def load_suite(name_or_path: str = "default", overrides: Overrides = Overrides()
     return build_suite(raw, overrides)
 
 
+def _override_epochs(train_raw: dict, epochs: int | None) -> dict:
+    """``--epochs N`` replaces the budget; a warm-up that no longer fits is shortened to
+    N - 1 epochs (a suite *file* with such a warm-up is still an error)."""
+    if epochs is None:
+        return train_raw
+    warmup = train_raw.get("warmup_epochs", TrainConfig.warmup_epochs)
+    if isinstance(warmup, int) and not isinstance(warmup, bool):
+        train_raw["warmup_epochs"] = min(warmup, epochs - 1)
+    return {**train_raw, "epochs": epochs}
+
+
 def _merge(base: dict, over: dict) -> dict:
     return {**base, **over}
 
@@ -180,11 +221,9 @@ def build_suite(raw: dict, overrides: Overrides = Overrides()) -> Suite:
     if len(set(top.seeds)) != len(top.seeds):
         problems.add("seeds", f"seeds must be distinct, got {list(top.seeds)}")
 
-    base_train = dict(top.train)
-    if overrides.epochs is not None:
-        base_train["epochs"] = overrides.epochs
+    base_train = _override_epochs(dict(top.train), overrides.epochs)
     parse(TrainConfig, base_train, "train", problems)
-    parse(ModelConfig, top.model, "model", problems)
+    parse(ModelConfig, _apply_preset(dict(top.model), "model", problems), "model", problems)
 
     method_tables = dict(top.methods)
     if overrides.methods is not None:
@@ -247,12 +286,10 @@ def _parse_method(
         if train_over or model_over:
             problems.add(path, f"{type_!r} is computed from stored predictions and takes no train/model settings")
         return MethodSpec(name, type_, cls.kind, options, None, None)
-    train_raw = _merge(base_train, train_over if isinstance(train_over, dict) else {})
-    if overrides.epochs is not None:
-        train_raw["epochs"] = overrides.epochs
+    train_raw = _override_epochs(_merge(base_train, train_over if isinstance(train_over, dict) else {}), overrides.epochs)
     model_raw = _merge(cls.model_defaults(), _merge(base_model, model_over if isinstance(model_over, dict) else {}))
     train = parse(TrainConfig, train_raw, f"{path}.train", problems)
-    model = parse(ModelConfig, model_raw, f"{path}.model", problems)
+    model = parse(ModelConfig, _apply_preset(model_raw, f"{path}.model", problems), f"{path}.model", problems)
     if model is not None and model.attention not in ATTENTIONS:
         problems.add(f"{path}.model.attention", ATTENTIONS.unknown_message(model.attention))
     return MethodSpec(name, type_, cls.kind, options, train, model)

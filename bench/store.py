@@ -70,6 +70,16 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def _read_json_object(path: Path) -> dict | None:
+    """A JSON object from ``path``, or None when it is missing or damaged in any way
+    (truncated, not UTF-8, not an object): a damaged cell reads as incomplete."""
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
 def split_relpath(split: str) -> str:
     parts = split.split("/")
     if any(p in ("", ".", "..") for p in parts):
@@ -89,10 +99,7 @@ class CellDir:
 
     # --- state -------------------------------------------------------------------------
     def read_cell(self) -> dict | None:
-        try:
-            return json.loads((self.path / CELL).read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            return None
+        return _read_json_object(self.path / CELL)
 
     def status(self, skip: tuple[str, ...] = ()) -> str:
         """``complete`` (manifest verifies), ``failed``, ``incomplete`` or ``missing``.
@@ -109,11 +116,11 @@ class CellDir:
         return "incomplete"
 
     def verify(self, skip: tuple[str, ...] = ()) -> bool:
-        try:
-            manifest = json.loads((self.path / MANIFEST).read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
+        manifest = _read_json_object(self.path / MANIFEST)
+        files = manifest.get("files") if manifest is not None else None
+        if not isinstance(files, dict):
             return False
-        for rel, digest in manifest.get("files", {}).items():
+        for rel, digest in files.items():
             if rel in skip:
                 continue
             f = self.path / rel
