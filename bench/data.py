@@ -68,6 +68,10 @@ class DataBundle:
             self._cache[name] = self.loaders[name]()
         return self._cache[name]
 
+    def release(self, name: str) -> None:
+        """Drop a loaded split from memory (a CIFAR-C grid does not fit at once)."""
+        self._cache.pop(name, None)
+
     def eval_splits(self, patterns: tuple[str, ...]) -> list[str]:
         """Evaluation splits matching any glob pattern (``val`` is always evaluated first:
         post-hoc methods such as temperature scaling fit on it)."""

@@ -60,6 +60,10 @@ class TrainedMethod:
                 loss = loss + term
         return loss
 
+    def on_train_step(self, model, step: int, total_steps: int) -> None:
+        """Called by the training loop before every optimisation step (``step`` counts from
+        0 to ``total_steps - 1``): e.g. a KL-annealing weight that ramps with progress."""
+
     # --- prediction --------------------------------------------------------------------
     @property
     def samples(self) -> int:

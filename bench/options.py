@@ -118,6 +118,7 @@ def _check_range(value: Any, meta: typing.Mapping, path: str, problems: Problems
 
 
 def _parse(cls: type[T], data: dict, path: str, problems: Problems) -> T | None:
+    start = len(problems)  # problems found elsewhere must not stop this section's checks
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     kwargs: dict[str, Any] = {}
@@ -137,7 +138,7 @@ def _parse(cls: type[T], data: dict, path: str, problems: Problems) -> T | None:
     for name, f in fields.items():
         if name not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             problems.add(f"{path}.{name}" if path else name, "required key is missing")
-    if problems:
+    if len(problems) > start:
         return None
     try:
         return cls(**kwargs)

@@ -162,6 +162,8 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
             n_pred += len(s)
             if split == "test":
                 test_acc = float((lp.argmax(1) == s.y).mean())
+            if split not in ("train", "val", "test"):
+                data.release(split)
         pred_secs = time.perf_counter() - t_pred
     except NonFiniteLoss as exc:
         return _fail(cd, info, str(exc))

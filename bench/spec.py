@@ -24,6 +24,7 @@ its key path and raised as one :class:`~bench.errors.ConfigError`.
 from __future__ import annotations
 
 import copy
+import difflib
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -185,9 +186,11 @@ def load_suite(name_or_path: str = "default", overrides: Overrides = Overrides()
     """Read, override and validate a suite; raises ConfigError listing every problem."""
     path = resolve_suite_path(name_or_path)
     try:
-        raw = tomllib.loads(path.read_text())
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: malformed TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not a UTF-8 text file ({exc}); a suite must be TOML") from None
     raw.setdefault("name", path.stem)
     return build_suite(raw, overrides)
 
@@ -256,10 +259,14 @@ def _parse_dataset(name: str, table: Any, problems: Problems) -> DatasetSpec | N
         problems.add(path, f"expected a table, got {table!r}")
         return None
     table = dict(table)
+    type_path = f"{path}.type" if "type" in table else path
     type_ = table.pop("type", name)
     splits = table.pop("splits", ["test", "shift/*", "ood/*"])
+    if not isinstance(type_, str):
+        problems.add(type_path, f"expected a registered dataset name, got {type_!r}")
+        return None
     if type_ not in DATASETS:
-        problems.add(f"{path}.type" if "type" in table else path, DATASETS.unknown_message(type_))
+        problems.add(type_path, DATASETS.unknown_message(type_))
         return None
     if not isinstance(splits, list) or not splits or not all(isinstance(s, str) for s in splits):
         problems.add(f"{path}.splits", f"expected a non-empty list of split patterns, got {splits!r}")
@@ -275,19 +282,28 @@ def _parse_method(
         problems.add(path, f"expected a table, got {table!r}")
         return None
     table = dict(table)
+    type_path = f"{path}.type" if "type" in table else path
     type_ = table.pop("type", name)
+    if not isinstance(type_, str):
+        problems.add(type_path, f"expected a registered method name, got {type_!r}")
+        return None
     if type_ not in METHODS:
-        problems.add(f"{path}.type" if type_ != name else path, METHODS.unknown_message(type_))
+        problems.add(type_path, METHODS.unknown_message(type_))
         return None
     cls = METHODS.get(type_)
     train_over, model_over = table.pop("train", {}), table.pop("model", {})
+    for key, value in (("train", train_over), ("model", model_over)):
+        if not isinstance(value, dict):
+            problems.add(f"{path}.{key}", f"expected a table of {key} settings, got {value!r}")
+    if not isinstance(train_over, dict) or not isinstance(model_over, dict):
+        return None
     options = parse(cls.Options, table, path, problems)
     if cls.kind == "derived":
         if train_over or model_over:
             problems.add(path, f"{type_!r} is computed from stored predictions and takes no train/model settings")
         return MethodSpec(name, type_, cls.kind, options, None, None)
-    train_raw = _override_epochs(_merge(base_train, train_over if isinstance(train_over, dict) else {}), overrides.epochs)
-    model_raw = _merge(cls.model_defaults(), _merge(base_model, model_over if isinstance(model_over, dict) else {}))
+    train_raw = _override_epochs(_merge(base_train, train_over), overrides.epochs)
+    model_raw = _merge(cls.model_defaults(), _merge(base_model, model_over))
     train = parse(TrainConfig, train_raw, f"{path}.train", problems)
     model = parse(ModelConfig, _apply_preset(model_raw, f"{path}.model", problems), f"{path}.model", problems)
     if model is not None and model.attention not in ATTENTIONS:
@@ -303,6 +319,11 @@ def _check_derived(m: MethodSpec, by_name: dict[str, MethodSpec], problems: Prob
         problems.add(f"methods.{m.name}.base", f"{base!r} must be a trained method, not a derived one")
 
 
+def _closest(name: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=1)
+    return f" Did you mean {close[0]!r}?" if close else ""
+
+
 def select(
     suite: Suite, methods: tuple[str, ...] | None = None, datasets: tuple[str, ...] | None = None, *, to_run: bool = True
 ) -> Suite:
@@ -313,15 +334,17 @@ def select(
         known = [d.name for d in suite.datasets]
         for name in datasets:
             if name not in known:
-                raise ConfigError(f"--datasets: suite {suite.name!r} has no dataset {name!r}; it has: {', '.join(known)}")
+                raise ConfigError(
+                    f"--datasets: suite {suite.name!r} has no dataset {name!r}.{_closest(name, known)} It has: {', '.join(known)}"
+                )
     chosen_methods = suite.methods
     if methods is not None:
         known = [m.name for m in suite.methods]
         for name in methods:
             if name not in known:
                 raise ConfigError(
-                    f"--methods: unknown method {name!r}; suite {suite.name!r} has: {', '.join(known)}; "
-                    f"registered methods: {', '.join(METHODS.names())}"
+                    f"--methods: unknown method {name!r}.{_closest(name, known + METHODS.names())} "
+                    f"Suite {suite.name!r} has: {', '.join(known)}; registered methods: {', '.join(METHODS.names())}"
                 )
         wanted = set(methods)
         wanted |= {m.options.base for m in suite.methods if m.name in wanted and m.kind == "derived"}

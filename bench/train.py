@@ -162,6 +162,7 @@ def fit(
             if cfg.augment:
                 x = augment(x, cfg.augment, gen)
             y = y_train[idx]
+            method.on_train_step(model, epoch * steps_per_epoch + s, total)
             with autocast(device):
                 logits = step_model(norm(x))
                 loss = method.training_loss(model, logits, y)

@@ -101,15 +101,23 @@ class ViT(nn.Module):
         self.norm = nn.LayerNorm(cfg.dim)
         self.head = nn.Linear(cfg.dim, num_classes)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        """Images ``[B, C, H, W]`` -> tokens ``[B, N, dim]`` (patches, class token, positions)."""
         x = self.patch(x).flatten(2).transpose(1, 2)  # [B, N, dim]
         if self.cls is not None:
             x = torch.cat([self.cls.expand(len(x), -1, -1), x], dim=1)
-        x = self.drop(x + self.pos)
-        for block in self.blocks:
-            x = block(x)
+        return self.drop(x + self.pos)
+
+    def readout(self, x: torch.Tensor) -> torch.Tensor:
+        """Tokens ``[B, N, dim]`` after the blocks -> logits ``[B, classes]``."""
         x = self.norm(x)
         return self.head(x[:, 0] if self.cls is not None else x.mean(dim=1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.readout(x)
 
 
 def make_attention(cfg: ModelConfig) -> nn.Module:

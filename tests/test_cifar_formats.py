@@ -21,6 +21,7 @@ from bench.data import OOD_LABEL, configure_data, data_root, set_data_root
 from bench.errors import ConfigError
 from bench.options import parse
 from bench.registry import DATASETS
+from datasets.corruptions import CORRUPTIONS
 from datasets import cifar, formats  # importing cifar registers cifar10 and cifar100
 from py2pickle_fixture import py2_dumps
 
@@ -451,12 +452,18 @@ def test_options_defaults_and_validation():
             parse(DATASETS.get("cifar10").Options, bad)
 
 
+def generated_shifts(official: tuple[str, ...]) -> list[str]:
+    """The corruption-engine splits a bundle adds for corruptions without an official file."""
+    return [f"shift/{c}/{s}" for c in CORRUPTIONS if c not in official for s in range(1, 6)]
+
+
 def test_cifar10_end_to_end(full_root, use_root):
     root, d = full_root
     use_root(root)
     bundle, warned = load("cifar10")
     shifts = [f"shift/{c}/{s}" for c in ("gaussian_noise", "brightness") for s in range(1, 6)]  # canonical order
-    assert bundle.split_names() == ["train", "val", "test", "ood/svhn", "ood/cifar100", "ood/textures", *shifts]
+    assert bundle.split_names() == ["train", "val", "test", "ood/svhn", "ood/cifar100", "ood/textures", *shifts,
+                                    *generated_shifts(("gaussian_noise", "brightness"))]
     assert (bundle.name, bundle.num_classes, bundle.image_shape) == ("cifar10", 10, (32, 32, 3))
     assert bundle.mean == (0.4914, 0.4822, 0.4465) and bundle.std == (0.2023, 0.1994, 0.2010)
     # every fixture file read differs from the official one: one warning each, naming it
@@ -510,7 +517,8 @@ def test_cifar100_end_to_end_with_binary_cifar10_as_ood(tmp_path, use_root):
     use_root(tmp_path)
     bundle, warned = load("cifar100")
     assert bundle.split_names() == ["train", "val", "test", "ood/cifar10",
-                                    *[f"shift/{c}/{s}" for c in ("contrast", "zzz_custom") for s in range(1, 6)]]
+                                    *[f"shift/{c}/{s}" for c in ("contrast", "zzz_custom") for s in range(1, 6)],
+                                    *generated_shifts(("contrast",))]
     assert bundle.num_classes == 100 and bundle.mean == (0.5071, 0.4867, 0.4408)
     assert len(warned) == 3  # train, test, meta
     train, val = bundle.get("train"), bundle.get("val")
@@ -527,7 +535,7 @@ def test_cifar10_reads_the_binary_version_when_the_pickles_are_absent(tmp_path, 
     c10 = write_cifar10(tmp_path, binary=True)
     use_root(tmp_path)
     bundle, warned = load("cifar10")
-    assert bundle.split_names() == ["train", "val", "test"] and not warned  # no md5 published for these
+    assert bundle.split_names() == ["train", "val", "test", *generated_shifts(())] and not warned  # no md5 published
     np.testing.assert_array_equal(bundle.get("test").x, c10["x_test"])
     assert image_set(bundle.get("train").x) | image_set(bundle.get("val").x) == image_set(c10["x_train"])
 
@@ -623,5 +631,5 @@ def test_cifar10_download_option_fetches_the_missing_archive(tmp_path, use_root,
     with pytest.raises(ConfigError, match="--download"):
         load("cifar10", ood=[])  # not without asking
     bundle, _ = load("cifar10", ood=[], download=True)
-    assert bundle.split_names() == ["train", "val", "test"]
+    assert bundle.split_names() == ["train", "val", "test", *generated_shifts(())]
     assert (root / "cifar-10-batches-py/test_batch").is_file()

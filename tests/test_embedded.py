@@ -17,6 +17,7 @@ from bench.data import OOD_LABEL
 from bench.errors import ConfigError
 from bench.options import parse
 from bench.registry import DATASETS
+from datasets.corruptions import CORRUPTIONS
 from datasets import embedded, safe_pickle
 
 MNIST5K = DATASETS.get("mnist5k")
@@ -56,7 +57,8 @@ def test_registered_with_defaults():
 
 def test_bundle_shape_dtypes_and_labels(default):
     assert default.name == "mnist5k" and default.num_classes == 10 and default.image_shape == (28, 28, 1)
-    assert default.split_names() == list(ALL_SPLITS)
+    generated = [f"shift/{c}/{s}" for c in CORRUPTIONS for s in range(1, 6)]
+    assert default.split_names() == [*ALL_SPLITS, *generated]
     sizes = {"train": 3600, "val": 400, "test": 1000, "shift/digits_box": 1797,
              "ood/animal_mnist": 1000, "ood/uniform_noise": 1000}
     for name in ALL_SPLITS:

@@ -39,6 +39,8 @@ mlp_ratio = 1.0
 train_limit = 600
 eval_limit = 100
 ood_size = 100
+corruption_limit = 50
+splits = ["test", "shift/digits_box", "shift/gaussian_noise/*", "shift/contrast/5", "ood/*"]
 [methods.msp]
 [methods.mc_dropout]
 samples = 2
@@ -78,13 +80,16 @@ def test_run_writes_store_and_report_with_every_method(reference):
         info = json.loads((cell / "cell.json").read_text())
         assert info["status"] == "complete"
         for rel in ("manifest.json", "train_log.csv", "checkpoint.pt", "preds/test.npz", "preds/val.npz",
-                    "preds/shift/digits_box.npz", "preds/ood/animal_mnist.npz", "preds/ood/uniform_noise.npz"):
+                    "preds/shift/digits_box.npz", "preds/shift/gaussian_noise/1.npz", "preds/shift/gaussian_noise/5.npz",
+                    "preds/shift/contrast/5.npz", "preds/ood/animal_mnist.npz", "preds/ood/uniform_noise.npz"):
             assert (cell / rel).is_file(), rel
+        # exactly the splits the suite's patterns select: 1 + 5 + 1 shift, 2 OOD, test, val
+        assert len(list((cell / "preds").rglob("*.npz"))) == 11
         assert info["test_acc"] > 0.2  # chance is 0.1
     readme = (root / "reports" / "tiny" / "README.md").read_text()
     for method in ("msp", "mc_dropout", "temperature_scaling", "deep_ensemble"):
         assert f"| {method} " in readme
-    for split in ("shift/digits_box", "ood/animal_mnist", "ood/uniform_noise"):
+    for split in ("shift/digits_box", "shift/gaussian_noise/3", "shift/contrast/5", "ood/animal_mnist", "ood/uniform_noise"):
         assert split in readme
     for ext in ("md", "tex", "csv"):
         assert (root / "reports" / "tiny" / "tables" / f"in_distribution.{ext}").is_file()

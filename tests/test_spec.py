@@ -71,7 +71,10 @@ def test_default_suite_loads_with_its_methods_datasets_and_seeds():
     assert ens.options.base == "msp" and ens.options.members == 5
     assert ens.train is None and ens.model is None
     assert suite.method("temperature_scaling").options.base == "msp"
-    assert suite.datasets[0].splits == ("test", "shift/*", "ood/*")
+    splits = suite.datasets[0].splits
+    assert splits[:2] == ("test", "shift/digits_box") and splits[-1] == "ood/*"
+    corruptions = [p.split("/")[1] for p in splits[2:-1]]
+    assert len(corruptions) == 15 and "gaussian_noise" in corruptions and "speckle_noise" not in corruptions
 
 
 def test_load_suite_accepts_a_path(tmp_path):
@@ -513,53 +516,32 @@ def test_suite_level_train_change_changes_every_trained_key():
     assert all(after[c] != before[c] for c in before)
 
 
-# --------------------------------------------------------------------------- bugs found
+# --------------------------------------------------------------------------- regressions (bugs found in review)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bench/options.py:140 `_parse` returns None when the *shared* Problems list is non-empty "
-    "(`if problems:`), not when this call added problems; so after any earlier problem the "
-    "ModelConfig of each method is None and bench/spec.py:_parse_method skips the attention "
-    "check: a typo'd attention is not reported together with an unrelated typo"))
 def test_unknown_attention_reported_together_with_another_problem():
     msg = config_error(minimal(train={"epoch": 3}, model={"attention": "sofmax"}))
     assert "train.epoch" in msg
     assert "sofmax" in msg
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bench/options.py:140 (`if problems: return None` on the shared list) skips every later "
-    "__post_init__ cross-field check once any problem exists, so dim % heads is not reported "
-    "together with an unrelated unknown key"))
 def test_cross_field_problem_reported_together_with_another_problem():
     msg = config_error(minimal(train={"epoch": 3}, model={"dim": 30, "heads": 4}))
     assert "train.epoch" in msg
     assert "divisible" in msg
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bench/spec.py:250-251 `_parse_method` replaces a non-table `train`/`model` value of a "
-    "trained method with {} (isinstance(..., dict) else {}) instead of reporting it: "
-    "`[methods.msp] train = 5` is silently accepted"))
 @pytest.mark.parametrize("key, value", [("train", 5), ("model", "big")])
 def test_non_table_train_or_model_of_a_method_is_rejected(key, value):
     msg = config_error(minimal(methods={"msp": {key: value}}))
     assert f"methods.msp.{key}" in msg
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bench/spec.py:222-223 `_parse_dataset` pops 'type' from the table before testing "
-    "`\"type\" in table`, so an unknown dataset type is always reported at `datasets.<name>` "
-    "instead of `datasets.<name>.type` (methods get `.type` right)"))
 def test_unknown_dataset_type_names_the_type_key():
     msg = config_error(minimal(datasets={"mine": {"type": "mnist5kk"}}))
     assert "datasets.mine.type" in msg
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bench/registry.py:55 `__contains__` does `name in self._items`; an unhashable value "
-    "(TOML list) for `type` raises TypeError from bench/spec.py:240 (methods) / 222 "
-    "(datasets) instead of a ConfigError"))
 @pytest.mark.parametrize("section", ["methods", "datasets"])
 def test_list_valued_type_is_a_config_error(section):
     raw = minimal()
@@ -567,13 +549,23 @@ def test_list_valued_type_is_a_config_error(section):
     config_error(raw)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bench/spec.py:154-158 `load_suite` reads the file with path.read_text() outside the "
-    "try block, so a suite file that is not UTF-8 raises UnicodeDecodeError instead of a "
-    "ConfigError naming the path"))
 def test_non_utf8_suite_file_is_a_config_error(tmp_path):
     path = tmp_path / "binary.toml"
     path.write_bytes(b"\xff\xfe seeds = [0]\n")
     with pytest.raises(ConfigError) as exc:
         load_suite(str(path))
     assert str(path) in str(exc.value)
+
+
+def test_epochs_override_shortens_a_warmup_that_no_longer_fits():
+    suite = build_suite(minimal(train={"epochs": 10, "warmup_epochs": 3}), Overrides(epochs=1))
+    assert suite.methods[0].train.epochs == 1 and suite.methods[0].train.warmup_epochs == 0
+    # a suite file with such a warm-up is still an error
+    msg = config_error(minimal(train={"epochs": 2, "warmup_epochs": 3}))
+    assert "warmup_epochs" in msg
+
+
+def test_unknown_selection_suggests_the_closest_name():
+    suite = build_suite(minimal())
+    with pytest.raises(ConfigError, match="Did you mean 'msp'"):
+        select(suite, methods=("mps",))

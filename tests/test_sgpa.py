@@ -1,0 +1,573 @@
+"""methods/sgpa.py: SGPA attention, key passing, KL and its annealing, training.
+
+Expected values are dense GP computations in numpy/scipy written here from the
+equations of the reference (kep_svgp_and_sgpa.md §4) and the module docstring, or
+torch.distributions for Gaussian KLs; the layer under test only supplies its parameters.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy.linalg import cho_factor, cho_solve, cholesky, solve_triangular
+from scipy.special import erf
+from scipy.special import log_softmax as sp_log_softmax
+from torch.distributions import MultivariateNormal, kl_divergence
+
+from bench.data import DataBundle, Split
+from bench.errors import ConfigError
+from bench.options import parse
+from bench.spec import ModelConfig, TrainConfig
+from bench.train import fit, predict, seed_everything
+from bench.vit import ViT
+from methods.sgpa import SGPA, SGPAAttention, SGPAViT, kl_anneal_weight, psd_cholesky
+
+CPU = torch.device("cpu")
+JITTER = 1e-6
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+# ----------------------------------------------------------------------------- numpy reference
+
+
+def np_(t: torch.Tensor) -> np.ndarray:
+    return t.detach().double().numpy()
+
+
+def ard_np(x, y, log_scale, log_ell):
+    """σ·exp(−½ Σ_d ((x_d − y_d)/ℓ_d)²) by explicit differences; x [N, D], y [P, D]."""
+    diff = (x[:, None, :] - y[None, :, :]) / np.exp(log_ell)
+    return np.exp(log_scale) * np.exp(-0.5 * (diff**2).sum(-1))
+
+
+def exp_np(x, y, log_scale, log_ell):
+    """σ·exp(Σ_d x_d y_d / ℓ_d²)."""
+    return np.exp(log_scale) * np.exp(np.einsum("nd,pd,d->np", x, y, np.exp(-2 * log_ell)))
+
+
+def kernel_np(layer: SGPAAttention, h: int):
+    fn = ard_np if type(layer.kernel).__name__ == "ARDKernel" else exp_np
+    ls, le = np_(layer.kernel.log_scale)[h], np_(layer.kernel.log_lengthscale)[h]
+    return lambda a, b: fn(a, b, ls, le)
+
+
+def linear_np(x: np.ndarray, lin) -> np.ndarray:
+    return x @ np_(lin.weight).T + np_(lin.bias)
+
+
+def head_np(t: np.ndarray, layer: SGPAAttention, h: int) -> np.ndarray:
+    """Columns of head h: channels h·D .. (h+1)·D − 1."""
+    d = layer.head_dim
+    return t[..., h * d : (h + 1) * d]
+
+
+def s_sqrt_np(layer: SGPAAttention, h: int, d: int) -> np.ndarray:
+    m = layer.v_beta.shape[1]
+    s = np.zeros((m, m))
+    s[np.tril_indices(m, -1)] = np_(layer.s_offdiag)[h, d]
+    s[np.diag_indices(m)] = np.exp(np_(layer.s_log_diag)[h, d])
+    return s
+
+
+def decoupled_np(layer: SGPAAttention, x: np.ndarray, keys: np.ndarray):
+    """Dense decoupled-SGPA posterior per (b, h, d) and the KL, from the reference formulas.
+
+    Returns mean [B, H, T, D], cov [B, H, D, T, T], kl."""
+    b_, t_, _ = x.shape
+    hh, dd, m = layer.heads, layer.head_dim, keys.shape[0]
+    mean = np.zeros((b_, hh, t_, dd))
+    cov = np.zeros((b_, hh, dd, t_, t_))
+    kl = 0.0
+    for h in range(hh):
+        k = kernel_np(layer, h)
+        kb = head_np(linear_np(keys, layer.qk), layer, h)
+        kbb = k(kb, kb) + JITTER * np.eye(m)
+        c = cho_factor(kbb, lower=True)
+        l_inv = solve_triangular(cholesky(kbb, lower=True), np.eye(m), lower=True)
+        v_beta = np_(layer.v_beta)[h]
+        amortised = np.zeros(dd)
+        for b in range(b_):
+            q = head_np(linear_np(x[b], layer.qk), layer, h)
+            v = head_np(linear_np(x[b], layer.v), layer, h)
+            kqq, kqb = k(q, q), k(q, kb)
+            mean[b, h] = kqq @ v - kqb @ cho_solve(c, kqb.T @ v) + kqb @ v_beta
+            for d in range(dd):
+                s = s_sqrt_np(layer, h, d)
+                cov[b, h, d] = kqq - kqb @ cho_solve(c, kqb.T) + kqb @ l_inv.T @ s @ s.T @ l_inv @ kqb.T
+                amortised[d] += v[:, d] @ (kqq - kqb @ cho_solve(c, kqb.T)) @ v[:, d] / b_
+        for d in range(dd):
+            s = s_sqrt_np(layer, h, d)
+            kl += 0.5 * (v_beta[:, d] @ kbb @ v_beta[:, d] + amortised[d] + (s**2).sum() - m)
+            kl -= np.log(np.diag(s)).sum()
+    return mean, cov, kl
+
+
+def standard_np(layer: SGPAAttention, x: np.ndarray):
+    """Standard SGPA: mean K v_d, cov K_qq + K (S_d − K̂^{-1}) K with S_d = diag(σ_d²)."""
+    b_, t_, _ = x.shape
+    hh, dd = layer.heads, layer.head_dim
+    mean = np.zeros((b_, hh, t_, dd))
+    cov = np.zeros((b_, hh, dd, t_, t_))
+    for b in range(b_):
+        for h in range(hh):
+            k = kernel_np(layer, h)
+            q = head_np(linear_np(x[b], layer.qk), layer, h)
+            v = head_np(linear_np(x[b], layer.v), layer, h)
+            sigma = np.exp(head_np(linear_np(x[b], layer.log_sigma), layer, h))
+            kk = k(q, q)
+            k_hat_inv = np.linalg.inv(kk + JITTER * np.eye(t_))
+            mean[b, h] = kk @ v
+            for d in range(dd):
+                cov[b, h, d] = kk + kk @ (np.diag(sigma[:, d] ** 2) - k_hat_inv) @ kk
+    return mean, cov
+
+
+def randomise(module: torch.nn.Module, seed: int, scale: float = 0.5) -> None:
+    """Every parameter ~ N(0, scale²) (so v_β, S̃ and the kernels are all non-trivial)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
+
+
+def layer64(seed: int = 0, **kw) -> SGPAAttention:
+    torch.manual_seed(seed)
+    layer = SGPAAttention(4, 2, 0.0, **kw).double()  # head width d = 2
+    randomise(layer, seed + 100)
+    layer.sample = False
+    return layer
+
+
+def inputs(seed: int, b: int = 2, t: int = 4, c: int = 4) -> torch.Tensor:
+    return torch.randn(b, t, c, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+# ----------------------------------------------------------------------------- kernels
+
+
+@pytest.mark.parametrize("kernel", ["ard", "exponential"])
+def test_kernels_match_numpy_and_k_beta_beta_is_pd(kernel):
+    layer = layer64(1, kernel=kernel, keys_len=3)
+    x = torch.randn(2, 5, 2, generator=torch.Generator().manual_seed(3), dtype=torch.float64)  # [H, N, D]
+    y = torch.randn(2, 3, 2, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    got = layer.kernel(x, y).detach().numpy()
+    for h in range(2):
+        np.testing.assert_allclose(got[h], kernel_np(layer, h)(x[h].numpy(), y[h].numpy()), rtol=1e-10, atol=1e-12)
+    # batched queries broadcast against per-head keys
+    xb = torch.randn(3, 2, 5, 2, dtype=torch.float64)
+    expected = kernel_np(layer, 1)(xb[2, 1].numpy(), y[1].numpy())
+    np.testing.assert_allclose(layer.kernel(xb, y).detach().numpy()[2, 1], expected, rtol=1e-10)
+    # K_ββ + jitter·I is symmetric positive definite, even with two identical keys
+    keys = y[0].clone()
+    keys[1] = keys[0]
+    kbb = layer.kernel(keys[None], keys[None])[0].detach().numpy() + JITTER * np.eye(3)
+    np.testing.assert_allclose(kbb, kbb.T, rtol=1e-12)
+    assert np.linalg.eigvalsh(kbb).min() > 0
+
+
+def test_init_values_follow_the_reference():
+    torch.manual_seed(0)
+    ard = SGPAAttention(64, 4, kernel="ard").kernel
+    expo = SGPAAttention(64, 4, kernel="exponential").kernel
+    assert torch.equal(ard.log_scale, torch.zeros(4))
+    assert torch.equal(expo.log_scale, torch.full((4,), -4.0))
+    assert ard.log_lengthscale.shape == (4, 16)
+    a, e = ard.log_lengthscale.detach(), expo.log_lengthscale.detach()
+    assert abs(float(a.mean())) < 0.3 and 0.7 < float(a.std()) < 1.3
+    assert abs(float(e.mean()) - 4.0) < 0.3 and 0.7 < float(e.std()) < 1.3
+
+
+# ----------------------------------------------------------------------------- decoupled posterior and KL
+
+
+@pytest.mark.parametrize("kernel", ["ard", "exponential"])
+def test_decoupled_posterior_and_kl_match_dense_numpy(kernel):
+    """T = 4 tokens, M = 3 keys, d = 2 per head, 2 heads, batch 2."""
+    full = layer64(2, kernel=kernel, keys_len=3, covariance="full")
+    diag = layer64(2, kernel=kernel, keys_len=3, covariance="diag")
+    diag.load_state_dict(full.state_dict())
+    x = inputs(5)
+    mean_np, cov_np, kl_np = decoupled_np(full, x.numpy(), np_(full.keys))
+
+    post = full.posterior(x)
+    np.testing.assert_allclose(post.mean.detach().numpy(), mean_np, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(post.cov.detach().numpy(), cov_np, rtol=1e-8, atol=1e-10)
+    assert post.kl.item() == pytest.approx(kl_np, rel=1e-9)
+
+    dpost = diag.posterior(x)
+    var_np = np.diagonal(cov_np, axis1=-2, axis2=-1).transpose(0, 1, 3, 2)  # [B, H, T, D]
+    np.testing.assert_allclose(dpost.cov.detach().numpy(), var_np, rtol=1e-8, atol=1e-10)
+    full_diag = np.diagonal(post.cov.detach().numpy(), axis1=-2, axis2=-1).transpose(0, 1, 3, 2)
+    np.testing.assert_allclose(dpost.cov.detach().numpy(), full_diag, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(dpost.mean.detach().numpy(), mean_np, rtol=1e-8, atol=1e-10)
+    assert (dpost.cov >= 0).all()
+    assert np.linalg.eigvalsh(cov_np).min() > -1e-10  # the reference covariance itself is PSD
+
+    # the layer's output (mean mode) is W_O applied to the concatenated head means
+    out = full(x).detach().numpy()
+    concat = mean_np.transpose(0, 2, 1, 3).reshape(2, 4, 4)
+    np.testing.assert_allclose(out, linear_np(concat, full.proj), rtol=1e-8, atol=1e-10)
+
+
+def test_s_sqrt_is_lower_triangular_with_positive_diagonal():
+    layer = layer64(3, keys_len=4)
+    s = layer.s_sqrt().detach().numpy()
+    assert s.shape == (2, 2, 4, 4)
+    np.testing.assert_array_equal(np.triu(s, 1), 0.0)
+    assert (np.diagonal(s, axis1=-2, axis2=-1) > 0).all()
+    np.testing.assert_allclose(s[1, 0], s_sqrt_np(layer, 1, 0))
+
+
+def test_variances_non_negative_at_large_inputs_and_near_keys():
+    """Keys at the tokens with S̃ ≈ 0 make the variance k_qq − Q_qq ≈ σ·jitter, which float32
+    round-off (σ = e⁵) pushes below 0 unless clamped; large inputs saturate the kernel."""
+    torch.manual_seed(0)
+    layer = SGPAAttention(8, 2, keys_len=6)  # float32, as in training; keys = all 6 tokens
+    x = torch.randn(3, 6, 8)
+    with torch.no_grad():
+        layer.keys.copy_(x[0])
+        layer.kernel.log_scale.fill_(5.0)
+        layer.s_log_diag.fill_(-10.0)
+        var = layer.posterior(x).cov
+        draws = layer.rsample(x)
+    assert torch.isfinite(var).all() and (var >= 0).all()
+    assert float(var[0].max()) < 1e-3  # the regime where cancellation happens
+    assert torch.isfinite(draws).all()
+    # large inputs: 10x LayerNorm scale and 2-sigma projections for ARD; the exponential
+    # kernel exp(q·k/ℓ²) overflows float32 there (as in the official code), so it gets 3x
+    for kernel, gain in (("ard", 10.0), ("exponential", 3.0)):
+        for variant in ("decoupled", "standard"):
+            torch.manual_seed(5)
+            layer = SGPAAttention(8, 2, kernel=kernel, variant=variant, keys_len=3)
+            for part in (layer.qk, layer.v) + ((layer.kernel,) if kernel == "ard" else ()):
+                randomise(part, 6, scale=2.0 if kernel == "ard" else 0.5)  # W_σ stays at σ = 1
+            with torch.no_grad():
+                var = layer.posterior(gain * torch.randn(3, 6, 8)).cov
+            assert torch.isfinite(var).all() and (var >= 0).all(), (kernel, variant)
+
+
+def test_psd_cholesky_escalates_the_jitter_only_when_needed():
+    ok = torch.tensor([[2.0, 1.0], [1.0, 2.0]], dtype=torch.float64)
+    chol, j = psd_cholesky(ok, 1e-6)
+    assert j == 1e-6
+    np.testing.assert_allclose((chol @ chol.T).numpy(), ok.numpy() + 1e-6 * np.eye(2), rtol=1e-12)
+    bad = torch.diag(torch.tensor([1.0, 1.0, -5e-6], dtype=torch.float64))  # needs jitter > 5e-6
+    chol, j = psd_cholesky(bad, 1e-6)
+    assert j == pytest.approx(1e-5)
+    np.testing.assert_allclose((chol @ chol.T).numpy(), bad.numpy() + 1e-5 * np.eye(3), rtol=1e-12)
+    with pytest.raises(RuntimeError, match="not positive definite"):
+        psd_cholesky(-torch.eye(2, dtype=torch.float64), 1e-6)
+
+
+def test_full_covariance_samples_with_duplicate_tokens():
+    """Identical tokens make K_qq − Q_qq singular; the sampler's Cholesky must still work."""
+    torch.manual_seed(1)
+    for variant in ("decoupled", "standard"):
+        layer = SGPAAttention(8, 2, keys_len=3, variant=variant, covariance="full")
+        x = torch.randn(2, 5, 8)
+        x[:, 1] = x[:, 0]
+        with torch.no_grad():
+            assert torch.isfinite(layer.rsample(x)).all(), variant
+
+
+# ----------------------------------------------------------------------------- standard SGPA
+
+
+@pytest.mark.parametrize("kernel", ["ard", "exponential"])
+def test_standard_posterior_matches_numpy_and_kl_matches_torch_distributions(kernel):
+    full = layer64(7, kernel=kernel, variant="standard", covariance="full")
+    diag = layer64(7, kernel=kernel, variant="standard", covariance="diag")
+    diag.load_state_dict(full.state_dict())
+    x = inputs(8, b=3)
+    mean_np, cov_np = standard_np(full, x.numpy())
+    post = full.posterior(x)
+    np.testing.assert_allclose(post.mean.detach().numpy(), mean_np, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(post.cov.detach().numpy(), cov_np, rtol=1e-7, atol=1e-9)
+    dpost = diag.posterior(x)
+    var_np = np.diagonal(cov_np, axis1=-2, axis2=-1).transpose(0, 1, 3, 2)  # [B, H, T, D]
+    np.testing.assert_allclose(dpost.cov.detach().numpy(), var_np, rtol=1e-7, atol=1e-9)
+    assert (dpost.cov >= 0).all()
+
+    # KL(q(u_d) || p(u_d)) with q = N(K̂ v_d, K̂ diag(σ_d²) K̂), p = N(0, K̂): batch mean, sum over h, d
+    xs = x.numpy()
+    total = 0.0
+    for b in range(3):
+        for h in range(2):
+            k = kernel_np(full, h)
+            q = head_np(linear_np(xs[b], full.qk), full, h)
+            v = head_np(linear_np(xs[b], full.v), full, h)
+            sigma = np.exp(head_np(linear_np(xs[b], full.log_sigma), full, h))
+            k_hat = torch.from_numpy(k(q, q) + JITTER * np.eye(4))
+            for d in range(2):
+                s_d = torch.diag(torch.from_numpy(sigma[:, d] ** 2))
+                qd = MultivariateNormal(k_hat @ torch.from_numpy(v[:, d]), k_hat @ s_d @ k_hat)
+                total += float(kl_divergence(qd, MultivariateNormal(torch.zeros(4, dtype=torch.float64), k_hat))) / 3
+    assert post.kl.item() == pytest.approx(total, rel=1e-6)
+    assert dpost.kl.item() == pytest.approx(total, rel=1e-6)
+
+
+# ----------------------------------------------------------------------------- sampling
+
+
+def empirical(samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """samples [S, T, D] -> mean [T, D], covariance over tokens per dim [D, T, T]."""
+    centred = samples - samples.mean(0)
+    return samples.mean(0), np.einsum("std,sud->dtu", centred, centred) / (len(samples) - 1)
+
+
+@pytest.mark.parametrize("variant", ["decoupled", "standard"])
+@pytest.mark.parametrize("covariance", ["diag", "full"])
+def test_samples_have_the_posterior_moments(variant, covariance):
+    """20 000 copies of one sequence in a batch = 20 000 draws of its posterior."""
+    torch.manual_seed(9)
+    layer = SGPAAttention(2, 1, keys_len=2, variant=variant, covariance=covariance).double()
+    randomise(layer, 10)
+    x1 = inputs(11, b=1, t=3, c=2)
+    if variant == "decoupled":
+        mean_np, cov_np, _ = decoupled_np(layer, x1.numpy(), np_(layer.keys))
+    else:
+        mean_np, cov_np = standard_np(layer, x1.numpy())
+    mean_np, cov_np = mean_np[0, 0], cov_np[0, 0]  # [T, D], [D, T, T]
+    if covariance == "diag":
+        cov_np = cov_np * np.eye(3)  # tokens are sampled independently
+    else:
+        cov_np = cov_np + JITTER * np.eye(3)
+    torch.manual_seed(12)
+    with torch.no_grad():
+        draws = layer.rsample(x1.expand(20000, 3, 2))[:, 0].numpy()  # [S, T, D]
+    m, c = empirical(draws)
+    scale = np.sqrt(np.diagonal(cov_np, axis1=-2, axis2=-1)).T  # [T, D]
+    assert np.all(np.abs(m - mean_np) < 5 * scale / np.sqrt(20000) + 1e-12)
+    sd = np.einsum("dt,du->dtu", scale.T, scale.T)  # σ_t σ_u: compare correlations
+    np.testing.assert_allclose(c / sd, cov_np / sd, atol=0.05)
+
+
+# ----------------------------------------------------------------------------- model: shapes, gradients, key passing
+
+
+def tiny_bundle(seed: int = 0, n_train: int = 60) -> DataBundle:
+    """8x8 grayscale, 3 classes: a bright 3x3 square at a class-specific corner, on noise."""
+    rng = np.random.default_rng(seed)
+    corners = [(0, 0), (0, 5), (5, 0)]
+
+    def split(n):
+        y = rng.integers(0, 3, n)
+        x = rng.integers(0, 60, (n, 8, 8)).astype(np.uint8)
+        for i, c in enumerate(y):
+            r, col = corners[c]
+            x[i, r : r + 3, col : col + 3] = 250
+        return Split(x, y.astype(np.int64))
+
+    splits = {"train": split(n_train), "val": split(30), "test": split(30)}
+    tr = splits["train"].x / 255.0
+    loaders = {k: (lambda s=s: s) for k, s in splits.items()}
+    return DataBundle("tiny", 3, (8, 8, 1), (float(tr.mean()),), (float(tr.std()),), loaders)
+
+
+TINY = ModelConfig(patch_size=4, dim=8, depth=2, heads=2, mlp_ratio=1.0, dropout=0.0)
+
+
+def build(options: SGPA.Options, seed: int = 0, cfg: ModelConfig = TINY):
+    method = SGPA(options)
+    seed_everything(seed)
+    return method, method.build_model(cfg, tiny_bundle())
+
+
+@pytest.mark.parametrize(
+    "opts",
+    [
+        dict(),
+        dict(covariance="full", kernel="exponential"),
+        dict(key_passing=False),
+        dict(variant="standard"),
+        dict(variant="standard", covariance="full"),
+    ],
+)
+def test_shapes_and_gradients_reach_every_parameter(opts):
+    method, model = build(SGPA.Options(keys_len=3, **opts))
+    assert isinstance(model, SGPAViT)
+    assert len(model.blocks) == 2 and all(isinstance(b.attn, SGPAAttention) for b in model.blocks)
+    passing = opts.get("key_passing", True) and opts.get("variant", "decoupled") == "decoupled"
+    assert (model.keys is not None) == passing
+    if passing:
+        assert model.keys.shape == (3, 8)
+    model.train()
+    x = torch.randn(5, 1, 8, 8)
+    y = torch.tensor([0, 1, 2, 0, 1])
+    out = model(x)
+    assert out.shape == (5, 3) and torch.isfinite(out).all()
+    loss = method.training_loss(model, out, y)
+    extra = sum(b.attn.extra_loss() for b in model.blocks)
+    ce = -sp_log_softmax(out.detach().double().numpy(), axis=1)[np.arange(5), y.numpy()].mean()
+    assert loss.item() == pytest.approx(ce + extra.item(), rel=1e-5)
+    loss.backward()
+    names = [n for n, _ in model.named_parameters()]
+    expected = {"kernel.log_scale", "kernel.log_lengthscale", "qk.weight", "v.weight", "proj.weight"}
+    expected |= {"v_beta", "s_log_diag", "s_offdiag"} if "variant" not in opts else {"log_sigma.weight"}
+    for suffix in expected:
+        assert sum(n.endswith(suffix) for n in names) == 2, suffix  # one per block
+    if opts.get("key_passing") is False:
+        assert sum(n.endswith("attn.keys") for n in names) == 2
+    for name, p in model.named_parameters():
+        assert p.grad is not None, name
+        assert torch.isfinite(p.grad).all(), name
+        assert p.grad.abs().sum() > 0, name
+
+
+def layernorm_np(x, ln):
+    mu, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + ln.eps) * np_(ln.weight) + np_(ln.bias)
+
+
+def mlp_np(x, mlp):
+    """Linear -> GELU (erf) -> Dropout -> Linear -> Dropout, dropout off."""
+    h = linear_np(x, mlp[0])
+    return linear_np(0.5 * h * (1 + erf(h / np.sqrt(2))), mlp[3])
+
+
+def test_key_passing_through_the_previous_block():
+    torch.manual_seed(0)
+    method, model = build(SGPA.Options(keys_len=3), cfg=ModelConfig(patch_size=4, dim=8, depth=3, heads=2, mlp_ratio=2.0))
+    randomise(model, 1)  # non-trivial LayerNorm affine parameters too
+    model.eval()
+    seen = []
+    for block in model.blocks:
+        block.attn.register_forward_pre_hook(lambda _m, _a, kw: seen.append(np_(kw["keys"])), with_kwargs=True)
+    with torch.no_grad():
+        out = model(torch.randn(2, 1, 8, 8))
+    assert len(seen) == 3
+    z = np_(model.keys)
+    for i, block in enumerate(model.blocks):
+        np.testing.assert_allclose(seen[i], layernorm_np(z, block.norm1), rtol=1e-5, atol=1e-5)
+        z = z + mlp_np(layernorm_np(z, block.norm2), block.mlp)  # MLP + residual, no attention
+    assert not np.allclose(seen[0], seen[1])
+    # the keys change the output
+    with torch.no_grad():
+        model.keys.add_(1.0)
+        assert not torch.allclose(model(torch.randn(2, 1, 8, 8)), out)
+
+
+def test_layer_owned_keys_live_in_the_layer_input_space():
+    method, model = build(SGPA.Options(keys_len=3, key_passing=False))
+    model.eval()
+    layer = model.blocks[1].attn
+    layer.sample = False
+    seen = {}
+    layer.register_forward_pre_hook(lambda _m, a, kw: seen.update(x=a[0], kw=kw), with_kwargs=True)
+    with torch.no_grad():
+        model(torch.randn(2, 1, 8, 8))
+        assert seen["kw"].get("keys") is None
+        post = layer.posterior(seen["x"])
+    mean_np, _, _ = decoupled_np(layer, np_(seen["x"]), np_(layer.keys))
+    np.testing.assert_allclose(post.mean.numpy(), mean_np, rtol=1e-4, atol=1e-5)
+
+
+def test_registered_attention_works_in_the_plain_vit():
+    torch.manual_seed(0)
+    model = ViT((8, 8, 1), 3, ModelConfig(patch_size=4, dim=8, depth=1, heads=2, attention="sgpa"))
+    assert isinstance(model.blocks[0].attn, SGPAAttention)
+    assert model(torch.randn(4, 1, 8, 8)).shape == (4, 3)
+
+
+# ----------------------------------------------------------------------------- KL weighting and annealing
+
+
+def test_extra_loss_only_after_training_forward_and_kl_weight_scales_it():
+    method, model = build(SGPA.Options(keys_len=3, kl_weight=0.25))
+    x = torch.randn(3, 1, 8, 8)
+    model.eval()
+    model(x)
+    assert all(b.attn.extra_loss() is None for b in model.blocks)
+    model.train()
+    torch.manual_seed(0)
+    model(x)
+    layer = model.blocks[0].attn
+    assert layer.extra_loss().item() == pytest.approx(0.25 * layer._kl.item(), rel=1e-6)
+    assert layer._kl.item() > 0
+
+
+def test_kl_anneal_weight_schedule():
+    assert [kl_anneal_weight(s, 8) for s in range(10)] == [0.0, 0.25, 0.5, 0.75, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    assert kl_anneal_weight(0, 1) == 0.0 and kl_anneal_weight(1, 1) == 1.0
+    assert kl_anneal_weight(0, 0) == 1.0
+
+
+def test_on_train_step_anneals_the_kl_in_the_training_loss():
+    annealed, model = build(SGPA.Options(keys_len=3, kl_anneal=True, kl_weight=2.0))
+    model.train()
+    torch.manual_seed(0)
+    logits = model(torch.randn(4, 1, 8, 8))
+    labels = torch.tensor([0, 1, 2, 1])
+    ce = -sp_log_softmax(logits.detach().double().numpy(), axis=1)[np.arange(4), labels.numpy()].mean()
+    # before any step hook the layers add kl_weight · KL (weight 2, set at build time)
+    kl = annealed.training_loss(model, logits, labels).item() - ce
+    assert kl == pytest.approx(2.0 * sum(b.attn._kl.item() for b in model.blocks), rel=1e-5)
+    assert kl > 0
+    got = []
+    for step in range(6):
+        annealed.on_train_step(model, step, 8)
+        got.append(annealed.training_loss(model, logits, labels).item() - ce)
+    np.testing.assert_allclose(got, [w * kl for w in (0.0, 0.25, 0.5, 0.75, 1.0, 1.0)], rtol=1e-5, atol=1e-6)
+    # without kl_anneal the hook keeps the full weight
+    SGPA(SGPA.Options(keys_len=3)).on_train_step(model, 0, 8)
+    assert annealed.training_loss(model, logits, labels).item() - ce == pytest.approx(kl, rel=1e-5)
+
+
+def test_options_are_validated():
+    assert parse(SGPA.Options, {"keys_len": 8, "kernel": "exponential"}).keys_len == 8
+    bads = ({"keys_len": 0}, {"kernel": "rbf"}, {"variant": "sparse"}, {"covariance": "low"}, {"jitter": 0.0}, {"samples": 0})
+    for bad in bads:
+        with pytest.raises(ConfigError):
+            parse(SGPA.Options, bad)
+    assert SGPA(SGPA.Options()).samples == 10 and SGPA(SGPA.Options()).average == "probs"
+
+
+# ----------------------------------------------------------------------------- reproducibility and training
+
+
+def test_seeded_forward_is_reproducible_and_stochastic():
+    x = torch.randn(3, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    outs = []
+    for build_seed, draw_seed in ((0, 1), (0, 1), (0, 2), (1, 1)):
+        _, model = build(SGPA.Options(keys_len=3), seed=build_seed)
+        model.eval()
+        torch.manual_seed(draw_seed)
+        with torch.no_grad():
+            outs.append(model(x))
+    assert torch.equal(outs[0], outs[1])
+    assert not torch.allclose(outs[0], outs[2])  # test-time samples differ
+    assert not torch.allclose(outs[0], outs[3])  # weights differ
+
+
+class Recording(SGPA):
+    """Records the layers' KL weight each time the loop asks for the training loss."""
+
+    def training_loss(self, model, logits, labels):
+        self.weights.append(model.blocks[0].attn.anneal_weight)
+        return super().training_loss(model, logits, labels)
+
+
+@pytest.mark.parametrize("anneal", [False, True])
+def test_two_epoch_fit_gives_finite_losses(anneal):
+    data = tiny_bundle()
+    method = Recording(SGPA.Options(keys_len=3, samples=2, kl_anneal=anneal))
+    method.weights = []
+    seed_everything(0)
+    model = method.build_model(TINY, data)
+    cfg = TrainConfig(epochs=2, batch_size=20, lr=3e-3, warmup_epochs=0, eval_batch_size=64)
+    result = fit(method, model, data, cfg, CPU, seed=0)  # 60 / 20 = 3 steps per epoch
+    assert len(result.log) == 2
+    for row in result.log:
+        assert np.isfinite(row["train_loss"]) and np.isfinite(row["val_nll"])
+    expected = [0.0, 1 / 3, 2 / 3, 1.0, 1.0, 1.0] if anneal else [1.0] * 6
+    np.testing.assert_allclose(method.weights, expected, rtol=1e-12)
+    lp = predict(method, model, data.get("test"), data, CPU, 64)
+    assert lp.shape == (30, 3) and np.isfinite(lp).all()
+    np.testing.assert_allclose(np.exp(lp).sum(1), 1.0, rtol=1e-5)
