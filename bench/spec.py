@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -278,8 +279,11 @@ def _parse_method(
     name: str, table: Any, base_train: dict, base_model: dict, overrides: Overrides, problems: Problems
 ) -> MethodSpec | None:
     path = f"methods.{name}"
+    if isinstance(table, str):
+        table = _shorthand(table, path, problems)
     if not isinstance(table, dict):
-        problems.add(path, f"expected a table, got {table!r}")
+        if table is not None:
+            problems.add(path, f"expected a table or a shorthand like \"ensemble(sgpa, 5)\", got {table!r}")
         return None
     table = dict(table)
     type_path = f"{path}.type" if "type" in table else path
@@ -309,6 +313,20 @@ def _parse_method(
     if model is not None and model.attention not in ATTENTIONS:
         problems.add(f"{path}.model.attention", ATTENTIONS.unknown_message(model.attention))
     return MethodSpec(name, type_, cls.kind, options, train, model)
+
+
+_SHORTHAND = re.compile(r"\s*([A-Za-z_][\w.-]*)\s*\(\s*([A-Za-z_][\w.-]*)\s*(?:,\s*(\d+)\s*)?\)\s*")
+
+
+def _shorthand(text: str, path: str, problems: Problems) -> dict | None:
+    """``sgpa_ens = "ensemble(sgpa, 5)"`` means ``{type = "ensemble", base = "sgpa", members = 5}``;
+    ``"temperature_scaling(msp)"`` means ``{type = "temperature_scaling", base = "msp"}``."""
+    match = _SHORTHAND.fullmatch(text)
+    if match is None:
+        problems.add(path, f"cannot read {text!r}: write a table, or a combinator call like \"ensemble(sgpa, 5)\"")
+        return None
+    type_, base, members = match.groups()
+    return {"type": type_, "base": base, **({"members": int(members)} if members else {})}
 
 
 def _check_derived(m: MethodSpec, by_name: dict[str, MethodSpec], problems: Problems) -> None:

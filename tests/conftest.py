@@ -16,3 +16,14 @@ def isolated_data_root(tmp_path_factory):
         os.environ.pop("UQBENCH_DATA_ROOT", None)
     else:
         os.environ["UQBENCH_DATA_ROOT"] = old
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny models run fastest (and are immune to CPU contention) on one thread."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)

@@ -27,12 +27,7 @@ from methods.kep_svgp import KEPSVGP, KEPSVGPAttention, KEPSVGPEnsemble
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def make_layer(seed: int = 0, **kw) -> KEPSVGPAttention:

@@ -7,52 +7,12 @@ import io
 import os
 import pickle
 import pickletools
-import struct
 
 import numpy as np
 import pytest
 
 from datasets import safe_pickle
-
-
-class Py2Pickler(pickle._Pickler):
-    """Writes pickles as the official CIFAR files were written (Python 2, protocol 2):
-    byte strings, and ASCII text, as Python-2 ``str`` opcodes; numpy globals under the
-    pre-2.0 module name ``numpy.core.multiarray``."""
-
-    def __init__(self, f):
-        super().__init__(f, protocol=2)
-        self.dispatch = dict(pickle._Pickler.dispatch)
-        self.dispatch[bytes] = Py2Pickler.save_py2_str
-        self.dispatch[str] = Py2Pickler.save_text
-
-    def save_py2_str(self, obj):
-        n = len(obj)
-        if n < 256:
-            self.write(pickle.SHORT_BINSTRING + bytes([n]) + obj)
-        else:
-            self.write(pickle.BINSTRING + struct.pack("<i", n) + obj)
-        self.memoize(obj)
-
-    def save_text(self, obj):
-        if obj.isascii():  # a Python-2 str; only unicode objects were written as unicode
-            self.save_py2_str(obj.encode("ascii"))
-        else:
-            pickle._Pickler.save_str(self, obj)
-
-    def save_global(self, obj, name=None):
-        module = obj.__module__
-        name = name or obj.__qualname__
-        if module.startswith("numpy._core"):
-            module = module.replace("numpy._core", "numpy.core")
-        self.write(pickle.GLOBAL + f"{module}\n{name}\n".encode())
-        self.memoize(obj)
-
-
-def py2_dumps(obj) -> bytes:
-    buf = io.BytesIO()
-    Py2Pickler(buf).dump(obj)
-    return buf.getvalue()
+from py2pickle_fixture import py2_dumps
 
 
 def globals_in(data: bytes) -> set[str]:

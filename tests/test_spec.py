@@ -56,19 +56,23 @@ def problem_lines(message: str) -> dict[str, str]:
 def test_default_suite_loads_with_its_methods_datasets_and_seeds():
     suite = load_suite("default")
     assert suite.name == "default"
-    assert suite.seeds == (0, 1, 2, 3, 4)
+    assert suite.seeds == (0, 1, 2)
     assert [d.name for d in suite.datasets] == ["mnist5k"]
-    assert [m.name for m in suite.methods] == ["msp", "mc_dropout", "temperature_scaling", "deep_ensemble"]
+    assert [m.name for m in suite.methods] == ["msp", "mc_dropout", "temperature_scaling", "deep_ensemble",
+                                               "kep_svgp", "kep_svgp_ensemble", "sgpa"]
     kinds = {m.name: m.kind for m in suite.methods}
-    assert kinds == {"msp": "trained", "mc_dropout": "trained",
-                     "temperature_scaling": "derived", "deep_ensemble": "derived"}
+    assert kinds == {"msp": "trained", "mc_dropout": "trained", "temperature_scaling": "derived",
+                     "deep_ensemble": "derived", "kep_svgp": "trained", "kep_svgp_ensemble": "derived",
+                     "sgpa": "trained"}
     msp = suite.method("msp")
-    assert msp.train.epochs == 15 and msp.train.lr == pytest.approx(2e-3) and msp.train.batch_size == 128
+    assert msp.train.epochs == 12 and msp.train.lr == pytest.approx(2e-3) and msp.train.batch_size == 128
+    assert suite.method("sgpa").train.epochs == 10  # per-method override of the suite's budget
     assert msp.model.dim == 64 and msp.model.heads == 4 and msp.model.patch_size == 7
     assert msp.model.attention == "softmax"
     assert suite.method("mc_dropout").options.samples == 10
     ens = suite.method("deep_ensemble")
-    assert ens.options.base == "msp" and ens.options.members == 5
+    assert ens.options.base == "msp" and ens.options.members == 3
+    assert suite.method("kep_svgp_ensemble").options.base == "kep_svgp"
     assert ens.train is None and ens.model is None
     assert suite.method("temperature_scaling").options.base == "msp"
     splits = suite.datasets[0].splits
@@ -437,7 +441,7 @@ def test_plan_has_one_cell_per_dataset_trained_method_and_seed():
 
 def test_default_plan_cell_count():
     plan = make_plan(load_suite("default"))
-    assert len(plan.cells) == 1 * 2 * 5  # mnist5k x {msp, mc_dropout} x 5 seeds
+    assert len(plan.cells) == 1 * 4 * 3  # mnist5k x {msp, mc_dropout, kep_svgp, sgpa} x 3 seeds
 
 
 def _keys(raw: dict) -> dict[tuple[str, str, int], str]:
@@ -569,3 +573,12 @@ def test_unknown_selection_suggests_the_closest_name():
     suite = build_suite(minimal())
     with pytest.raises(ConfigError, match="Did you mean 'msp'"):
         select(suite, methods=("mps",))
+
+
+def test_combinator_shorthand_ensembles_any_method_by_name():
+    suite = build_suite(minimal(methods={"msp": {}, "msp_ens": "ensemble(msp, 2)", "ts": "temperature_scaling(msp)"}))
+    ens, ts = suite.method("msp_ens"), suite.method("ts")
+    assert (ens.type, ens.kind, ens.options.base, ens.options.members) == ("ensemble", "derived", "msp", 2)
+    assert (ts.type, ts.options.base) == ("temperature_scaling", "msp")
+    assert "cannot read" in config_error(minimal(methods={"msp": {}, "bad": "ensemble msp 2"}))
+    assert "names no method" in config_error(minimal(methods={"msp": {}, "e": "ensemble(nope, 2)"}))

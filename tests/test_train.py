@@ -29,13 +29,7 @@ CPU = torch.device("cpu")
 TINY = ModelConfig(patch_size=5, dim=16, depth=1, heads=2)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models are fastest (and immune to CPU contention) on one thread."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # ----------------------------------------------------------------------------- data
