@@ -72,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
                    help="import MODULE so its registrations take part (repeatable)")
     p.add_argument("--format", type=_csv("formats"), default=("md", "tex", "csv"), help="table formats (md,tex,csv)")
+    p.add_argument("--metrics", type=_csv("metrics"),
+                   help="metric names to show in the report (default: the KEP-SVGP paper's set; see `list`)")
     p.add_argument("--quiet", action="store_true", help="no progress bars or per-cell lines")
     return p
 
@@ -157,13 +159,14 @@ def _main(args: argparse.Namespace) -> int:
         shown = None  # after a run, the report covers the whole suite
     else:
         shown = list(args.methods) if args.methods else None
-    written = write_suite_report(suite, store_root, args.reports / suite.name, args.format, shown, args.datasets)
+    written = write_suite_report(suite, store_root, args.reports / suite.name, args.format, shown, args.datasets,
+                                 args.metrics)
     if not args.quiet:
         print(f"report: {written}", file=sys.stderr)
     return status
 
 
-def write_suite_report(suite, store_root: Path, out_dir: Path, formats, methods, datasets) -> Path:
+def write_suite_report(suite, store_root: Path, out_dir: Path, formats, methods, datasets, metrics=None) -> Path:
     """Analyse the store for ``suite`` and write the report; returns the README path."""
     from bench.analysis import collect
     from bench.plan import make_plan
@@ -175,5 +178,5 @@ def write_suite_report(suite, store_root: Path, out_dir: Path, formats, methods,
         raise ConfigError(f"no results for suite {suite.name!r} under {store_root}; run the suite first "
                           f"(python run_suite.py --suite {suite.name}) or pass --results DIR")
     results = collect(make_plan(select(suite, None, datasets, to_run=False)), Store(store_root))
-    write_report(results, out_dir, tuple(formats), methods)
+    write_report(results, out_dir, tuple(formats), methods, list(metrics) if metrics else None)
     return out_dir / "README.md"

@@ -42,9 +42,29 @@ Conventions
       the largest value with at least 95% of ID scores ``>= tau`` (the k-th largest ID
       score, k = ceil(0.95 N1) computed in integers) and FPR95 is the fraction of OOD
       scores ``>= tau`` (OOD samples tied with tau count as accepted).
+
+Variants
+    Every other convention of ``metrics.md`` is registered under its own name next to the
+    defaults above (calibration: ``ece_torchmetrics``, ``ece_fdshifts``, ``ece_all_class``,
+    ``mce_all_class``, ``ece_classwise``, ``ece_adaptive``, ``mce``, ``rms_ce``,
+    ``rms_ce_adaptive100``; selective classification: ``aurc_trapezoid``, ``aurc_unique``,
+    ``eaurc_discrete``, ``augrc``, ``augrc_trapezoid``, ``risk_at_80_coverage``,
+    ``coverage_at_5_risk``; ``brier_top_label``; failure prediction:
+    ``failure_fpr95_first``, ``failure_aupr_success_ap``, ``failure_aupr_error_trapezoid``;
+    OOD: ``ood_fpr95_openood``, ``ood_fpr95_tu``, ``ood_aupr_in_trapezoid``,
+    ``ood_aupr_out_trapezoid``).  Each docstring states its convention exactly;
+    :data:`METRIC_INFO` describes every registered metric for reports (label, one-sentence
+    convention, reporting scale, direction, family).  :data:`CLASSIFICATION_METRICS` and
+    :data:`OOD_METRICS` stay the paper's default set; :data:`ALL_CLASSIFICATION_METRICS` and
+    :data:`ALL_OOD_METRICS` list every registered metric of each family.
+
+Uncertainty decomposition
+    :func:`entropy` and :func:`decompose` (total = H[p-bar], aleatoric = mean member
+    entropy, epistemic = their difference) are plain functions, not registered metrics.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -54,6 +74,17 @@ from bench.registry import METRICS
 __all__ = [
     "CLASSIFICATION_METRICS",
     "OOD_METRICS",
+    "ALL_CLASSIFICATION_METRICS",
+    "ALL_OOD_METRICS",
+    "METRIC_INFO",
+    "MetricInfo",
+    "BINNINGS",
+    "CALIBRATION_TARGETS",
+    "calibration_bins",
+    "risk_coverage_curve",
+    "entropy",
+    "decompose",
+    # paper defaults
     "accuracy",
     "ece",
     "nll",
@@ -68,8 +99,34 @@ __all__ = [
     "ood_aupr_in",
     "ood_aupr_out",
     "ood_fpr95",
+    # named variants
+    "ece_torchmetrics",
+    "ece_fdshifts",
+    "ece_all_class",
+    "mce_all_class",
+    "ece_classwise",
+    "ece_adaptive",
+    "mce",
+    "rms_ce",
+    "rms_ce_adaptive100",
+    "brier_top_label",
+    "aurc_trapezoid",
+    "aurc_unique",
+    "eaurc_discrete",
+    "augrc",
+    "augrc_trapezoid",
+    "risk_at_80_coverage",
+    "coverage_at_5_risk",
+    "failure_fpr95_first",
+    "failure_aupr_success_ap",
+    "failure_aupr_error_trapezoid",
+    "ood_fpr95_openood",
+    "ood_fpr95_tu",
+    "ood_aupr_in_trapezoid",
+    "ood_aupr_out_trapezoid",
 ]
 
+# The paper's default set (KEP-SVGP Table 1): what analysis computes and the report shows.
 CLASSIFICATION_METRICS: tuple[str, ...] = (
     "accuracy",
     "ece",
@@ -115,21 +172,26 @@ def _check_probs_labels(probs: np.ndarray, labels: np.ndarray) -> tuple[np.ndarr
         raise ValueError(
             f"probs and labels disagree on N: probs {probs.shape}, labels {labels.shape}"
         )
-    if not (np.issubdtype(probs.dtype, np.floating) or np.issubdtype(probs.dtype, np.integer)):
-        raise ValueError(f"probs must be a real numeric array, got dtype {probs.dtype}")
     if not np.issubdtype(labels.dtype, np.integer):
         raise ValueError(f"labels must have an integer dtype, got {labels.dtype}")
-    if not np.all(np.isfinite(probs)):
-        raise ValueError("probs contains NaN or inf")
-    if probs.min() < 0 or probs.max() > 1:
-        raise ValueError(
-            f"probs must lie in [0, 1], got values in [{probs.min()}, {probs.max()}]"
-        )
+    _check_probability_values(probs, "probs")
     if labels.min() < 0 or labels.max() >= n_classes:
         raise ValueError(
             f"labels must lie in [0, {n_classes}), got values in [{labels.min()}, {labels.max()}]"
         )
     return probs, labels
+
+
+def _check_probability_values(probs: np.ndarray, name: str) -> None:
+    """Raise ``ValueError`` unless ``probs`` (non-empty) is real, finite and in [0, 1]."""
+    if not (np.issubdtype(probs.dtype, np.floating) or np.issubdtype(probs.dtype, np.integer)):
+        raise ValueError(f"{name} must be a real numeric array, got dtype {probs.dtype}")
+    if not np.all(np.isfinite(probs)):
+        raise ValueError(f"{name} contains NaN or inf")
+    if probs.min() < 0 or probs.max() > 1:
+        raise ValueError(
+            f"{name} must lie in [0, 1], got values in [{probs.min()}, {probs.max()}]"
+        )
 
 
 def _confidence_correct(probs: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -228,6 +290,34 @@ class _BinaryCurve:
         fpr, tpr = self.roc()
         return float(fpr[np.argmin(np.abs(tpr - target))])
 
+    def fpr_at_first_tpr(self, target: float = 0.95) -> float:
+        """FPR at the first ROC point with TPR >= ``target``; NaN if undefined.
+
+        Points as :meth:`roc` (sklearn ``roc_curve``, drop_intermediate=True), thresholds
+        decreasing, so this is the smallest FPR among the points reaching ``target``
+        (fd-shifts ``min(fpr[tpr >= .9495])``, OpenOOD ``fpr[argmax(tpr >= .95)]``).
+        """
+        if not self.defined():
+            return float("nan")
+        fpr, tpr = self.roc()
+        return float(fpr[np.argmax(tpr >= target)])
+
+    def fpr_at_tpr_hendrycks(self, target: float = 0.95) -> float:
+        """FPR at recall nearest ``target``, the Hendrycks / TorchUncertainty ``FPRx`` rule.
+
+        Candidates are every distinct threshold (no point dropped) from the highest down to
+        the first one reaching full recall; the one with |TPR - target| smallest is taken,
+        ties going to the *lowest* threshold (the reference scans the reversed list and
+        takes the first minimum).  FPR = negatives accepted there / all negatives.  NaN if
+        undefined.
+        """
+        if not self.defined():
+            return float("nan")
+        last = int(np.argmax(self.tps == self.n_pos))  # first threshold with full recall
+        distance = np.abs(self.tps[: last + 1] / self.n_pos - target)
+        j = last - int(np.argmin(distance[::-1]))
+        return float(self.fps[j] / self.n_neg)
+
     def aupr_trapezoid(self) -> float:
         """Trapezoid area under precision(recall), with the (0, 1) point; NaN without positives.
 
@@ -283,32 +373,146 @@ def accuracy(probs: np.ndarray, labels: np.ndarray) -> float:
     return float(correct.mean())
 
 
-def calibration_bins(probs: np.ndarray, labels: np.ndarray, *, n_bins: int = 15) -> dict[str, np.ndarray]:
-    """Top-label reliability statistics on ``n_bins`` equal-width ``(lo, hi]`` bins.
+# ------------------------------------------------------------------ calibration machinery
 
-    Returns ``edges`` [B+1] (float64), ``count``, ``sum_conf``, ``sum_acc`` [B] and the
-    per-bin means ``conf``, ``acc`` [B] (NaN in empty bins).  Confidence c = max prob; bin
-    m holds ``lo < c <= hi`` (c = 1.0 in the last bin, c = 0 in the first).  Bin
-    membership is decided in the input's float precision (float32 inputs compare against
-    float32 edges), sums in float64.  Shared by :func:`ece` and the reliability diagram.
-    """
+#: Binning schemes of :func:`calibration_bins` (``reference/metrics.md`` section 2).
+BINNINGS: tuple[str, ...] = ("upper_closed", "torchmetrics", "fdshifts", "equal_mass")
+#: What :func:`calibration_bins` bins: the top label, or every class probability.
+CALIBRATION_TARGETS: tuple[str, ...] = ("top_label", "all_class")
+
+
+def _check_n_bins(n_bins: int, name: str = "n_bins") -> int:
     if isinstance(n_bins, bool) or not isinstance(n_bins, (int, np.integer)) or n_bins < 1:
-        raise ValueError(f"n_bins must be a positive integer, got {n_bins!r}")
-    probs, labels = _check_probs_labels(probs, labels)
-    bin_dtype = np.result_type(probs.dtype, np.float32)  # float32 stays float32, else float64
-    conf_native = probs.astype(bin_dtype, copy=False).max(axis=1)
-    edges = np.linspace(0.0, 1.0, int(n_bins) + 1)
-    # first edge >= c is the upper edge of c's (lo, hi] bin; c = 0 -> index 0 -> bin 0
-    bins = np.clip(np.searchsorted(edges.astype(bin_dtype), conf_native, side="left") - 1, 0, n_bins - 1)
+        raise ValueError(f"{name} must be a positive integer, got {n_bins!r}")
+    return int(n_bins)
 
-    conf = conf_native.astype(np.float64)  # exact widening: same values as the float64 max
-    correct = probs.argmax(axis=1) == labels
-    count = np.bincount(bins, minlength=n_bins).astype(np.float64)
-    sum_conf = np.bincount(bins, weights=conf, minlength=n_bins)
-    sum_acc = np.bincount(bins, weights=correct.astype(np.float64), minlength=n_bins)
+
+def _calibration_pairs(
+    probs: np.ndarray, labels: np.ndarray, targets: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(values, hits)`` that calibration metrics bin, from validated ``probs``/``labels``.
+
+    ``top_label``: value = max probability [N], hit = prediction correct.  ``all_class``:
+    value = every probability p_ik [N*C] (row-major, position i*C + k), hit = 1[y_i = k].
+    Values keep the input precision (float32 stays float32, anything else float64) so that
+    bin membership can be decided in it; hits are bool.
+    """
+    bin_dtype = np.result_type(probs.dtype, np.float32)  # float32 stays float32, else float64
+    p = probs.astype(bin_dtype, copy=False)
+    if targets == "top_label":
+        return p.max(axis=1), probs.argmax(axis=1) == labels
+    return p.ravel(), (np.arange(p.shape[1]) == labels[:, None]).ravel()
+
+
+def _rank_bins(values: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Bins by rank: stable ascending sort by (value, index); ranks fill bin 0 first.
+
+    Bin m receives ``sizes[m]`` consecutive ranks (sizes sum to ``len(values)``).
+    """
+    order = np.argsort(values, kind="stable")
+    bins = np.empty(values.shape[0], dtype=np.intp)
+    bins[order] = np.repeat(np.arange(sizes.shape[0]), sizes)
+    return bins
+
+
+def _assign_bins(
+    values: np.ndarray, n_bins: int, binning: str
+) -> tuple[np.ndarray, np.ndarray, int, np.ndarray | None]:
+    """``(bins, values64, n_slots, edges)``: bin index per value, the float64 values to sum,
+    the number of bin slots and the equal-width edges (None for ``equal_mass``).
+
+    * ``upper_closed``: edges linspace(0, 1, B+1) in the values' precision, ``(lo, hi]``,
+      c = 0 in bin 0 (KEP-SVGP).
+    * ``torchmetrics``: values cast to float32 (torchmetrics' ``.float()``), float32 edges,
+      ``[lo, hi)`` (``bucketize(right=True) - 1``), so c = 1.0 lands in a hidden slot B.
+    * ``fdshifts``: float64 edges linspace(0, 1 + 1e-8, B+1), ``[lo, hi)``
+      (``np.digitize(c, edges) - 1``); the 1e-8 stretch keeps c = 1.0 in bin B-1.
+    * ``equal_mass``: B bins of equal count (the first N mod B bins one larger, as
+      ``np.array_split`` / ``torch.tensor_split``) after a stable sort by (value, index).
+    """
+    if binning == "upper_closed":
+        edges = np.linspace(0.0, 1.0, n_bins + 1)
+        # first edge >= c is the upper edge of c's (lo, hi] bin; c = 0 -> index 0 -> bin 0
+        bins = np.clip(np.searchsorted(edges.astype(values.dtype), values, side="left") - 1, 0, n_bins - 1)
+        return bins, values.astype(np.float64), n_bins, edges
+    if binning == "torchmetrics":
+        v32 = values.astype(np.float32)
+        edges = np.linspace(0.0, 1.0, n_bins + 1)
+        bins = np.searchsorted(edges.astype(np.float32), v32, side="right") - 1  # 1.0 -> slot B
+        return bins, v32.astype(np.float64), n_bins + 1, edges
+    if binning == "fdshifts":
+        v64 = values.astype(np.float64)
+        edges = np.linspace(0.0, 1.0 + 1e-8, n_bins + 1)
+        return np.searchsorted(edges, v64, side="right") - 1, v64, n_bins, edges
+    sizes = np.full(n_bins, values.shape[0] // n_bins)
+    sizes[: values.shape[0] % n_bins] += 1
+    return _rank_bins(values, sizes), values.astype(np.float64), n_bins, None
+
+
+def _bin_statistics(
+    values64: np.ndarray, hits: np.ndarray, bins: np.ndarray, n_slots: int
+) -> dict[str, np.ndarray]:
+    """Per-slot ``count``, ``sum_conf``, ``sum_acc`` and means ``acc``, ``conf`` (NaN if empty)."""
+    count = np.bincount(bins, minlength=n_slots).astype(np.float64)
+    sum_conf = np.bincount(bins, weights=values64, minlength=n_slots)
+    sum_acc = np.bincount(bins, weights=hits.astype(np.float64), minlength=n_slots)
     with np.errstate(invalid="ignore", divide="ignore"):
         acc, mean_conf = sum_acc / count, sum_conf / count
-    return {"edges": edges, "count": count, "sum_conf": sum_conf, "sum_acc": sum_acc, "acc": acc, "conf": mean_conf}
+    return {"count": count, "sum_conf": sum_conf, "sum_acc": sum_acc, "acc": acc, "conf": mean_conf}
+
+
+def _calibration_error(stats: dict[str, np.ndarray], norm: str, total: float | None = None) -> float:
+    """Reduce bin statistics; ``total`` = number of binned values (default: all counted).
+
+    ``l1``: sum_m (n_m/total)|acc_m - conf_m| (empty bins 0); ``l2``: the square root of
+    sum_m (n_m/total)(acc_m - conf_m)^2; ``max``: max over non-empty bins |acc_m - conf_m|.
+    """
+    count = stats["count"]
+    gap = stats["sum_acc"] - stats["sum_conf"]  # n_m (acc_m - conf_m)
+    total = count.sum() if total is None else total
+    if norm == "l1":
+        return float(np.abs(gap).sum() / total)
+    nonempty = count > 0
+    if norm == "l2":
+        return float(np.sqrt(np.sum(gap[nonempty] ** 2 / count[nonempty]) / total))
+    return float(np.max(np.abs(gap[nonempty]) / count[nonempty]))
+
+
+def calibration_bins(
+    probs: np.ndarray,
+    labels: np.ndarray,
+    *,
+    n_bins: int = 15,
+    binning: str = "upper_closed",
+    targets: str = "top_label",
+) -> dict[str, np.ndarray]:
+    """Reliability statistics; by default top-label on ``n_bins`` equal-width ``(lo, hi]`` bins.
+
+    Returns ``count``, ``sum_conf``, ``sum_acc`` and the per-bin means ``conf``, ``acc``
+    (NaN in empty bins), plus ``edges`` [B+1] (float64 linspace) for the equal-width
+    schemes.  Default: confidence c = max prob; bin m holds ``lo < c <= hi`` (c = 1.0 in
+    the last bin, c = 0 in the first); membership is decided in the input's float
+    precision (float32 inputs compare against float32 edges), sums in float64.  Shared by
+    :func:`ece` and the reliability diagram.
+
+    ``binning`` (see :data:`BINNINGS`): ``"upper_closed"`` (default, KEP-SVGP),
+    ``"torchmetrics"`` (float32 confidences, ``[lo, hi)`` bins; the arrays get a hidden
+    (B+1)-th slot holding c = 1.0, as torchmetrics' ``CalibrationError``), ``"fdshifts"``
+    (``[lo, hi)`` on float64 edges linspace(0, 1 + 1e-8, B+1)) or ``"equal_mass"`` (B bins
+    of nearly equal count after a stable sort by (c, index); no ``edges``).
+    ``targets``: ``"top_label"`` (default) or ``"all_class"`` (every p_ik binned against
+    1[y_i = k]; N*C values, SGPA's all-class ECE).
+    """
+    n_bins = _check_n_bins(n_bins)
+    if binning not in BINNINGS:
+        raise ValueError(f"binning must be one of {BINNINGS}, got {binning!r}")
+    if targets not in CALIBRATION_TARGETS:
+        raise ValueError(f"targets must be one of {CALIBRATION_TARGETS}, got {targets!r}")
+    probs, labels = _check_probs_labels(probs, labels)
+    values, hits = _calibration_pairs(probs, labels, targets)
+    bins, values64, n_slots, edges = _assign_bins(values, n_bins, binning)
+    stats = _bin_statistics(values64, hits, bins, n_slots)
+    return stats if edges is None else {"edges": edges, **stats}
 
 
 @_register
@@ -319,9 +523,8 @@ def ece(probs: np.ndarray, labels: np.ndarray, *, n_bins: int = 15) -> float:
     equal-width ``(lo, hi]`` bins, the KEP-SVGP convention).
     ECE = sum_m (n_m / N) |acc_m - conf_m|; empty bins contribute 0.
     """
-    b = calibration_bins(probs, labels, n_bins=n_bins)
     # n_m/N * |acc_m - conf_m| = |sum_acc_m - sum_conf_m| / N; empty bins give 0
-    return float(np.abs(b["sum_acc"] - b["sum_conf"]).sum() / b["count"].sum())
+    return _calibration_error(calibration_bins(probs, labels, n_bins=n_bins), "l1")
 
 
 @_register
@@ -361,10 +564,15 @@ def aurc(probs: np.ndarray, labels: np.ndarray) -> float:
     return _aurc(*_confidence_correct(probs, labels))
 
 
+def _sorted_errors(conf: np.ndarray, correct: np.ndarray) -> np.ndarray:
+    """E_i for i = 1..N: errors among the i most confident (stable sort), float64."""
+    order = np.argsort(-conf, kind="stable")
+    return np.cumsum(~correct[order], dtype=np.float64)
+
+
 def _selective_risk(conf: np.ndarray, correct: np.ndarray) -> np.ndarray:
     """E_i / i for i = 1..N: error rate among the i most confident (stable sort)."""
-    order = np.argsort(-conf, kind="stable")
-    errors = np.cumsum(~correct[order], dtype=np.float64)
+    errors = _sorted_errors(conf, correct)
     return errors / np.arange(1, errors.shape[0] + 1)
 
 
@@ -478,3 +686,593 @@ def ood_fpr95(scores_id: np.ndarray, scores_ood: np.ndarray) -> float:
     k = (95 * n1 + 99) // 100  # ceil(95 * n1 / 100), exact
     tau = np.partition(s_id, n1 - k)[n1 - k]  # k-th largest
     return float(np.mean(s_ood >= tau))
+
+
+# =============================================================================================
+# Named variants (reference/metrics.md sections 2-6).  Same signatures and raw scales as the
+# defaults; each reuses the machinery above.
+# =============================================================================================
+
+# ------------------------------------------------------------------- calibration variants
+
+
+@_register
+def ece_torchmetrics(probs: np.ndarray, labels: np.ndarray, *, n_bins: int = 15) -> float:
+    """Top-label ECE exactly as torchmetrics ``CalibrationError`` (and TorchUncertainty's ECE).
+
+    ``probs`` [N, C], ``labels`` [N] int.  Reproduces their behaviour, bug included
+    (torchmetrics #3510): confidences are cast to float32 (``.float()``), binned with
+    ``bucketize(c, linspace(0, 1, B+1), right=True) - 1``, i.e. ``[lo, hi)`` bins, so a
+    confidence exactly 1.0 (in float32: anything above 1 - 3e-8) lands in a hidden
+    (B+1)-th bin that still counts in the sum.  ECE = sum over the B+1 slots of
+    (n_m/N)|acc_m - conf_m|.  Differs from :func:`ece` for confidences on interior edges
+    (which go up one bin) and at 1.0 (a bin of its own instead of pooling with
+    (1 - 1/B, 1)).  Edges are k/B correctly rounded to float32.  torch's own float32
+    ``linspace`` is off by one ulp at some interior edges, depending on the platform (on
+    an x86 CPU with B = 15: 0.2, 0.4 and 7/15 one ulp high, 8/15, 0.6 and 2/3 one ulp
+    low), so a confidence lying exactly on such an edge (float32 0.2, say) can land one
+    bin lower in torch than here; every other confidence bins identically.  Exact at
+    0, 1.0 and dyadic edges (B a power of 2).
+    """
+    stats = calibration_bins(probs, labels, n_bins=n_bins, binning="torchmetrics")
+    return _calibration_error(stats, "l1")
+
+
+@_register
+def ece_fdshifts(probs: np.ndarray, labels: np.ndarray, *, n_bins: int = 20) -> float:
+    """Top-label ECE as fd-shifts computes it with MSP as the confidence score: 20 bins.
+
+    ``probs`` [N, C], ``labels`` [N] int.  Bins ``np.digitize(c, linspace(0, 1 + 1e-8,
+    21)) - 1`` in float64: ``[lo, hi)`` on edges stretched by 1e-8 (c = 1.0 in the last
+    bin); ECE = sum over non-empty bins of (n_m/N)|acc_m - conf_m|.
+    """
+    stats = calibration_bins(probs, labels, n_bins=n_bins, binning="fdshifts")
+    return _calibration_error(stats, "l1")
+
+
+@_register
+def ece_all_class(probs: np.ndarray, labels: np.ndarray, *, n_bins: int = 15) -> float:
+    """All-class ECE (SGPA's published ECE): every class probability is binned.
+
+    ``probs`` [N, C], ``labels`` [N] int.  The N*C pairs (p_ik, 1[y_i = k]) go into 15
+    equal-width ``(lo, hi]`` bins (as :func:`ece`); ECE = sum_m (n_m / (N C))|acc_m -
+    conf_m|.  Not comparable with top-label ECE.  SGPA computed it with an external
+    notebook that is not available; the bin count and edge rule here are uqbench's.
+    """
+    stats = calibration_bins(probs, labels, n_bins=n_bins, targets="all_class")
+    return _calibration_error(stats, "l1")
+
+
+@_register
+def mce_all_class(probs: np.ndarray, labels: np.ndarray, *, n_bins: int = 15) -> float:
+    """All-class MCE (SGPA's published MCE): max over non-empty bins of |acc_m - conf_m|.
+
+    ``probs`` [N, C], ``labels`` [N] int; the bins of :func:`ece_all_class`.
+    """
+    stats = calibration_bins(probs, labels, n_bins=n_bins, targets="all_class")
+    return _calibration_error(stats, "max")
+
+
+@_register
+def ece_classwise(probs: np.ndarray, labels: np.ndarray, *, n_bins: int = 15) -> float:
+    """Class-wise ECE (Kull et al. 2019): per class k, bin p_k against 1[y = k]; mean over k.
+
+    ``probs`` [N, C], ``labels`` [N] int.  For each class, 15 equal-width ``(lo, hi]`` bins
+    of the N values p_ik; ECE_k = sum_m (n_km / N)|acc_km - conf_km|; the result is
+    (1/C) sum_k ECE_k over all C classes (classes never predicted nor present count, with
+    their probabilities, like any other).  Always >= :func:`ece_all_class`.
+    """
+    n_bins = _check_n_bins(n_bins)
+    probs, labels = _check_probs_labels(probs, labels)
+    values, hits = _calibration_pairs(probs, labels, "all_class")
+    bins, values64, _, _ = _assign_bins(values, n_bins, "upper_closed")
+    n_classes = probs.shape[1]
+    klass = np.tile(np.arange(n_classes), probs.shape[0])  # class of each row-major value
+    stats = _bin_statistics(values64, hits, bins + n_bins * klass, n_bins * n_classes)
+    # sum over (k, m) of |gap_km| / (N C) = (1/C) sum_k ECE_k
+    return _calibration_error(stats, "l1")
+
+
+@_register
+def ece_adaptive(probs: np.ndarray, labels: np.ndarray, *, n_bins: int = 15) -> float:
+    """Adaptive (equal-mass) top-label ECE, TorchUncertainty's aECE with 15 bins.
+
+    ``probs`` [N, C], ``labels`` [N] int.  Confidences sorted ascending by (confidence,
+    index) (stable, so ties at a bin boundary split by input order) and cut into B bins of
+    equal count, the first N mod B one larger (``torch.tensor_split``); ECE formula as
+    :func:`ece`.  With N < B the empty bins contribute 0 (TorchUncertainty gives NaN).
+    TorchUncertainty also casts confidences to float32, which only reorders float64 ties.
+    """
+    stats = calibration_bins(probs, labels, n_bins=n_bins, binning="equal_mass")
+    return _calibration_error(stats, "l1")
+
+
+@_register
+def mce(probs: np.ndarray, labels: np.ndarray, *, n_bins: int = 15) -> float:
+    """Maximum calibration error: max over non-empty bins of |acc_m - conf_m|.
+
+    ``probs`` [N, C], ``labels`` [N] int; top-label, the 15 ``(lo, hi]`` bins of
+    :func:`ece`.  Empty bins are ignored (never NaN).
+    """
+    return _calibration_error(calibration_bins(probs, labels, n_bins=n_bins), "max")
+
+
+@_register
+def rms_ce(probs: np.ndarray, labels: np.ndarray, *, n_bins: int = 15) -> float:
+    """RMS (L2) calibration error: sqrt(sum_m (n_m/N)(acc_m - conf_m)^2).
+
+    ``probs`` [N, C], ``labels`` [N] int; top-label, the 15 ``(lo, hi]`` bins of
+    :func:`ece`; empty bins contribute 0.
+    """
+    return _calibration_error(calibration_bins(probs, labels, n_bins=n_bins), "l2")
+
+
+@_register
+def rms_ce_adaptive100(probs: np.ndarray, labels: np.ndarray, *, bin_size: int = 100) -> float:
+    """RPC's RMS calibration error: adaptive bins of 100 samples (Hendrycks ``calib_err``).
+
+    ``probs`` [N, C], ``labels`` [N] int.  Reproduces ``calib_err(conf, correct, p='2',
+    beta=100)`` of Hendrycks' ``calibration_tools.py``, which RPC's
+    ``Robust/calibration_tools.py`` is taken to copy (RPC's file itself was not available
+    to compare), quirk included: confidences sorted
+    ascending (stable by (confidence, index)), m = N // 100 bins of 100 samples, the last
+    one absorbing the remainder (100 to 199 samples); the loop then *skips the last bin*
+    while still dividing by N: RMS = sqrt(sum_{m < last} (n_m/N)(acc_m - conf_m)^2).  So
+    100 <= N < 200 gives 0.0 and N < 100 (where the reference crashes) gives NaN.
+    """
+    bin_size = _check_n_bins(bin_size, "bin_size")
+    probs, labels = _check_probs_labels(probs, labels)
+    values, hits = _calibration_pairs(probs, labels, "top_label")
+    n = values.shape[0]
+    n_full = n // bin_size
+    if n_full == 0:
+        return float("nan")
+    sizes = np.full(n_full, bin_size)
+    sizes[-1] += n - n_full * bin_size
+    stats = _bin_statistics(values.astype(np.float64), hits, _rank_bins(values, sizes), n_full)
+    kept = {key: value[:-1] for key, value in stats.items()}  # the reference skips the last bin
+    return _calibration_error(kept, "l2", total=n)
+
+
+@_register
+def brier_top_label(probs: np.ndarray, labels: np.ndarray) -> float:
+    """Top-label Brier score: (1/N) sum_i (c_i - 1[prediction i correct])^2, range [0, 1].
+
+    ``probs`` [N, C], ``labels`` [N] int; c = max probability (TorchUncertainty
+    ``BrierScore(top_class=True)``).
+    """
+    conf, correct = _confidence_correct(probs, labels)
+    return float(np.mean((conf - correct) ** 2))
+
+
+# ------------------------------------------------------------ selective-classification variants
+
+
+def _unique_threshold_counts(conf: np.ndarray, correct: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(k_g, E_g)`` per distinct confidence u_g, descending: samples with c >= u_g and the
+    errors among them (tied confidences enter together; float64)."""
+    curve = _BinaryCurve(~correct, conf)  # errors are the "positives"
+    return curve.tps + curve.fps, curve.tps
+
+
+@_register
+def aurc_trapezoid(probs: np.ndarray, labels: np.ndarray) -> float:
+    """TorchUncertainty's AURC: trapezoid of selective risk over coverage [1/N, 1], / (1 - 1/N).
+
+    ``probs`` [N, C], ``labels`` [N] int.  Risks R_i = E_i / i as :func:`aurc` (stable
+    sort by descending confidence) at coverages i/N; the trapezoid area over [1/N, 1] is
+    divided by (1 - 1/N), i.e. (sum_i R_i - (R_1 + R_N)/2) / (N - 1).  NaN for N = 1.
+    Raw risk (not x1000).
+    """
+    conf, correct = _confidence_correct(probs, labels)
+    n = conf.shape[0]
+    if n < 2:
+        return float("nan")
+    risk = _selective_risk(conf, correct)
+    return float(np.trapezoid(risk, np.arange(1, n + 1) / n) / (1.0 - 1.0 / n))
+
+
+@_register
+def aurc_unique(probs: np.ndarray, labels: np.ndarray) -> float:
+    """fd-shifts' AURC: trapezoid over the RC curve at unique confidence thresholds.
+
+    ``probs`` [N, C], ``labels`` [N] int.  One point per distinct confidence u (tied
+    samples accepted together, so input order never matters): coverage k/N and selective
+    risk E/k, where k = #{c >= u} and E = errors among them; plus (coverage 0, the risk of
+    the most confident group).  Area by the trapezoid rule over [0, 1].  Raw (fd-shifts
+    reports x1000).
+    """
+    conf, correct = _confidence_correct(probs, labels)
+    accepted, errors = _unique_threshold_counts(conf, correct)
+    risk = errors / accepted
+    coverage = np.concatenate(([0.0], accepted / conf.shape[0]))
+    return float(np.trapezoid(np.concatenate((risk[:1], risk)), coverage))
+
+
+@_register
+def eaurc_discrete(probs: np.ndarray, labels: np.ndarray) -> float:
+    """Excess AURC against the exact discrete optimum: AURC - (1/N) sum_{i>n_c} (i - n_c)/i.
+
+    ``probs`` [N, C], ``labels`` [N] int; n_c = number correct.  The optimum is
+    :func:`aurc` of a ranking with every correct prediction first, so a perfect ranking
+    gives exactly 0 (the analytic :func:`eaurc` gives a positive value there); r = 0 and
+    r = 1 give 0.  Raw (not x1000).
+    """
+    conf, correct = _confidence_correct(probs, labels)
+    n = conf.shape[0]
+    i = np.arange(1, n + 1, dtype=np.float64)
+    oracle_errors = np.maximum(i - np.count_nonzero(correct), 0.0)  # E_i with all correct first
+    return _aurc(conf, correct) - float(np.mean(oracle_errors / i))
+
+
+@_register
+def augrc(probs: np.ndarray, labels: np.ndarray) -> float:
+    """AUGRC (Traub et al., NeurIPS 2024), Riemann mean: (1/N) sum_i E_i / N.
+
+    ``probs`` [N, C], ``labels`` [N] int.  Generalised risk at coverage i/N = E_i / N (the
+    probability of being accepted and wrong), E_i = errors among the i most confident
+    (stable sort, as :func:`aurc`).  Range [0, 1]; raw (fd-shifts reports x1000).
+    """
+    conf, correct = _confidence_correct(probs, labels)
+    n = conf.shape[0]
+    return float(np.mean(_sorted_errors(conf, correct)) / n)
+
+
+@_register
+def augrc_trapezoid(probs: np.ndarray, labels: np.ndarray) -> float:
+    """fd-shifts' AUGRC: trapezoid over the generalised-risk curve at unique thresholds.
+
+    ``probs`` [N, C], ``labels`` [N] int.  Points (k/N, E/N) for every distinct confidence
+    u (k = #{c >= u}, E = errors among them; ties accepted together) plus (0, 0); area by
+    the trapezoid rule over [0, 1] (fd-shifts ``RiskCoverageStats.augrc`` /
+    ``generalized_risk_stats``).  Raw (fd-shifts reports x1000).
+    """
+    conf, correct = _confidence_correct(probs, labels)
+    n = conf.shape[0]
+    accepted, errors = _unique_threshold_counts(conf, correct)
+    coverage = np.concatenate(([0.0], accepted / n))
+    return float(np.trapezoid(np.concatenate(([0.0], errors / n)), coverage))
+
+
+@_register
+def risk_at_80_coverage(probs: np.ndarray, labels: np.ndarray) -> float:
+    """Selective risk at 80% coverage (TorchUncertainty ``RiskAt80Cov``): R_k = E_k / k.
+
+    ``probs`` [N, C], ``labels`` [N] int.  k = ceil(0.8 N) in integer arithmetic; E_k =
+    errors among the k most confident (stable sort by descending confidence, as
+    :func:`aurc`).  In [0, 1].
+    """
+    conf, correct = _confidence_correct(probs, labels)
+    k = (80 * conf.shape[0] + 99) // 100
+    return float(_selective_risk(conf, correct)[k - 1])
+
+
+@_register
+def coverage_at_5_risk(probs: np.ndarray, labels: np.ndarray) -> float:
+    """Largest coverage with selective risk <= 5% (TorchUncertainty ``CovAt5Risk``).
+
+    ``probs`` [N, C], ``labels`` [N] int.  Returns max{i/N : E_i / i <= 0.05} over i =
+    1..N (E_i as :func:`aurc`: stable sort by descending confidence; the comparison is
+    exact, 20 E_i <= i), or NaN when no coverage reaches it.  Risk need not be monotone:
+    the largest admissible coverage counts even if smaller ones are not admissible.
+    (TorchUncertainty's NaN check reads its flipped risk array unflipped, which can
+    return NaN where an admissible coverage exists; this is the documented intent.)
+    """
+    conf, correct = _confidence_correct(probs, labels)
+    errors = _sorted_errors(conf, correct)
+    admissible = np.flatnonzero(20.0 * errors <= np.arange(1, errors.shape[0] + 1))
+    if admissible.shape[0] == 0:
+        return float("nan")
+    return float((admissible[-1] + 1) / conf.shape[0])
+
+
+# ------------------------------------------------------------ failure-prediction variants
+
+
+@_register
+def failure_fpr95_first(probs: np.ndarray, labels: np.ndarray) -> float:
+    """fd-shifts' FPR@95TPR: FPR at the first ROC point with TPR >= 0.9495.
+
+    ``probs`` [N, C], ``labels`` [N] int.  Correct = positive, score = MSP; sklearn
+    ``roc_curve`` points (drop_intermediate=True), i.e. ``min(fpr[tpr >= 0.9495])``.  NaN
+    when all predictions are correct or all wrong.
+    """
+    return _failure_curve(probs, labels, errors_positive=False).fpr_at_first_tpr(0.9495)
+
+
+@_register
+def failure_aupr_success_ap(probs: np.ndarray, labels: np.ndarray) -> float:
+    """AUPR-Success as average precision: correct = positive, score = MSP (fd-shifts).
+
+    ``probs`` [N, C], ``labels`` [N] int.  As ``sklearn.metrics.average_precision_score``.
+    NaN when no prediction is correct.
+    """
+    return _failure_curve(probs, labels, errors_positive=False).average_precision()
+
+
+@_register
+def failure_aupr_error_trapezoid(probs: np.ndarray, labels: np.ndarray) -> float:
+    """AUPR-Error by the trapezoid rule: errors = positive, score = -MSP.
+
+    ``probs`` [N, C], ``labels`` [N] int.  ``sklearn.metrics.auc(recall, precision)`` on
+    ``precision_recall_curve`` (final (recall 0, precision 1) point included).  NaN when
+    there are no errors.
+    """
+    return _failure_curve(probs, labels, errors_positive=True).aupr_trapezoid()
+
+
+# ---------------------------------------------------------------------------- OOD variants
+
+
+@_register
+def ood_fpr95_openood(scores_id: np.ndarray, scores_ood: np.ndarray) -> float:
+    """OpenOOD v1.5 FPR@95: fraction of ID samples flagged as OOD at 95% OOD recall.
+
+    ``scores_id`` [N1], ``scores_ood`` [N2]; higher score = more ID.  OOD = positive with
+    score -s; on sklearn ``roc_curve`` points (drop_intermediate=True) the first point
+    with TPR >= 0.95 (``fpr[argmax(tpr >= 0.95)]``); ID samples tied with the threshold
+    count as flagged.
+    """
+    return _ood_curve(scores_id, scores_ood, ood_positive=True).fpr_at_first_tpr(0.95)
+
+
+@_register
+def ood_fpr95_tu(scores_id: np.ndarray, scores_ood: np.ndarray) -> float:
+    """TorchUncertainty ``FPR95`` (Hendrycks' ``fpr_and_fdr_at_recall``): OOD positive.
+
+    ``scores_id`` [N1], ``scores_ood`` [N2]; higher score = more ID; OOD = positive with
+    score -s (TorchUncertainty's ``-MSP``).  Over every distinct threshold down to the
+    first reaching full OOD recall, the one with recall nearest 0.95 (ties to the lowest
+    threshold); returns the fraction of ID samples flagged as OOD there.
+    """
+    return _ood_curve(scores_id, scores_ood, ood_positive=True).fpr_at_tpr_hendrycks(0.95)
+
+
+@_register
+def ood_aupr_in_trapezoid(scores_id: np.ndarray, scores_ood: np.ndarray) -> float:
+    """OpenOOD's AUPR_IN: trapezoid area under precision-recall, ID = positive, score s.
+
+    ``scores_id`` [N1], ``scores_ood`` [N2].  ``auc(recall, precision)`` on sklearn
+    ``precision_recall_curve`` (with its final (0, 1) point).
+    """
+    return _ood_curve(scores_id, scores_ood, ood_positive=False).aupr_trapezoid()
+
+
+@_register
+def ood_aupr_out_trapezoid(scores_id: np.ndarray, scores_ood: np.ndarray) -> float:
+    """OpenOOD's AUPR_OUT: trapezoid area under precision-recall, OOD = positive, score -s.
+
+    ``scores_id`` [N1], ``scores_ood`` [N2].  ``auc(recall, precision)`` on sklearn
+    ``precision_recall_curve`` (with its final (0, 1) point).
+    """
+    return _ood_curve(scores_id, scores_ood, ood_positive=True).aupr_trapezoid()
+
+
+# ------------------------------------------------------------- uncertainty decomposition
+
+
+def entropy(probs: np.ndarray) -> np.ndarray:
+    """Shannon entropy in nats over the last axis: H[p] = -sum_k p_k ln p_k, 0 ln 0 = 0.
+
+    ``probs`` [..., C] (finite, in [0, 1]; rows are not renormalised) -> float64 [...],
+    e.g. [N, C] -> [N].  Not a registered metric.
+    """
+    p = np.asarray(probs)
+    if p.ndim < 1 or p.shape[-1] == 0 or p.size == 0:
+        raise ValueError(f"probs must have a non-empty last (class) axis, got shape {p.shape}")
+    _check_probability_values(p, "probs")
+    p = p.astype(np.float64)
+    terms = np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0)  # 0 ln 0 = 0
+    return 0.0 - terms.sum(axis=-1)  # "0.0 -" turns -0.0 into 0.0 for one-hot rows
+
+
+def decompose(member_probs: np.ndarray) -> dict[str, np.ndarray]:
+    """Total / aleatoric / epistemic uncertainty from member (or sample) probabilities.
+
+    ``member_probs`` [M, N, C] (M members or MC samples).  Returns float64 [N] arrays:
+    ``total`` = H[p-bar] with p-bar = (1/M) sum_m p_m (the entropy *of the mean*, the
+    "ensemble entropy"), ``aleatoric`` = (1/M) sum_m H[p_m] (the mean *of the entropies*;
+    TorchUncertainty once reported this as the ensemble entropy, PR #304),
+    ``epistemic`` = total - aleatoric (mutual information), >= 0 for normalised rows by
+    Jensen's inequality and clipped at 0 against round-off.  Not a registered metric.
+    """
+    p = np.asarray(member_probs)
+    if p.ndim != 3 or 0 in p.shape:
+        raise ValueError(f"member_probs must be a non-empty [M, N, C] array, got shape {p.shape}")
+    _check_probability_values(p, "member_probs")
+    p = p.astype(np.float64)
+    total = entropy(p.mean(axis=0))
+    aleatoric = entropy(p).mean(axis=0)
+    return {"total": total, "aleatoric": aleatoric, "epistemic": np.maximum(total - aleatoric, 0.0)}
+
+
+# ------------------------------------------------------------------------ report metadata
+
+
+@dataclass(frozen=True)
+class MetricInfo:
+    """How a registered metric is reported.
+
+    ``label``: short column label; ``convention``: one sentence (binning, positive class,
+    score, estimator); ``scale``/``unit_label``: the paper's reporting scale (100 "%",
+    100 "x100" for Brier, 1000 "x1000", 10 "x10"); ``higher_is_better``; ``family``:
+    ``"classification"`` (``(probs, labels)``) or ``"ood"`` (``(scores_id, scores_ood)``);
+    ``paper_default``: one of the KEP-SVGP defaults (:data:`CLASSIFICATION_METRICS`,
+    :data:`OOD_METRICS`).
+    """
+
+    label: str
+    convention: str
+    scale: float
+    unit_label: str
+    higher_is_better: bool
+    family: str
+    paper_default: bool = False
+
+
+_PCT, _X100, _X1000, _X10 = (100.0, "%"), (100.0, "x100"), (1000.0, "x1000"), (10.0, "x10")
+_C, _O = "classification", "ood"
+
+
+def _info(
+    label: str, unit: tuple[float, str], higher_is_better: bool, family: str, convention: str,
+    paper_default: bool = False,
+) -> MetricInfo:
+    return MetricInfo(label, convention, unit[0], unit[1], higher_is_better, family, paper_default)
+
+
+#: Every registered metric, in report order (defaults first, then variants by family).
+METRIC_INFO: dict[str, MetricInfo] = {
+    # ---- paper defaults (KEP-SVGP)
+    "accuracy": _info("ACC", _PCT, True, _C,
+        "Top-1 accuracy, argmax prediction (ties to the lowest class).",
+        paper_default=True,
+    ),
+    "ece": _info("ECE", _PCT, False, _C,
+        "Top-label ECE, 15 equal-width (lo, hi] bins, confidence 1.0 in the last bin (KEP-"
+        "SVGP).",
+        paper_default=True,
+    ),
+    "nll": _info("NLL", _X10, False, _C,
+        "Mean -log p(true class) in nats, clamped at the float64 tiny value.",
+        paper_default=True,
+    ),
+    "brier": _info("Brier", _X100, False, _C,
+        "Squared error to the one-hot label summed over classes, mean over samples (range [0, "
+        "2]).",
+        paper_default=True,
+    ),
+    "aurc": _info("AURC", _X1000, False, _C,
+        "Riemann mean of selective risk E_i/i over i = 1..N, MSP, stable sort (KEP-SVGP).",
+        paper_default=True,
+    ),
+    "eaurc": _info("E-AURC", _X1000, False, _C,
+        "AURC minus the analytic optimum r + (1 - r) ln(1 - r) (KEP-SVGP, fd-shifts).",
+        paper_default=True,
+    ),
+    "failure_auroc": _info("AUROC", _PCT, True, _C,
+        "Misclassification AUROC: correct = positive, score MSP, ties count half.",
+        paper_default=True,
+    ),
+    "failure_fpr95": _info("FPR95", _PCT, False, _C,
+        "Errors accepted at the sklearn ROC point with TPR nearest 0.95; correct = positive, "
+        "score MSP.",
+        paper_default=True,
+    ),
+    "failure_aupr_success": _info("AUPR-S", _PCT, True, _C,
+        "Trapezoid area under PR, correct = positive, score MSP.",
+        paper_default=True,
+    ),
+    "failure_aupr_error": _info("AUPR-E", _PCT, True, _C,
+        "Average precision, error = positive, score -MSP.",
+        paper_default=True,
+    ),
+    "ood_auroc": _info("AUROC", _PCT, True, _O,
+        "ID-vs-OOD AUROC, ID = positive, score s (higher = ID, MSP by default), ties count "
+        "half.",
+        paper_default=True,
+    ),
+    "ood_aupr_in": _info("AUPR-In", _PCT, True, _O,
+        "Average precision, ID = positive, score s (higher = ID).",
+        paper_default=True,
+    ),
+    "ood_aupr_out": _info("AUPR-Out", _PCT, True, _O,
+        "Average precision, OOD = positive, score -s.",
+        paper_default=True,
+    ),
+    "ood_fpr95": _info("FPR95", _PCT, False, _O,
+        "OOD accepted (s >= tau, ties accepted) at the largest tau keeping >= 95% of ID; ID = "
+        "positive.",
+        paper_default=True,
+    ),
+    # ---- calibration variants
+    "ece_torchmetrics": _info("ECE-TM", _PCT, False, _C,
+        "Top-label ECE, 15 [lo, hi) bins on float32 confidences, 1.0 in a hidden 16th bin "
+        "(torchmetrics, TorchUncertainty).",
+    ),
+    "ece_fdshifts": _info("ECE-20", _PCT, False, _C,
+        "Top-label ECE, 20 [lo, hi) bins on edges linspace(0, 1 + 1e-8, 21), MSP as the score "
+        "(fd-shifts).",
+    ),
+    "ece_all_class": _info("ECE-all", _PCT, False, _C,
+        "All-class ECE: every p_ik against 1[y_i = k], 15 (lo, hi] bins, weights over N*C "
+        "values (SGPA).",
+    ),
+    "mce_all_class": _info("MCE-all", _PCT, False, _C,
+        "All-class MCE: max over non-empty bins of the all-class ECE's 15 (lo, hi] bins (SGPA).",
+    ),
+    "ece_classwise": _info("cw-ECE", _PCT, False, _C,
+        "Class-wise ECE: per class, p_k against 1[y = k] in 15 (lo, hi] bins; mean over "
+        "classes.",
+    ),
+    "ece_adaptive": _info("aECE", _PCT, False, _C,
+        "Top-label ECE on 15 equal-mass bins, stable sort by (confidence, index) "
+        "(TorchUncertainty aECE).",
+    ),
+    "mce": _info("MCE", _PCT, False, _C,
+        "Top-label max |acc - conf| over non-empty 15 (lo, hi] bins.",
+    ),
+    "rms_ce": _info("RMSCE", _PCT, False, _C,
+        "Top-label sqrt(sum (n_m/N)(acc_m - conf_m)^2), 15 (lo, hi] bins.",
+    ),
+    "rms_ce_adaptive100": _info("RMSCE-100", _PCT, False, _C,
+        "Top-label RMS calibration error on sorted bins of 100 samples, last bin skipped (RPC, "
+        "Hendrycks calib_err).",
+    ),
+    "brier_top_label": _info("Brier-top", _X100, False, _C,
+        "Mean (c - 1[correct])^2 of the top-class confidence (TorchUncertainty top_class).",
+    ),
+    # ---- selective-classification variants
+    "aurc_trapezoid": _info("AURC-trap", _X1000, False, _C,
+        "Trapezoid of selective risk over coverage [1/N, 1] divided by (1 - 1/N), MSP "
+        "(TorchUncertainty).",
+    ),
+    "aurc_unique": _info("AURC-uniq", _X1000, False, _C,
+        "Trapezoid over the RC curve at unique confidence thresholds (ties grouped) plus (0, "
+        "top risk) (fd-shifts).",
+    ),
+    "eaurc_discrete": _info("E-AURC-disc", _X1000, False, _C,
+        "AURC minus the exact discrete optimum (1/N) sum_{i>n_c} (i - n_c)/i.",
+    ),
+    "augrc": _info("AUGRC", _X1000, False, _C,
+        "Riemann mean of generalised risk E_i/N over i = 1..N, MSP, stable sort.",
+    ),
+    "augrc_trapezoid": _info("AUGRC-trap", _X1000, False, _C,
+        "Trapezoid over generalised risk E/N at unique thresholds plus (0, 0) (fd-shifts).",
+    ),
+    "risk_at_80_coverage": _info("Risk@80Cov", _PCT, False, _C,
+        "Selective risk E_k/k of the k = ceil(0.8 N) most confident (TorchUncertainty).",
+    ),
+    "coverage_at_5_risk": _info("Cov@5Risk", _PCT, True, _C,
+        "Largest coverage i/N with selective risk E_i/i <= 5%, NaN if none (TorchUncertainty).",
+    ),
+    # ---- failure-prediction variants
+    "failure_fpr95_first": _info("FPR95-first", _PCT, False, _C,
+        "Errors accepted at the first sklearn ROC point with TPR >= 0.9495; correct = positive, "
+        "score MSP (fd-shifts).",
+    ),
+    "failure_aupr_success_ap": _info("AUPR-S-AP", _PCT, True, _C,
+        "Average precision, correct = positive, score MSP (fd-shifts).",
+    ),
+    "failure_aupr_error_trapezoid": _info("AUPR-E-trap", _PCT, True, _C,
+        "Trapezoid area under PR, error = positive, score -MSP.",
+    ),
+    # ---- OOD variants
+    "ood_fpr95_openood": _info("FPR95-OpenOOD", _PCT, False, _O,
+        "ID flagged as OOD at the first sklearn ROC point with OOD recall >= 0.95; OOD = "
+        "positive, score -s (OpenOOD v1.5).",
+    ),
+    "ood_fpr95_tu": _info("FPR95-TU", _PCT, False, _O,
+        "ID flagged as OOD at the threshold with OOD recall nearest 0.95, ties to the lowest "
+        "threshold; OOD = positive, score -s (TorchUncertainty).",
+    ),
+    "ood_aupr_in_trapezoid": _info("AUPR-In-trap", _PCT, True, _O,
+        "Trapezoid area under PR, ID = positive, score s (OpenOOD).",
+    ),
+    "ood_aupr_out_trapezoid": _info("AUPR-Out-trap", _PCT, True, _O,
+        "Trapezoid area under PR, OOD = positive, score -s (OpenOOD).",
+    ),
+}
+
+ALL_CLASSIFICATION_METRICS: tuple[str, ...] = tuple(k for k, v in METRIC_INFO.items() if v.family == _C)
+ALL_OOD_METRICS: tuple[str, ...] = tuple(k for k, v in METRIC_INFO.items() if v.family == _O)

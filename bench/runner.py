@@ -157,8 +157,9 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
         test_acc = float("nan")
         for split in data.eval_splits(cell.dataset.splits):
             s = data.get(split)
-            lp = predict(method, model, s, data, device, cell.method.train.eval_batch_size)
-            cd.write_preds(split, lp, s.y)
+            extras: dict[str, np.ndarray] = {}
+            lp = predict(method, model, s, data, device, cell.method.train.eval_batch_size, extras)
+            cd.write_preds(split, lp, s.y, **extras)
             n_pred += len(s)
             if split == "test":
                 test_acc = float((lp.argmax(1) == s.y).mean())

@@ -134,6 +134,12 @@ class Suite:
     datasets: tuple[DatasetSpec, ...]
     methods: tuple[MethodSpec, ...]
     description: str = ""
+    reference: str = ""  # the method significance tests and corruption errors compare against
+
+    @property
+    def reference_method(self) -> str:
+        """``reference`` if set, else the suite's first method."""
+        return self.reference or (self.methods[0].name if self.methods else "")
 
     def method(self, name: str) -> MethodSpec:
         for m in self.methods:
@@ -148,6 +154,7 @@ class _Top:
 
     name: str = ""
     description: str = ""
+    reference: str = ""
     seeds: tuple[int, ...] = field(default=(0,), metadata={"min": 0})
     train: dict = field(default_factory=dict)
     model: dict = field(default_factory=dict)
@@ -251,7 +258,10 @@ def build_suite(raw: dict, overrides: Overrides = Overrides()) -> Suite:
             _check_derived(m, by_name, problems)
     problems.raise_if_any()
 
-    return Suite(top.name, top.seeds, datasets, methods, top.description)
+    if top.reference and top.reference not in by_name:
+        problems.add("reference", f"names no method of this suite; known: {', '.join(by_name)}")
+    problems.raise_if_any()
+    return Suite(top.name, top.seeds, datasets, methods, top.description, top.reference)
 
 
 def _parse_dataset(name: str, table: Any, problems: Problems) -> DatasetSpec | None:
@@ -375,4 +385,4 @@ def select(
                 f"({list(suite.seeds)}); add seeds, lower 'members', or leave it out with --methods"
             )
     chosen_datasets = tuple(d for d in suite.datasets if datasets is None or d.name in datasets)
-    return Suite(suite.name, suite.seeds, chosen_datasets, chosen_methods, suite.description)
+    return Suite(suite.name, suite.seeds, chosen_datasets, chosen_methods, suite.description, suite.reference)

@@ -7,7 +7,9 @@
 * ``train_log.csv``: one row per epoch;
 * ``checkpoint.pt``: the best-on-validation weights (``torch.load(weights_only=True)``);
 * ``preds/<split>.npz``: ``log_probs`` float32 [N, C] and ``labels`` int64 [N]
-  (``-1`` on OOD splits); split names map to paths (``shift/x/3`` -> ``preds/shift/x/3.npz``);
+  (``-1`` on OOD splits), plus, for methods with several passes, the per-image
+  decomposition terms ``entropy_of_mean`` and ``mean_entropy`` (float32 [N]); split
+  names map to paths (``shift/x/3`` -> ``preds/shift/x/3.npz``);
 * ``manifest.json``: sha256 of every other file, written last.
 
 A cell is complete only when its manifest exists and every listed file verifies.  Every
@@ -28,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-STORE_SCHEMA = 1
+STORE_SCHEMA = 2  # 2: decomposition terms stored for multi-pass methods
 MANIFEST = "manifest.json"
 CELL = "cell.json"
 CHECKPOINT = "checkpoint.pt"
@@ -141,9 +143,11 @@ class CellDir:
     def write_cell(self, info: dict) -> None:
         atomic_write_json(self.path / CELL, info)
 
-    def write_preds(self, split: str, log_probs: np.ndarray, labels: np.ndarray) -> None:
+    def write_preds(self, split: str, log_probs: np.ndarray, labels: np.ndarray, **extras: np.ndarray) -> None:
+        """Store one split's predictions; ``extras`` are further per-image float32 arrays."""
+        arrays = {k: np.asarray(v, dtype=np.float32) for k, v in extras.items()}
         buf = io.BytesIO()
-        np.savez(buf, log_probs=np.asarray(log_probs, dtype=np.float32), labels=np.asarray(labels, dtype=np.int64))
+        np.savez(buf, log_probs=np.asarray(log_probs, dtype=np.float32), labels=np.asarray(labels, dtype=np.int64), **arrays)
         atomic_write_bytes(self.path / split_relpath(split), buf.getvalue())
 
     def write_checkpoint(self, data: bytes) -> None:
@@ -166,8 +170,13 @@ class CellDir:
 
     # --- reads -------------------------------------------------------------------------
     def read_preds(self, split: str) -> tuple[np.ndarray, np.ndarray]:
+        arrays = self.read_arrays(split)
+        return arrays["log_probs"], arrays["labels"]
+
+    def read_arrays(self, split: str) -> dict[str, np.ndarray]:
+        """Every array stored for ``split`` (``log_probs``, ``labels`` and any extras)."""
         with np.load(self.path / split_relpath(split), allow_pickle=False) as z:
-            return z["log_probs"], z["labels"]
+            return {k: z[k] for k in z.files}
 
     def splits(self) -> list[str]:
         root = self.path / "preds"

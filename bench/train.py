@@ -92,25 +92,41 @@ def autocast(device: torch.device):
     return contextlib.nullcontext()
 
 
+def _entropy(log_p: torch.Tensor) -> torch.Tensor:
+    """Shannon entropy (nats) over the last axis of log-probabilities (0 log 0 = 0)."""
+    return -(log_p.exp() * log_p.nan_to_num(neginf=0.0)).sum(-1)
+
+
 @torch.no_grad()
 def predict(
-    method: TrainedMethod, model: torch.nn.Module, split: Split, data: DataBundle, device: torch.device, batch_size: int
+    method: TrainedMethod, model: torch.nn.Module, split: Split, data: DataBundle, device: torch.device,
+    batch_size: int, extras: dict[str, np.ndarray] | None = None,
 ) -> np.ndarray:
     """Log predictive probabilities ``[N, C]`` (float32) with the method's S passes and
-    averaging rule (``logits``: softmax of the mean logit; ``probs``: mean probability)."""
+    averaging rule (``logits``: softmax of the mean logit; ``probs``: mean probability).
+
+    With S > 1 and an ``extras`` dict, also fills the per-image terms of the uncertainty
+    decomposition (float32 [N], nats): ``entropy_of_mean`` = H[(1/S) sum_s p_s] (total)
+    and ``mean_entropy`` = (1/S) sum_s H[p_s] (aleatoric); their difference is the mutual
+    information (epistemic).  Two numbers per image instead of all S x C probabilities."""
     method.eval_mode(model)
     norm = Normalize(data, device)
     x_all, _ = to_tensor(split, device)
-    out = []
+    out, total, aleatoric = [], [], []
     for i in range(0, len(x_all), batch_size):
         x = norm(x_all[i : i + batch_size])
         with autocast(device):
             logits = torch.stack([model(x).float() for _ in range(method.samples)])  # [S, B, C]
-        if method.average == "logits":
-            lp = F.log_softmax(logits.mean(0), dim=-1)
-        else:
-            lp = torch.logsumexp(F.log_softmax(logits, dim=-1), dim=0) - math.log(method.samples)
+        sample_lp = F.log_softmax(logits, dim=-1)
+        mean_lp = torch.logsumexp(sample_lp, dim=0) - math.log(method.samples)  # log of the mean probability
+        lp = F.log_softmax(logits.mean(0), dim=-1) if method.average == "logits" else mean_lp
         out.append(lp.cpu())
+        if extras is not None and method.samples > 1:
+            total.append(_entropy(mean_lp).cpu())
+            aleatoric.append(_entropy(sample_lp).mean(0).cpu())
+    if total:
+        extras["entropy_of_mean"] = torch.cat(total).numpy().astype(np.float32)
+        extras["mean_entropy"] = torch.cat(aleatoric).numpy().astype(np.float32)
     return torch.cat(out).numpy().astype(np.float32)
 
 

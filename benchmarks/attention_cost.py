@@ -27,7 +27,8 @@ from pathlib import Path
 LAYERS = ("softmax", "sgpa", "kep_svgp")
 TOKENS = (64, 256, 1024, 4096)
 DIM, HEADS, BATCH = 64, 4, 2
-REPEATS = 5
+REPEATS = 9
+WARMUP = 3
 
 
 def measure(layer: str, n: int) -> dict:
@@ -60,7 +61,8 @@ def measure(layer: str, n: int) -> dict:
         base = torch.cuda.memory_allocated(device)
     else:
         base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB
-    step()  # warm-up (also the memory peak)
+    for _ in range(WARMUP):  # first calls pay one-off costs (allocator, kernels, thread pool)
+        step()
     sync()
     times = []
     for _ in range(REPEATS):
@@ -104,7 +106,7 @@ def main() -> None:
     lines = [
         "# Attention cost: one layer, forward + backward",
         "",
-        f"Batch {BATCH}, width {DIM}, {HEADS} heads; median of {REPEATS} timed steps after one warm-up; "
+        f"Batch {BATCH}, width {DIM}, {HEADS} heads; median of {REPEATS} timed steps after {WARMUP} warm-up steps; "
         f"device `{rows[0]['device']}` ({rows[0]['threads']} threads), torch {rows[0]['torch']}. Peak memory: "
         + ("CUDA peak allocated above the inputs." if rows[0]["device"].startswith("cuda")
            else "peak RSS of a fresh process above its RSS before the first forward (CPU)."),

@@ -33,11 +33,11 @@ def test_cifar10_suite_on_official_format_files(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "md5" in proc.stderr  # fixture files are not the official ones: warned, not refused
     tables = tmp_path / "reports" / "cifar10" / "tables"
-    shift = pd.read_csv(tables / "shift.csv")
+    shift = pd.read_csv(tables / "shift_splits.csv")
     for method in ("msp", "temperature_scaling"):
         splits = set(shift.loc[shift["method"] == method, "split"])
         assert splits == {f"shift/{c}/{s}" for c in BENCHMARK for s in range(1, 6)}
     ood = pd.read_csv(tables / "ood.csv")
     assert set(ood["split"]) == {"ood/svhn", "ood/cifar100", "ood/textures"}
-    in_dist = pd.read_csv(tables / "in_distribution.csv")
+    in_dist = pd.read_csv(tables / "summary.csv")
     assert set(in_dist["method"]) == {"msp", "temperature_scaling"}

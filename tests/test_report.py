@@ -1,6 +1,13 @@
-"""Tests for bench.report on a synthetic AnalysisResults (no store, no model)."""
+"""Tests for bench.report on a synthetic AnalysisResults (no store, no model).
+
+The builder fills every field of the analysis contract (``summary`` with CIs and
+verdicts, ``severity``, ``corruption_errors``, ``efficiency``); expected cell texts are
+computed here from those inputs with the paper's scales written out independently of
+``bench.report`` and ``METRIC_INFO``.
+"""
 from __future__ import annotations
 
+import re
 import zlib
 from pathlib import Path
 
@@ -8,23 +15,62 @@ import matplotlib.image as mpimg
 import numpy as np
 import pandas as pd
 import pytest
+from matplotlib.axes import Axes
 
+import bench.report as report_mod
 from bench.analysis import AnalysisResults
 from bench.errors import ConfigError
-from bench.metrics import calibration_bins, ece, risk_coverage_curve
+from bench.metrics import METRIC_INFO, calibration_bins, ece, risk_coverage_curve
 from bench.report import sanitize, write_report
 
 DATASETS = ["toy_a", "toy b&c"]  # the second name needs escaping / sanitising
 METHODS = ["msp", "mc_dropout", "broken"]  # "broken": every seed failed on toy_a
+REFERENCE = "msp"
 SEEDS = [0, 1, 2]
-SPLITS = ["test", "shift/gaussian_noise/3", "ood/svhn"]
+CORRUPTIONS = ["shift/gaussian_noise/1", "shift/gaussian_noise/5", "shift/contrast/5"]
+SPLITS = ["test", *CORRUPTIONS, "shift/digits_box", "ood/svhn"]
 CLASSIFICATION = ["accuracy", "ece", "nll", "brier", "aurc", "eaurc", "failure_auroc",
-                  "failure_fpr95"]
+                  "failure_fpr95", "failure_aupr_success"]
 OOD = ["ood_auroc", "ood_aupr_in", "ood_aupr_out", "ood_fpr95"]
 FAIL_REASON = "NonFiniteLoss: loss became nan at epoch 3"
+TABLE_NAMES = ["summary", "shift_severity", "shift_corruption", "shift_other", "shift_splits", "ood", "efficiency"]
 
 # hand-picked values the assertions check against
 ACC = {("toy_a", "msp"): [0.80, 0.82, 0.84], ("toy_a", "mc_dropout"): [0.85, 0.86, 0.87]}
+CI_BELOW, CI_ABOVE = 0.0123, 0.0234  # synthetic CI: [mean - below, mean + above]
+VERDICTS = {  # (dataset, method, split, metric, score) -> verdict; the rest: "" (or "ref")
+    ("toy_a", "mc_dropout", "test", "accuracy", ""): "better",
+    ("toy_a", "mc_dropout", "test", "ece", ""): "worse",
+    ("toy_a", "mc_dropout", "ood/svhn", "ood_auroc", "entropy"): "better",
+}
+CE = {"msp": {"gaussian_noise": 1.0, "contrast": 1.0, "mCE": 1.0},
+      "mc_dropout": {"gaussian_noise": 0.8, "contrast": 0.9, "mCE": 0.85},
+      "broken": {"gaussian_noise": 1.1, "contrast": 1.3, "mCE": 1.2}}
+EFFICIENCY = {  # parameters, train_seconds, predict_seconds_per_1000, peak_memory_mb, passes
+    "msp": (1234567, 12.34, 0.4567, 512.0, 1),
+    "mc_dropout": (1234567, 15.0, 4.5678, 600.25, 10),
+    "broken": (99, 1.0, 0.001, 10.0, 1),
+}
+
+# scales of KEP-SVGP Table 1, written out here independently of bench.report
+SCALES = {"accuracy": 100, "aurc": 1000, "failure_auroc": 100, "failure_fpr95": 100,
+          "ece": 100, "nll": 10, "brier": 100, "eaurc": 1000, "failure_aupr_success": 100,
+          "ood_auroc": 100, "ood_aupr_in": 100, "ood_aupr_out": 100, "ood_fpr95": 100}
+SUMMARY_HEADERS = [("ACC (%)", "accuracy"), ("AURC (x1000)", "aurc"), ("AUROC (%)", "failure_auroc"),
+                   ("FPR95 (%)", "failure_fpr95"), ("ECE (%)", "ece"), ("NLL (x10)", "nll"),
+                   ("Brier (x100)", "brier"), ("E-AURC (x1000)", "eaurc")]
+SHIFT_HEADERS = [("ACC (%)", "accuracy"), ("ECE (%)", "ece"), ("NLL (x10)", "nll"),
+                 ("Brier (x100)", "brier"), ("AURC (x1000)", "aurc"), ("AUROC (%)", "failure_auroc")]
+OOD_HEADERS = [("AUROC (%)", "ood_auroc"), ("AUPR-In (%)", "ood_aupr_in"),
+               ("AUPR-Out (%)", "ood_aupr_out"), ("FPR95 (%)", "ood_fpr95")]
+
+
+def ran(dataset: str, method: str) -> bool:
+    return (dataset, method) != ("toy_a", "broken")
+
+
+def scores_of(method: str) -> list[str]:
+    return ["msp", "entropy", "mutual_info"] if method == "mc_dropout" else ["msp", "entropy"]
 
 
 def _metric_value(rng: np.random.Generator, dataset: str, method: str, split: str,
@@ -41,15 +87,62 @@ def _metrics() -> pd.DataFrame:
     rows = []
     for dataset in DATASETS:
         for method in METHODS:
-            if (dataset, method) == ("toy_a", "broken"):
+            if not ran(dataset, method):
                 continue
             for seed in SEEDS:
                 for split in SPLITS:
-                    names = OOD if split.startswith("ood/") else CLASSIFICATION
-                    for metric in names:
-                        value = _metric_value(rng, dataset, method, split, metric, seed)
-                        rows.append((dataset, method, seed, split, metric, value))
-    return pd.DataFrame(rows, columns=["dataset", "method", "seed", "split", "metric", "value"])
+                    if split.startswith("ood/"):
+                        for score in scores_of(method):
+                            for metric in OOD:
+                                rows.append((dataset, method, seed, split, metric, score,
+                                             float(rng.uniform(0.01, 0.99))))
+                    else:
+                        for metric in CLASSIFICATION:
+                            value = _metric_value(rng, dataset, method, split, metric, seed)
+                            rows.append((dataset, method, seed, split, metric, "", value))
+    return pd.DataFrame(rows, columns=["dataset", "method", "seed", "split", "metric", "score", "value"])
+
+
+def _summary(metrics: pd.DataFrame) -> pd.DataFrame:
+    keys = ["dataset", "method", "split", "metric", "score"]
+    g = metrics.groupby(keys, sort=False)["value"]
+    out = g.agg(n_seeds="count", mean="mean", std=lambda v: v.std(ddof=1)).reset_index()
+    out["table"] = out["split"].map(lambda s: "in_distribution" if s == "test" else s.split("/")[0])
+    out["ci_low"], out["ci_high"] = out["mean"] - CI_BELOW, out["mean"] + CI_ABOVE
+    verdicts = [VERDICTS.get(k, "ref" if k[1] == REFERENCE else "")
+                for k in out[keys].itertuples(index=False, name=None)]
+    out["verdict"] = verdicts
+    out["p_value"] = [np.nan if v == "ref" else 0.001 if v else 0.5 for v in verdicts]
+    out["p_holm"] = out["p_value"] * 2
+    out = out.sample(frac=1.0, random_state=3)  # the report must not rely on the row order
+    return out.reset_index(drop=True)
+
+
+def _severity() -> pd.DataFrame:
+    rows = []
+    for dataset in DATASETS:
+        for method in METHODS:
+            if not ran(dataset, method):
+                continue
+            bonus = {"msp": 0.0, "mc_dropout": 0.05, "broken": -0.1}[method]
+            for sev in (0, 1, 5, -1):
+                level = 2.5 if sev < 0 else sev
+                for metric in ["accuracy", "ece", "nll", "brier", "aurc", "failure_auroc"]:
+                    mean = 0.9 - 0.08 * level + bonus if metric == "accuracy" else 0.05 + 0.04 * level
+                    rows.append((dataset, method, sev, metric, 3, mean, 0.02, mean - 0.03, mean + 0.04))
+    cols = ["dataset", "method", "severity", "metric", "n_seeds", "mean", "std", "ci_low", "ci_high"]
+    return pd.DataFrame(rows[::-1], columns=cols)  # reversed: order must not matter
+
+
+def _corruption_errors() -> pd.DataFrame:
+    rows = [(d, m, c, ce) for d in DATASETS for m in METHODS if ran(d, m) for c, ce in CE[m].items()]
+    return pd.DataFrame(rows, columns=["dataset", "method", "corruption", "ce"])
+
+
+def _efficiency() -> pd.DataFrame:
+    rows = [(d, m, *EFFICIENCY[m]) for d in DATASETS for m in METHODS if ran(d, m)]
+    return pd.DataFrame(rows, columns=["dataset", "method", "parameters", "train_seconds",
+                                       "predict_seconds_per_1000", "peak_memory_mb", "passes"])
 
 
 def _load_predictions(dataset: str, method: str, seed: int, split: str):
@@ -64,21 +157,26 @@ def _load_predictions(dataset: str, method: str, seed: int, split: str):
 
 
 def make_results() -> AnalysisResults:
-    seeds = {(d, m): list(SEEDS) for d in DATASETS for m in METHODS}
-    seeds[("toy_a", "broken")] = []
+    seeds = {(d, m): list(SEEDS) if ran(d, m) else [] for d in DATASETS for m in METHODS}
     failures = pd.DataFrame(
         [("toy_a", "broken", s, FAIL_REASON) for s in SEEDS],
         columns=["dataset", "method", "seed", "reason"],
     )
+    metrics = _metrics()
     return AnalysisResults(
         suite="synthetic",
-        metrics=_metrics(),
+        metrics=metrics,
         datasets=list(DATASETS),
         methods=list(METHODS),
         splits={d: list(SPLITS) for d in DATASETS},
         seeds=seeds,
         failures=failures,
         load_predictions=_load_predictions,
+        reference=REFERENCE,
+        summary=_summary(metrics),
+        severity=_severity(),
+        corruption_errors=_corruption_errors(),
+        efficiency=_efficiency(),
     )
 
 
@@ -93,6 +191,19 @@ def report(results, tmp_path_factory) -> tuple[Path, list[Path]]:
     return out, write_report(results, out)
 
 
+DRAWERS = ("_plot_reliability", "_plot_risk_coverage", "_plot_severity", "_plot_ood_hist")
+
+
+@pytest.fixture
+def fast_plots(monkeypatch) -> list[str]:
+    """Skip the drawing (the slow part) in tests about tables; record the plot file names."""
+    names: list[str] = []
+    for name in DRAWERS:
+        monkeypatch.setattr(report_mod, name, lambda *args: names.append(args[-1].name))
+    return names
+
+
+# ------------------------------------------------------------------------------------ helpers
 def md_rows(path: Path) -> list[dict[str, str]]:
     """Parse a tabulate pipe table into dicts (header -> cell text)."""
     lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.startswith("|")]
@@ -107,28 +218,55 @@ def find(rows: list[dict[str, str]], **keys: str) -> dict[str, str]:
     return hits[0]
 
 
-def expected_cell(values: list[float], scale: float) -> str:
+def seed_values(results, dataset, method, split, metric, score="") -> list[float]:
+    m = results.metrics
+    sel = m[(m.dataset == dataset) & (m.method == method) & (m.split == split)
+            & (m.metric == metric) & (m.score == score)].sort_values("seed")
+    return sel["value"].tolist()
+
+
+def mean_std(values: list[float], scale: float) -> str:
     v = np.asarray(values) * scale
     return f"{v.mean():.2f} ± {v.std(ddof=1):.2f}"
 
 
-def seed_values(results, dataset, method, split, metric) -> list[float]:
-    m = results.metrics
-    sel = m[(m.dataset == dataset) & (m.method == method) & (m.split == split)
-            & (m.metric == metric)].sort_values("seed")
-    return sel["value"].tolist()
+def with_ci(values: list[float], scale: float) -> str:
+    """Expected summary/OOD cell without a mark: mean ± std [lo, hi] (CI 1 decimal)."""
+    mean = float(np.mean(values))
+    return (f"{mean_std(values, scale)} [{(mean - CI_BELOW) * scale:.1f}, "
+            f"{(mean + CI_ABOVE) * scale:.1f}]")
 
 
-# ------------------------------------------------------------------------------------
+def tex_lines(path: Path, n_keys: int) -> dict[str, list[str]]:
+    """Data rows of a booktabs table keyed by their joined key cells -> value cells."""
+    out = {}
+    for ln in path.read_text(encoding="utf-8").splitlines():
+        if " & " in ln and not ln.startswith("Dataset"):
+            cells = ln.rstrip(" \\").split(" & ")
+            out["/".join(cells[:n_keys])] = cells[n_keys:]
+    return out
+
+
+def tex(name: str) -> str:
+    return name.replace("_", r"\_").replace("&", r"\&")
+
+
+def readme_section(readme: str, heading: str) -> str:
+    return readme.split(heading + "\n", 1)[1].split("\n## ", 1)[0]
+
+
+# ------------------------------------------------------------------------------------ files
 def test_every_expected_file_exists(report):
     out, written = report
     expected = {out / "README.md"}
-    for table in ("in_distribution", "shift", "ood"):
+    for table in TABLE_NAMES:
         expected |= {out / "tables" / f"{table}.{fmt}" for fmt in ("md", "tex", "csv")}
     for d in DATASETS:
         expected.add(out / "plots" / f"risk_coverage_{sanitize(d)}.png")
+        for metric in ("accuracy", "ece", "nll"):
+            expected.add(out / "plots" / f"severity_{sanitize(d)}_{metric}.png")
         for m in METHODS:
-            if (d, m) == ("toy_a", "broken"):
+            if not ran(d, m):
                 continue  # no successful seed -> nothing to plot
             expected.add(out / "plots" / f"reliability_{sanitize(d)}_{m}.png")
             expected.add(out / "plots" / f"ood_hist_{sanitize(d)}_{m}.png")
@@ -139,156 +277,374 @@ def test_every_expected_file_exists(report):
     assert sanitize("toy b&c") == "toy_b_c"
 
 
-def test_md_cells_equal_independent_mean_std(report, results):
+# ------------------------------------------------------------------------------------ summary
+def test_summary_cells_show_mean_std_ci_and_marks(report, results):
     out, _ = report
-    rows = md_rows(out / "tables" / "in_distribution.md")
-    assert list(rows[0]) == ["Dataset", "Method", "ACC (%)", "AURC (x1000)", "AUROC (%)",
-                             "FPR95 (%)", "ECE (%)", "NLL (x10)", "Brier (x100)",
-                             "E-AURC (x1000)"]
-    assert find(rows, Dataset="toy_a", Method="msp")["ACC (%)"] == "82.00 ± 2.00"
-    assert find(rows, Dataset="toy_a", Method="mc_dropout")["ACC (%)"] == "86.00 ± 1.00"
-    nll = seed_values(results, "toy b&c", "mc_dropout", "test", "nll")
-    assert len(nll) == 3
-    assert find(rows, Dataset="toy b&c", Method="mc_dropout")["NLL (x10)"] == expected_cell(nll, 10)
-
-    shift = md_rows(out / "tables" / "shift.md")
-    brier = seed_values(results, "toy_a", "msp", "shift/gaussian_noise/3", "brier")
-    row = find(shift, Dataset="toy_a", Method="msp", Split="shift/gaussian_noise/3")
-    assert row["Brier (x100)"] == expected_cell(brier, 100)
-
-    ood = md_rows(out / "tables" / "ood.md")
-    assert list(ood[0])[3:] == ["AUROC (%)", "AUPR-In (%)", "AUPR-Out (%)", "FPR95 (%)"]
-    fpr = seed_values(results, "toy b&c", "msp", "ood/svhn", "ood_fpr95")
-    assert find(ood, Dataset="toy b&c", Method="msp")["FPR95 (%)"] == expected_cell(fpr, 100)
+    rows = md_rows(out / "tables" / "summary.md")
+    assert list(rows[0]) == ["Dataset", "Method"] + [h for h, _ in SUMMARY_HEADERS]
+    acc = seed_values(results, "toy_a", "mc_dropout", "test", "accuracy")
+    # ACC 86.00 ± 1.00, CI [86 - 1.23, 86 + 2.34], significantly better than the reference
+    assert find(rows, Dataset="toy_a", Method="mc_dropout")["ACC (%)"] == "86.00 ± 1.00 [84.8, 88.3] ▲"
+    assert with_ci(acc, 100) == "86.00 ± 1.00 [84.8, 88.3]"
+    ece_vals = seed_values(results, "toy_a", "mc_dropout", "test", "ece")
+    assert find(rows, Dataset="toy_a", Method="mc_dropout")["ECE (%)"] == with_ci(ece_vals, 100) + " ▼"
+    # no significant difference -> no mark
+    nll = seed_values(results, "toy_a", "mc_dropout", "test", "nll")
+    assert find(rows, Dataset="toy_a", Method="mc_dropout")["NLL (x10)"] == with_ci(nll, 10)
+    # the reference row is tagged and never marked
+    ref = find(rows, Dataset="toy_a", Method="msp (ref)")
+    assert ref["ACC (%)"] == "82.00 ± 2.00 [80.8, 84.3]"
+    assert not any(c.endswith(("▲", "▼")) for c in ref.values())
+    assert {r["Method"] for r in rows} == {"msp (ref)", "mc_dropout", "broken"}
 
 
-# scales of KEP-SVGP Table 1, written out here independently of bench.report
-SCALES = {"accuracy": 100, "aurc": 1000, "failure_auroc": 100, "failure_fpr95": 100,
-          "ece": 100, "nll": 10, "brier": 100, "eaurc": 1000, "ood_auroc": 100,
-          "ood_aupr_in": 100, "ood_aupr_out": 100, "ood_fpr95": 100}
-COLUMNS = {
-    "in_distribution": [("ACC (%)", "accuracy"), ("AURC (x1000)", "aurc"),
-                        ("AUROC (%)", "failure_auroc"), ("FPR95 (%)", "failure_fpr95"),
-                        ("ECE (%)", "ece"), ("NLL (x10)", "nll"), ("Brier (x100)", "brier"),
-                        ("E-AURC (x1000)", "eaurc")],
-    "shift": [("ACC (%)", "accuracy"), ("ECE (%)", "ece"), ("NLL (x10)", "nll"),
-              ("Brier (x100)", "brier"), ("AURC (x1000)", "aurc"),
-              ("AUROC (%)", "failure_auroc")],
-    "ood": [("AUROC (%)", "ood_auroc"), ("AUPR-In (%)", "ood_aupr_in"),
-            ("AUPR-Out (%)", "ood_aupr_out"), ("FPR95 (%)", "ood_fpr95")],
-}
-
-
-@pytest.mark.parametrize("table,split", [("in_distribution", "test"),
-                                         ("shift", "shift/gaussian_noise/3"),
-                                         ("ood", "ood/svhn")])
-def test_every_column_has_its_scale_and_order(report, results, table, split):
+def test_summary_every_column_has_its_scale(report, results):
     out, _ = report
-    rows = md_rows(out / "tables" / f"{table}.md")
-    keys = ["Dataset", "Method"] + ([] if table == "in_distribution" else ["Split"])
-    assert list(rows[0]) == keys + [header for header, _ in COLUMNS[table]]
+    rows = md_rows(out / "tables" / "summary.md")
     row = find(rows, Dataset="toy b&c", Method="mc_dropout")
-    for header, metric in COLUMNS[table]:
-        vals = seed_values(results, "toy b&c", "mc_dropout", split, metric)
-        assert row[header] == expected_cell(vals, SCALES[metric]), header
+    for header, metric in SUMMARY_HEADERS:
+        vals = seed_values(results, "toy b&c", "mc_dropout", "test", metric)
+        assert row[header] == with_ci(vals, SCALES[metric]), header
+
+
+def test_summary_csv_is_raw_with_ci_p_and_verdict(report, results):
+    out, _ = report
+    df = pd.read_csv(out / "tables" / "summary.csv", keep_default_na=False, na_values=["nan"])
+    assert list(df.columns[:3]) == ["dataset", "method", "n_seeds"]
+    assert list(df.columns[3:]) == [f"{metric}_{s}" for _, metric in SUMMARY_HEADERS
+                                    for s in ("mean", "std", "ci_low", "ci_high", "p_holm", "verdict")]
+    row = df[(df.dataset == "toy_a") & (df.method == "mc_dropout")].iloc[0]
+    assert row["accuracy_mean"] == pytest.approx(0.86, abs=1e-9)  # unscaled
+    assert row["accuracy_std"] == pytest.approx(0.01, abs=1e-9)
+    assert row["accuracy_ci_low"] == pytest.approx(0.86 - CI_BELOW, abs=1e-9)
+    assert row["accuracy_ci_high"] == pytest.approx(0.86 + CI_ABOVE, abs=1e-9)
+    assert row["accuracy_p_holm"] == pytest.approx(0.002)
+    assert row["accuracy_verdict"] == "better" and row["ece_verdict"] == "worse"
+    assert row["nll_verdict"] == "" and row["n_seeds"] == 3
+    ref = df[(df.dataset == "toy_a") & (df.method == "msp")].iloc[0]
+    assert ref["accuracy_verdict"] == "ref" and np.isnan(ref["accuracy_p_holm"])
+    assert np.isnan(ref["failure_auroc_mean"])
+    broken = df[(df.dataset == "toy_a") & (df.method == "broken")].iloc[0]
+    assert broken["n_seeds"] == 0 and np.isnan(broken["accuracy_mean"])
 
 
 def test_all_nan_metric_renders_na_and_failed_method_gets_failed_row(report):
     out, _ = report
-    rows = md_rows(out / "tables" / "in_distribution.md")
-    assert find(rows, Dataset="toy_a", Method="msp")["AUROC (%)"] == "n/a"
+    rows = md_rows(out / "tables" / "summary.md")
+    assert find(rows, Dataset="toy_a", Method="msp (ref)")["AUROC (%)"] == "n/a"
     broken = find(rows, Dataset="toy_a", Method="broken")
     assert set(list(broken.values())[2:]) == {"failed"}
-    # the same method on the other dataset is fine
     assert find(rows, Dataset="toy b&c", Method="broken")["ACC (%)"] not in ("failed", "n/a")
     # rows follow the display order: datasets, then methods
-    assert [(r["Dataset"], r["Method"]) for r in rows] == [
+    assert [(r["Dataset"], r["Method"].removesuffix(" (ref)")) for r in rows] == [
         (d, m) for d in DATASETS for m in METHODS]
+    tex_rows = tex_lines(out / "tables" / "summary.tex", 2)
+    assert tex_rows[r"toy\_a/msp (ref)"][2] == "n/a"
+    assert set(tex_rows[r"toy\_a/broken"]) == {"failed"}
+    for table in ("shift_severity", "ood", "efficiency"):
+        rows = md_rows(out / "tables" / f"{table}.md")
+        broken = [r for r in rows if (r["Dataset"], r["Method"]) == ("toy_a", "broken")]
+        assert len(broken) == 1 and "failed" in broken[0].values(), table
 
 
-def test_tex_bold_best_and_escaping(report, results):
-    out, _ = report
-    tex = (out / "tables" / "in_distribution.tex").read_text(encoding="utf-8")
-    assert r"\toprule" in tex and r"\midrule" in tex and r"\bottomrule" in tex
-    assert "±" not in tex and r"$\pm$" in tex
-    assert r"ACC (\%)" in tex and r"AURC ($\times$1000)" in tex
-    lines = {ln.split(" & ")[0] + "/" + ln.split(" & ")[1]: ln for ln in tex.splitlines()
-             if " & " in ln and not ln.startswith("Dataset")}
-    assert r"toy b\&c/mc\_dropout" in lines  # special characters escaped
-    # ACC: higher is better -> mc_dropout (86.00) bold, msp (82.00) not
-    assert r"\textbf{86.00 $\pm$ 1.00}" in lines[r"toy\_a/mc\_dropout"]
-    assert r"\textbf{82.00" not in lines[r"toy\_a/msp"]
-    # ECE: lower is better, judged within the dataset only
-    for dataset in DATASETS:
-        means = {m: np.mean(seed_values(results, dataset, m, "test", "ece")) * 100
-                 for m in METHODS if seed_values(results, dataset, m, "test", "ece")}
-        best = min(means, key=means.get)
-        for m, mean in means.items():
-            line = lines[f"{dataset}/{m}".replace("_", r"\_").replace("&", r"\&")]
-            cell = line.rstrip(" \\").split(" & ")[2 + 4]  # ECE is the 5th metric column
-            assert cell.startswith(r"\textbf{") == (m == best), (dataset, m, cell)
-            assert f"{mean:.2f}" in cell
-
-
-def test_csv_is_raw_and_parses_back(report, results):
-    out, _ = report
-    df = pd.read_csv(out / "tables" / "in_distribution.csv")
-    assert list(df.columns[:4]) == ["dataset", "method", "split", "n_seeds"]
-    assert "accuracy_mean" in df and "accuracy_std" in df and "eaurc_std" in df
-    row = df[(df.dataset == "toy_a") & (df.method == "msp")].iloc[0]
-    assert row["accuracy_mean"] == pytest.approx(0.82, abs=1e-9)  # unscaled
-    assert row["accuracy_std"] == pytest.approx(0.02, abs=1e-9)
-    assert row["n_seeds"] == 3
-    assert np.isnan(row["failure_auroc_mean"])
-    nll = seed_values(results, "toy b&c", "msp", "test", "nll")
-    other = df[(df.dataset == "toy b&c") & (df.method == "msp")].iloc[0]
-    assert other["nll_mean"] == pytest.approx(np.mean(nll), rel=1e-8)
-    broken = df[(df.dataset == "toy_a") & (df.method == "broken")].iloc[0]
-    assert broken["n_seeds"] == 0 and np.isnan(broken["accuracy_mean"])
-
-    ood = pd.read_csv(out / "tables" / "ood.csv")
-    assert set(ood["split"]) == {"ood/svhn"}
-    assert {"ood_auroc_mean", "ood_aupr_in_mean", "ood_aupr_out_mean", "ood_fpr95_std"} <= set(ood)
-
-
-def test_readme_has_tables_failures_and_plots(report):
+def test_readme_lists_failures_and_embeds_tables_and_plots(report):
     out, _ = report
     readme = (out / "README.md").read_text(encoding="utf-8")
     assert readme.startswith("# uqbench report: synthetic\n")
-    assert "ddof=1" in readme and "(lo, hi]" in readme
-    failed = readme.split("## Failed cells", 1)[1].split("## Plots", 1)[0]
+    assert "Reference method: `msp`" in readme
+    for words in ("ddof=1", "paired", "bootstrap", "Holm", "▲", "▼", "(ref)", "p_holm < 0.05"):
+        assert words in readme, words
+    failed = readme_section(readme, "## Failed cells")
     for seed in SEEDS:
         assert f"| toy_a     | broken   | {seed}      | {FAIL_REASON} |" in failed
-    assert "82.00 ± 2.00" in readme
+    assert "86.00 ± 1.00 [84.8, 88.3] ▲" in readme
+    assert "Shift: per corruption at severity 5" in readme
     images = [ln for ln in readme.splitlines() if ln.startswith("![")]
     assert len(images) == len(list((out / "plots").glob("*.png")))
     for line in images:
         rel = line.rsplit("](", 1)[1].rstrip(")")
         assert rel.startswith("plots/") and (out / rel).is_file()
+    # order of the sections: summary, shift tables, OOD, efficiency, then the plots
+    toy_a = readme_section(readme, "## toy_a")
+    heads = [ln for ln in toy_a.splitlines() if ln.startswith("### ")]
+    assert [h.split(":")[0].split(" (")[0] for h in heads] == [
+        "### Summary", "### Shift", "### Shift", "### Shift", "### Shift", "### OOD detection", "### Efficiency"]
+    assert readme.index("## Failed cells") < readme.index("## Plots")
 
 
+def test_conventions_section_lists_each_shown_metric(report):
+    out, _ = report
+    conventions = readme_section((out / "README.md").read_text(encoding="utf-8"), "## Conventions")
+    shown = {m for _, m in SUMMARY_HEADERS + SHIFT_HEADERS + OOD_HEADERS}
+    for metric in shown:
+        info = METRIC_INFO[metric]
+        assert f"`{metric}`" in conventions and info.convention.replace("|", r"\|") in conventions, metric
+    assert "failure_aupr_success" not in conventions  # not shown by default
+    for words in ("CE (%)", "Parameters", "Peak memory (MiB)", "`mutual_info`", "`entropy`"):
+        assert words in conventions, words
+
+
+# ------------------------------------------------------------------------------------ shift
+def test_severity_table_rows_and_values(report, results):
+    out, _ = report
+    rows = md_rows(out / "tables" / "shift_severity.md")
+    assert list(rows[0]) == ["Dataset", "Method", "Severity"] + [h for h, _ in SHIFT_HEADERS]
+    mine = [r for r in rows if (r["Dataset"], r["Method"]) == ("toy_a", "mc_dropout")]
+    assert [r["Severity"] for r in mine] == ["0", "1", "5", "all"]
+    # accuracy at severity 5: 0.9 - 0.4 + 0.05 = 0.55 +- 0.02; ECE at "all": 0.05 + 0.1
+    assert mine[2]["ACC (%)"] == "55.00 ± 2.00"
+    assert mine[3]["ECE (%)"] == "15.00 ± 2.00"
+    assert mine[0]["NLL (x10)"] == "0.50 ± 0.20"
+    csv = pd.read_csv(out / "tables" / "shift_severity.csv")
+    row = csv[(csv.dataset == "toy_a") & (csv.method == "mc_dropout") & (csv.severity == 5)].iloc[0]
+    assert row["accuracy_ci_low"] == pytest.approx(0.52) and row["accuracy_ci_high"] == pytest.approx(0.59)
+    assert -1 in set(csv["severity"])  # raw key in CSV: -1 = every corruption split
+    assert "accuracy_verdict" not in csv  # no test on aggregates
+
+
+def test_severity_plots_have_one_line_and_ci_band_per_method(results, tmp_path, monkeypatch):
+    for name in ("_plot_reliability", "_plot_risk_coverage", "_plot_ood_hist"):
+        monkeypatch.setattr(report_mod, name, lambda *args: None)
+    bands: dict[str, list[tuple]] = {}
+    current: list[str] = []
+    plot_severity, fill_between = report_mod._plot_severity, Axes.fill_between
+
+    def spy_plot(lines, col, title, path):
+        current[:] = [path.name]
+        bands[path.name] = []
+        plot_severity(lines, col, title, path)
+        current.clear()
+
+    def spy_fill(self, x, y1, y2, **kw):
+        if current:
+            bands[current[0]].append((np.asarray(x), np.asarray(y1), np.asarray(y2)))
+        return fill_between(self, x, y1, y2, **kw)
+
+    monkeypatch.setattr(report_mod, "_plot_severity", spy_plot)
+    monkeypatch.setattr(Axes, "fill_between", spy_fill)
+    write_report(results, tmp_path, formats=("md",))
+    assert sorted(bands) == sorted(f"severity_{sanitize(d)}_{m}.png" for d in DATASETS
+                                   for m in ("accuracy", "ece", "nll"))
+    acc = bands["severity_toy_a_accuracy.png"]
+    assert len(acc) == 2  # msp, mc_dropout (broken failed on toy_a)
+    x, lo, hi = acc[1]  # mc_dropout: 0.9 - 0.08 s + 0.05, CI [-0.03, +0.04], in %
+    np.testing.assert_allclose(x, [0, 1, 5])
+    np.testing.assert_allclose(lo, (0.95 - 0.08 * x - 0.03) * 100)
+    np.testing.assert_allclose(hi, (0.95 - 0.08 * x + 0.04) * 100)
+    assert len(bands["severity_toy_b_c_nll.png"]) == 3
+    png = (tmp_path / "plots" / "severity_toy_a_accuracy.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_corruption_table_with_ce_and_mce_rows(report, results):
+    out, _ = report
+    rows = md_rows(out / "tables" / "shift_corruption.md")
+    assert list(rows[0]) == ["Dataset", "Method", "Corruption"] + [h for h, _ in SHIFT_HEADERS] + ["CE (%)"]
+    mine = [r for r in rows if (r["Dataset"], r["Method"]) == ("toy b&c", "mc_dropout")]
+    assert [r["Corruption"] for r in mine] == ["gaussian_noise", "contrast", "mCE"]
+    brier = seed_values(results, "toy b&c", "mc_dropout", "shift/gaussian_noise/5", "brier")
+    assert mine[0]["Brier (x100)"] == mean_std(brier, 100)  # severity 5, not 1
+    assert mine[0]["CE (%)"] == "80.00" and mine[1]["CE (%)"] == "90.00"
+    assert mine[2]["CE (%)"] == "85.00"
+    assert {mine[2][h] for h, _ in SHIFT_HEADERS} == {""}  # mCE row: CE only
+    assert find(rows, Dataset="toy_a", Method="msp", Corruption="mCE")["CE (%)"] == "100.00"
+    csv = pd.read_csv(out / "tables" / "shift_corruption.csv", keep_default_na=False, na_values=["nan"])
+    mce = csv[(csv.dataset == "toy b&c") & (csv.method == "mc_dropout") & (csv.corruption == "mCE")].iloc[0]
+    assert mce["ce"] == pytest.approx(0.85) and np.isnan(mce["accuracy_mean"])
+
+
+def test_corruption_table_at_another_severity(results, tmp_path, fast_plots):
+    write_report(results, tmp_path, formats=("md",), methods=["msp"], severity=1)
+    rows = md_rows(tmp_path / "tables" / "shift_corruption.md")
+    mine = [r for r in rows if r["Dataset"] == "toy_a"]
+    # contrast was only evaluated at severity 5: its CE row stays, its metrics are n/a
+    assert [r["Corruption"] for r in mine] == ["gaussian_noise", "contrast", "mCE"]
+    acc = seed_values(results, "toy_a", "msp", "shift/gaussian_noise/1", "accuracy")
+    assert mine[0]["ACC (%)"] == mean_std(acc, 100)
+    assert mine[1]["ACC (%)"] == "n/a" and mine[1]["CE (%)"] == "100.00"
+    assert "Shift: per corruption at severity 1" in (tmp_path / "README.md").read_text(encoding="utf-8")
+    for bad in (0, 6, "5", 2.0):
+        with pytest.raises(ConfigError, match="severity"):
+            write_report(results, tmp_path, severity=bad)
+
+
+def test_other_shift_table(report, results):
+    out, _ = report
+    rows = md_rows(out / "tables" / "shift_other.md")
+    assert {r["Split"] for r in rows if r["Method"] != "broken" or r["Dataset"] != "toy_a"} == {"shift/digits_box"}
+    acc = seed_values(results, "toy_a", "mc_dropout", "shift/digits_box", "accuracy")
+    assert find(rows, Dataset="toy_a", Method="mc_dropout")["ACC (%)"] == mean_std(acc, 100)
+
+
+# ------------------------------------------------------------------------------------ OOD
+def test_ood_rows_for_each_score_with_ci_and_marks(report, results):
+    out, _ = report
+    rows = md_rows(out / "tables" / "ood.md")
+    assert list(rows[0]) == ["Dataset", "Method", "Split", "Score"] + [h for h, _ in OOD_HEADERS]
+    for dataset in DATASETS:
+        for method in METHODS:
+            if not ran(dataset, method):
+                continue
+            label = method + (" (ref)" if method == REFERENCE else "")
+            mine = [r for r in rows if (r["Dataset"], r["Method"]) == (dataset, label)]
+            assert [(r["Split"], r["Score"]) for r in mine] == [("ood/svhn", s) for s in scores_of(method)]
+    row = find(rows, Dataset="toy_a", Method="mc_dropout", Score="entropy")
+    auroc = seed_values(results, "toy_a", "mc_dropout", "ood/svhn", "ood_auroc", "entropy")
+    assert row["AUROC (%)"] == with_ci(auroc, 100) + " ▲"
+    fpr = seed_values(results, "toy b&c", "mc_dropout", "ood/svhn", "ood_fpr95", "mutual_info")
+    assert find(rows, Dataset="toy b&c", Method="mc_dropout", Score="mutual_info")["FPR95 (%)"] == with_ci(fpr, 100)
+    csv = pd.read_csv(out / "tables" / "ood.csv")
+    assert list(csv.columns[:5]) == ["dataset", "method", "split", "score", "n_seeds"]
+    assert set(csv["score"].dropna()) == {"msp", "entropy", "mutual_info"}
+
+
+# ------------------------------------------------------------------------------------ efficiency
+def test_efficiency_numbers_are_formatted_from_the_input(report):
+    out, _ = report
+    rows = md_rows(out / "tables" / "efficiency.md")
+    assert list(rows[0]) == ["Dataset", "Method", "Parameters", "Train time (s)",
+                             "Predict time / 1,000 images (s)", "Peak memory (MiB)", "Passes"]
+    msp = find(rows, Dataset="toy_a", Method="msp")
+    assert list(msp.values())[2:] == ["1,234,567", "12.3", "0.457", "512.0", "1"]
+    mc = find(rows, Dataset="toy b&c", Method="mc_dropout")
+    assert list(mc.values())[2:] == ["1,234,567", "15.0", "4.568", "600.2", "10"]
+    csv = pd.read_csv(out / "tables" / "efficiency.csv")
+    row = csv[(csv.dataset == "toy_a") & (csv.method == "mc_dropout")].iloc[0]
+    assert row["predict_seconds_per_1000"] == pytest.approx(4.5678) and row["parameters"] == 1234567
+    tex_rows = tex_lines(out / "tables" / "efficiency.tex", 2)
+    # lower time is better; passes have no direction
+    assert tex_rows[r"toy\_a/msp"][1] == r"\textbf{12.3}" and tex_rows[r"toy\_a/msp"][4] == "1"
+
+
+# ------------------------------------------------------------------------------------ LaTeX
+def test_tex_bold_best_marks_and_escaping(report, results):
+    out, _ = report
+    text = (out / "tables" / "summary.tex").read_text(encoding="utf-8")
+    assert r"\toprule" in text and r"\midrule" in text and r"\bottomrule" in text
+    assert "±" not in text and "▲" not in text and r"$\pm$" in text
+    assert r"ACC (\%)" in text and r"AURC ($\times$1000)" in text and r"NLL ($\times$10)" in text
+    lines = tex_lines(out / "tables" / "summary.tex", 2)
+    assert r"toy b\&c/mc\_dropout" in lines  # special characters escaped
+    # ACC: higher is better -> mc_dropout bold, arrow after the bold value; the reference not
+    assert lines[r"toy\_a/mc\_dropout"][0] == r"\textbf{86.00 $\pm$ 1.00 [84.8, 88.3]}$^\uparrow$"
+    assert lines[r"toy\_a/msp (ref)"][0] == "82.00 $\\pm$ 2.00 [80.8, 84.3]"
+    assert lines[r"toy\_a/mc\_dropout"][4].endswith(r"$^\downarrow$")  # ECE worse
+    # ECE: lower is better, judged within the dataset only
+    for dataset in DATASETS:
+        means = {m: np.mean(seed_values(results, dataset, m, "test", "ece")) * 100
+                 for m in METHODS if ran(dataset, m)}
+        best = min(means, key=means.get)
+        for m, mean in means.items():
+            cell = lines[tex(dataset) + "/" + tex(m) + (" (ref)" if m == REFERENCE else "")][4]
+            assert cell.startswith(r"\textbf{") == (m == best), (dataset, m, cell)
+            assert f"{mean:.2f}" in cell
+
+
+def test_tex_best_is_judged_per_split_score_and_severity_group(report, results):
+    out, _ = report
+    ood = tex_lines(out / "tables" / "ood.tex", 4)
+    for dataset in DATASETS:
+        for score in ("msp", "entropy"):
+            means = {m: np.mean(seed_values(results, dataset, m, "ood/svhn", "ood_auroc", score))
+                     for m in METHODS if ran(dataset, m)}
+            best = max(means, key=means.get)
+            for m in means:
+                key = "/".join([tex(dataset), tex(m) + (" (ref)" if m == REFERENCE else ""), "ood/svhn", score])
+                assert ood[key][0].startswith(r"\textbf{") == (m == best), key
+        # mutual_info: a single method -> nothing to compare, nothing bold
+        key = "/".join([tex(dataset), r"mc\_dropout", "ood/svhn", r"mutual\_info"])
+        assert not any(c.startswith(r"\textbf{") for c in ood[key])
+    sev = tex_lines(out / "tables" / "shift_severity.tex", 3)
+    for level in ("0", "1", "5", "all"):  # accuracy: mc_dropout has the bonus at every severity
+        assert sev[rf"toy\_a/mc\_dropout/{level}"][0].startswith(r"\textbf{")
+        assert not sev[rf"toy\_a/msp/{level}"][0].startswith(r"\textbf{")
+        assert sev[rf"toy\_a/msp/{level}"][1].startswith(r"\textbf{")  # ties in ECE: all bold
+    corr = tex_lines(out / "tables" / "shift_corruption.tex", 3)
+    assert corr[r"toy b\&c/mc\_dropout/mCE"][-1] == r"\textbf{85.00}"  # lowest mCE
+    assert corr[r"toy b\&c/broken/mCE"][-1] == "120.00"
+
+
+# ------------------------------------------------------------------------------------ selection
+def test_metrics_restrict_columns_and_unknown_metric_is_an_error(results, tmp_path, fast_plots):
+    written = write_report(results, tmp_path, formats=("md", "csv"),
+                           metrics=["nll", "accuracy", "failure_aupr_success", "ood_fpr95"])
+    summary = md_rows(tmp_path / "tables" / "summary.md")
+    assert list(summary[0]) == ["Dataset", "Method", "NLL (x10)", "ACC (%)", "AUPR-S (%)"]
+    aupr = seed_values(results, "toy_a", "mc_dropout", "test", "failure_aupr_success")
+    assert find(summary, Dataset="toy_a", Method="mc_dropout")["AUPR-S (%)"] == with_ci(aupr, 100)
+    corr = md_rows(tmp_path / "tables" / "shift_corruption.md")
+    assert list(corr[0])[3:] == ["NLL (x10)", "ACC (%)", "AUPR-S (%)", "CE (%)"]
+    assert list(md_rows(tmp_path / "tables" / "ood.md")[0])[4:] == ["FPR95 (%)"]
+    csv = pd.read_csv(tmp_path / "tables" / "summary.csv")
+    assert [c for c in csv.columns if c.endswith("_mean")] == [
+        "nll_mean", "accuracy_mean", "failure_aupr_success_mean"]
+    conventions = readme_section((tmp_path / "README.md").read_text(encoding="utf-8"), "## Conventions")
+    for metric in ("nll", "accuracy", "failure_aupr_success", "ood_fpr95"):
+        assert METRIC_INFO[metric].convention in conventions
+    assert "`ece`" not in conventions and "`ood_auroc`" not in conventions
+    # ECE is not selected: no ECE-vs-severity plot
+    assert not any(p.name.endswith("_ece.png") for p in written)
+    assert any(p.name == "severity_toy_a_nll.png" for p in written)
+    assert sorted(fast_plots) == sorted(p.name for p in written if p.suffix == ".png")
+
+    only_ood = tmp_path / "only_ood"
+    written = write_report(results, only_ood, formats=("md",), metrics=["ood_auroc"])
+    assert sorted(p.name for p in written if p.parent.name == "tables") == [
+        "efficiency.md", "ood.md", "shift_corruption.md"]  # CE/efficiency columns are fixed
+    assert "Not shown" in (only_ood / "README.md").read_text(encoding="utf-8")
+
+    with pytest.raises(ConfigError, match=r"nope.*known.*accuracy"):
+        write_report(results, tmp_path, metrics=["accuracy", "nope"])
+
+
+def test_methods_filter_and_formats(results, tmp_path, fast_plots):
+    written = write_report(results, tmp_path, formats=("md",), methods=["mc_dropout"])
+    assert not list((tmp_path / "tables").glob("*.tex"))
+    assert not list((tmp_path / "tables").glob("*.csv"))
+    for table in TABLE_NAMES:
+        rows = md_rows(tmp_path / "tables" / f"{table}.md")
+        assert rows and {r["Method"] for r in rows} == {"mc_dropout"}, table
+    readme = (tmp_path / "README.md").read_text(encoding="utf-8")
+    assert "msp (ref)" not in readme and "broken" not in readme
+    assert not any("msp" in p.name for p in written)
+    assert "reliability_toy_a_mc_dropout.png" in fast_plots
+    with pytest.raises(ConfigError, match="nope"):
+        write_report(results, tmp_path, methods=["nope"])
+    with pytest.raises(ConfigError, match="xlsx"):
+        write_report(results, tmp_path, formats=("xlsx",))
+
+
+def test_empty_tables_say_so(tmp_path, fast_plots):
+    base = make_results()
+    metrics = base.metrics[base.metrics["split"] == "test"]
+    results = AnalysisResults(
+        suite="clean_only", metrics=metrics, datasets=["toy_a"], methods=["msp", "mc_dropout"],
+        splits={"toy_a": ["test"]}, seeds={("toy_a", m): list(SEEDS) for m in ("msp", "mc_dropout")},
+        failures=pd.DataFrame(columns=["dataset", "method", "seed", "reason"]),
+        load_predictions=_load_predictions, reference="msp", summary=_summary(metrics),
+    )
+    write_report(results, tmp_path)
+    tables = tmp_path / "tables"
+    assert md_rows(tables / "summary.md")
+    for name in ("shift_severity", "shift_corruption", "shift_other", "ood", "efficiency"):
+        md = (tables / f"{name}.md").read_text(encoding="utf-8")
+        assert md.startswith("No ") and "|" not in md, name
+        assert "% No " in (tables / f"{name}.tex").read_text(encoding="utf-8")
+        assert pd.read_csv(tables / f"{name}.csv").empty
+    readme = (tmp_path / "README.md").read_text(encoding="utf-8")
+    assert "No corruption split was evaluated." in readme and "No OOD split was evaluated." in readme
+    assert "## Failed cells\n\nNone." in readme
+    assert not [name for name in fast_plots if name.startswith("severity_")]
+    assert "reliability_toy_a_msp.png" in fast_plots
+
+
+# ------------------------------------------------------------------------------------ determinism
 def test_output_is_deterministic(report, results, tmp_path):
     first, paths_first = report
     paths = write_report(results, tmp_path)
     assert [p.relative_to(tmp_path) for p in paths] == [p.relative_to(first) for p in paths_first]
     for path in paths:
         assert path.read_bytes() == (first / path.relative_to(tmp_path)).read_bytes(), path.name
-
-
-def test_methods_filter_and_formats(results, tmp_path):
-    written = write_report(results, tmp_path, formats=("md",), methods=["msp"])
-    assert not list((tmp_path / "tables").glob("*.tex"))
-    assert not list((tmp_path / "tables").glob("*.csv"))
-    for table in ("in_distribution", "shift", "ood"):
-        rows = md_rows(tmp_path / "tables" / f"{table}.md")
-        assert rows and {r["Method"] for r in rows} == {"msp"}
-    readme = (tmp_path / "README.md").read_text(encoding="utf-8")
-    assert "mc_dropout" not in readme and "broken" not in readme
-    assert not any("mc_dropout" in p.name for p in written)
-    with pytest.raises(ConfigError, match="nope"):
-        write_report(results, tmp_path, methods=["nope"])
-    with pytest.raises(ConfigError, match="xlsx"):
-        write_report(results, tmp_path, formats=("xlsx",))
 
 
 def test_pngs_are_valid_images(report):
@@ -304,6 +660,18 @@ def test_pngs_are_valid_images(report):
         assert float(img[..., :3].std()) > 0.01  # not a blank canvas
 
 
+def test_every_header_states_its_scale(report):
+    """Metric headers carry METRIC_INFO's unit, which must match the paper's scale."""
+    out, _ = report
+    units = {100: "%", 1000: "x1000", 10: "x10"}
+    for name, headers in (("summary", SUMMARY_HEADERS), ("ood", OOD_HEADERS)):
+        for header, metric in headers:
+            assert METRIC_INFO[metric].scale == SCALES[metric], metric
+            unit = re.search(r"\((.+)\)$", header).group(1)
+            assert unit == units.get(SCALES[metric]) or (metric == "brier" and unit == "x100")
+
+
+# ------------------------------------------------------------------------------------ curves
 def test_reliability_bins_are_lo_exclusive_hi_inclusive():
     edges = np.linspace(0.0, 1.0, 16)
     conf = np.array([edges[2], edges[2] + 1e-9, 1.0, 0.5])  # on an edge, just above, at 1
@@ -324,3 +692,15 @@ def test_risk_coverage_hand_example():
     coverage, risk = risk_coverage_curve(probs, labels)
     np.testing.assert_allclose(coverage, [0.25, 0.5, 0.75, 1.0])
     np.testing.assert_allclose(risk, [0.0, 0.0, 1 / 3, 1 / 4])  # stable: index 1 before 3
+
+
+def test_full_shift_grid_is_written_to_files_but_not_inlined(results, tmp_path, fast_plots):
+    """Every shift split (the whole corruption x severity grid) has a row in
+    tables/shift_splits.*; the README links the file instead of inlining it."""
+
+    write_report(results, tmp_path, ("md", "csv"))
+    grid = pd.read_csv(tmp_path / "tables" / "shift_splits.csv")
+    expected = {s for d in results.datasets for s in results.splits[d] if s.startswith("shift/")}
+    assert set(grid["split"].dropna()) == expected  # (a method whose every seed failed has a "failed" row)
+    readme = (tmp_path / "README.md").read_text()
+    assert "tables/shift_splits.md" in readme

@@ -540,3 +540,25 @@ def test_vit_with_method_attention_factory():
     model = ViT((10, 10, 1), 3, ModelConfig(patch_size=5, dim=16, depth=3, heads=2), factory)
     assert built == [0, 1, 2]
     assert model(torch.randn(2, 1, 10, 10)).shape == (2, 3)
+
+
+@pytest.mark.parametrize("average", ["logits", "probs"])
+def test_predict_stores_the_decomposition_terms(average):
+    """entropy_of_mean = H[mean_s p_s] and mean_entropy = mean_s H[p_s] (scipy), whatever
+    the predictive's averaging rule; their difference (mutual information) is >= 0."""
+    from scipy.stats import entropy as sp_entropy
+
+    n, c, samples = 9, 5, 4
+    table = (2.5 * np.random.default_rng(7).normal(size=(samples, n, c))).astype(np.float32)
+    data = index_bundle(n)
+    extras: dict = {}
+    method = MCDropout(MCDropout.Options(samples=samples, average=average))
+    predict(method, Scripted(table), data.get("val"), data, CPU, 4, extras)
+    p = sp_softmax(table.astype(np.float64), axis=-1)  # [S, N, C]
+    np.testing.assert_allclose(extras["entropy_of_mean"], sp_entropy(p.mean(axis=0), axis=-1), atol=1e-5)
+    np.testing.assert_allclose(extras["mean_entropy"], sp_entropy(p, axis=-1).mean(axis=0), atol=1e-5)
+    assert (extras["entropy_of_mean"] - extras["mean_entropy"] >= -1e-6).all()
+    # a single pass has no decomposition
+    single: dict = {}
+    predict(MSP(MSP.Options()), Scripted(table[:1]), data.get("val"), data, CPU, 4, single)
+    assert single == {}

@@ -1,0 +1,152 @@
+"""Analysis on a synthetic store: every derived table checked against an independent
+computation (scikit-learn, scipy, or arithmetic written out here)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.special import log_softmax
+from scipy.stats import entropy as sp_entropy
+from sklearn.metrics import accuracy_score, roc_auc_score
+
+import bench.vit  # noqa: F401
+import datasets  # noqa: F401
+import methods  # noqa: F401
+from bench.analysis import collect
+from bench.plan import make_plan
+from bench.spec import build_suite
+from bench.store import Store
+
+SPLITS = ["val", "test", "shift/gaussian_noise/1", "shift/gaussian_noise/2", "shift/contrast/1",
+          "shift/contrast/2", "ood/noise"]
+N, C = 60, 4
+COST = {"msp": (1000, 10.0, 0.5, 100.0, 1), "mc_dropout": (1000, 12.0, 2.5, 110.0, 5)}
+
+
+def fake_preds(rng, split: str, quality: float) -> dict[str, np.ndarray]:
+    labels = rng.integers(0, C, N)
+    logits = rng.normal(size=(N, C))
+    if not split.startswith("ood/"):
+        logits[np.arange(N), labels] += quality
+    return {"log_probs": log_softmax(logits, axis=1).astype(np.float32),
+            "labels": np.full(N, -1) if split.startswith("ood/") else labels}
+
+
+@pytest.fixture(scope="module")
+def analysed(tmp_path_factory):
+    suite = build_suite({
+        "name": "synthetic", "seeds": [0, 1], "reference": "msp",
+        "datasets": {"mnist5k": {}},
+        "methods": {"msp": {}, "mc_dropout": {"samples": 5}, "deep_ensemble": {"members": 2}},
+    })
+    plan = make_plan(suite)
+    store = Store(tmp_path_factory.mktemp("store") / "synthetic")
+    written = {}
+    for i, cell in enumerate(plan.cells):
+        rng = np.random.default_rng(i)
+        cd = store.cell(cell.key)
+        cd.reset()
+        quality = 2.0 if cell.method.name == "msp" else 3.0
+        for split in SPLITS:
+            arrays = fake_preds(rng, split, quality)
+            extras = {}
+            if cell.method.name == "mc_dropout":
+                h = sp_entropy(np.exp(arrays["log_probs"].astype(np.float64)), axis=1)
+                extras = {"entropy_of_mean": h, "mean_entropy": h * rng.uniform(0.5, 1.0, N)}
+            cd.write_preds(split, arrays["log_probs"], arrays["labels"], **extras)
+            written[(cell.method.name, cell.seed, split)] = {**arrays, **extras}
+        params, train_s, pred_s, mem, passes = COST[cell.method.name]
+        cd.seal({"parameters": params, "train_seconds": train_s + cell.seed, "predict_seconds_per_1000": pred_s,
+                 "peak_memory_mb": mem + cell.seed, "samples": passes})
+    return collect(plan, store, resamples=300), written
+
+
+def value(results, method, seed, split, metric, score=""):
+    m = results.metrics
+    sel = m[(m.method == method) & (m.seed == seed) & (m.split == split) & (m.metric == metric) & (m.score == score)]
+    assert len(sel) == 1, (method, seed, split, metric, score)
+    return float(sel.value.iloc[0])
+
+
+def test_ood_scores_match_sklearn_and_decomposition_exists_only_with_several_passes(analysed):
+    results, written = analysed
+    test = written[("mc_dropout", 1, "test")]
+    ood = written[("mc_dropout", 1, "ood/noise")]
+    msp = lambda a: np.exp(a["log_probs"].astype(np.float64)).max(axis=1)  # noqa: E731
+    mi = lambda a: a["entropy_of_mean"].astype(np.float64) - a["mean_entropy"].astype(np.float64)  # noqa: E731
+    y = np.r_[np.ones(N), np.zeros(N)]  # ID positive
+    assert value(results, "mc_dropout", 1, "ood/noise", "ood_auroc", "msp") == pytest.approx(
+        roc_auc_score(y, np.r_[msp(test), msp(ood)]))
+    assert value(results, "mc_dropout", 1, "ood/noise", "ood_auroc", "mutual_info") == pytest.approx(
+        roc_auc_score(y, -np.r_[mi(test), mi(ood)]))
+    scores = set(results.metrics.loc[results.metrics.method == "msp", "score"]) - {""}
+    assert scores == {"msp", "entropy"}  # a single pass has no mutual information
+    assert "mutual_info" in set(results.metrics.loc[results.metrics.method == "deep_ensemble", "score"])
+
+
+def test_ensemble_decomposition_is_entropy_of_the_mean_minus_mean_entropy(analysed):
+    results, written = analysed
+    p = np.stack([np.exp(written[("msp", s, "ood/noise")]["log_probs"].astype(np.float64)) for s in (0, 1)])
+    p_test = np.stack([np.exp(written[("msp", s, "test")]["log_probs"].astype(np.float64)) for s in (0, 1)])
+    mi = lambda q: sp_entropy(q.mean(axis=0), axis=-1) - sp_entropy(q, axis=-1).mean(axis=0)  # noqa: E731
+    expected = roc_auc_score(np.r_[np.ones(N), np.zeros(N)], -np.r_[mi(p_test), mi(p)])
+    assert value(results, "deep_ensemble", 0, "ood/noise", "ood_auroc", "mutual_info") == pytest.approx(expected)
+
+
+def test_summary_mean_std_ci_and_verdicts(analysed):
+    results, written = analysed
+    s = results.summary
+    row = s[(s.method == "mc_dropout") & (s.split == "test") & (s.metric == "accuracy")].iloc[0]
+    accs = [accuracy_score(written[("mc_dropout", k, "test")]["labels"],
+                           written[("mc_dropout", k, "test")]["log_probs"].argmax(1)) for k in (0, 1)]
+    assert row["mean"] == pytest.approx(np.mean(accs)) and row["std"] == pytest.approx(np.std(accs, ddof=1))
+    assert row.ci_low <= row["mean"] <= row.ci_high and row.ci_high - row.ci_low > 0
+    assert row.table == "in_distribution" and row.p_holm >= row.p_value
+    ref = s[(s.method == "msp") & (s.split == "test")]
+    assert set(ref.verdict) == {"ref"} and ref.p_value.isna().all()
+    # verdicts only where significant after Holm, in the metric's good direction
+    sig = s[s.verdict.isin(["better", "worse"])]
+    assert (sig.p_holm < 0.05).all()
+    shift = s[s.table == "shift"]
+    assert shift.ci_low.isna().all() and (shift.verdict.isin(["", "ref"])).all()  # no bootstrap on shift splits
+
+
+def test_severity_aggregates_and_corruption_errors_by_hand(analysed):
+    results, written = analysed
+
+    def acc(method, seed, split):
+        a = written[(method, seed, split)]
+        return accuracy_score(a["labels"], a["log_probs"].argmax(1))
+
+    sev = results.severity
+    row = sev[(sev.method == "msp") & (sev.severity == 2) & (sev.metric == "accuracy")].iloc[0]
+    per_seed = [np.mean([acc("msp", k, "shift/gaussian_noise/2"), acc("msp", k, "shift/contrast/2")]) for k in (0, 1)]
+    assert row["mean"] == pytest.approx(np.mean(per_seed)) and row["std"] == pytest.approx(np.std(per_seed, ddof=1))
+    assert row.ci_low <= row["mean"] <= row.ci_high
+    clean = sev[(sev.method == "msp") & (sev.severity == 0) & (sev.metric == "accuracy")].iloc[0]
+    assert clean["mean"] == pytest.approx(np.mean([acc("msp", k, "test") for k in (0, 1)]))
+
+    def err(method, corruption):
+        return sum(np.mean([1 - acc(method, k, f"shift/{corruption}/{s}") for k in (0, 1)]) for s in (1, 2))
+
+    ce = results.corruption_errors.set_index(["method", "corruption"])["ce"]
+    for corruption in ("gaussian_noise", "contrast"):
+        assert ce[("mc_dropout", corruption)] == pytest.approx(err("mc_dropout", corruption) / err("msp", corruption))
+        assert ce[("msp", corruption)] == pytest.approx(1.0)
+    assert ce[("mc_dropout", "mCE")] == pytest.approx(np.mean([ce[("mc_dropout", c)] for c in ("gaussian_noise", "contrast")]))
+
+
+def test_efficiency_from_cell_json(analysed):
+    results, _ = analysed
+    eff = results.efficiency.set_index("method")
+    assert eff.loc["msp", "train_seconds"] == pytest.approx(10.5)  # seeds 0 and 1: 10 + 0, 10 + 1
+    assert eff.loc["mc_dropout", "passes"] == 5 and eff.loc["mc_dropout", "peak_memory_mb"] == pytest.approx(111.0)
+    # an ensemble of two msp members costs twice their training and prediction
+    assert eff.loc["deep_ensemble", "train_seconds"] == pytest.approx(21.0)
+    assert eff.loc["deep_ensemble", "predict_seconds_per_1000"] == pytest.approx(1.0)
+    assert eff.loc["deep_ensemble", "parameters"] == 2000 and eff.loc["deep_ensemble", "passes"] == 2
+
+
+def test_analysis_is_deterministic(analysed, tmp_path):
+    results, _ = analysed
+    again = results.summary.copy()
+    assert results.summary.equals(again)
