@@ -11,6 +11,8 @@ efficiency of every method.  Everything is seeded: the same store gives the same
 """
 from __future__ import annotations
 
+import functools
+import zlib
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -52,8 +54,9 @@ class AnalysisResults:
     report table: ``in_distribution`` for ``test``, ``shift``, ``ood``), ``n_seeds``,
     ``mean``, ``std`` (over seeds, ddof=1; NaN for one seed), ``ci_low``/``ci_high`` (95%
     paired bootstrap interval of the seed-mean over test samples), ``p_value`` and
-    ``p_holm`` (paired bootstrap test of the difference to ``reference`` on the same
-    resampled samples; Holm-corrected across all comparisons of one dataset's table) and
+    ``p_holm`` (paired bootstrap z-test of the difference to ``reference``: the difference
+    over the standard deviation of its bootstrap distribution on the same resampled
+    samples; Holm-corrected across all comparisons of one dataset's table) and
     ``verdict`` (``"ref"`` for the reference, ``"better"``/``"worse"`` where p_holm < 0.05
     in the metric's good/bad direction, else ``""``).
 
@@ -246,7 +249,7 @@ def _summary(metrics_df: pd.DataFrame, cache: dict, seeds: dict, reference: str,
             for split in preds:
                 if split == "test" or is_ood(split):
                     n = len(preds[split]["labels"])
-                    weights.setdefault(split, stats.resample_weights(n, resamples, seed))
+                    weights.setdefault(split, _weights(n, resamples, seed, split))
         for method in out.loc[out["dataset"] == dataset, "method"].unique():
             per_seed: dict[tuple, list[np.ndarray]] = {}
             for s in seeds.get((dataset, method), []):
@@ -280,7 +283,7 @@ def _summary(metrics_df: pd.DataFrame, cache: dict, seeds: dict, reference: str,
         if k[1] == reference or k not in dist or ref not in dist:
             p_values.append(np.nan)
         else:
-            p_values.append(stats.paired_test(dist[k] - dist[ref], float(means[k] - means[ref])))
+            p_values.append(stats.paired_z_test(dist[k] - dist[ref], float(means[k] - means[ref])))
     out["p_value"] = p_values
     out["p_holm"] = np.nan
     for _, idx in out.groupby(["dataset", "table"], sort=False).groups.items():
@@ -305,6 +308,17 @@ def _verdict(method: str, metric: str, mean: float, ref_mean: float, p_holm: flo
     if not (np.isfinite(p_holm) and p_holm < ALPHA):
         return ""
     return "better" if (mean > ref_mean) == METRIC_INFO[metric].higher_is_better else "worse"
+
+
+@functools.lru_cache(maxsize=8)  # a few [B, N] matrices per analysis (test, OOD sets, severity)
+def _weights(n: int, resamples: int, seed: int, ood_split: str = "") -> np.ndarray:
+    """Bootstrap count vectors [resamples, n].  ``test`` and every corruption split are the
+    same images, so one matrix per size pairs them by image; each OOD set (``ood_split``)
+    is a separate sample and gets its own draw."""
+    offset = zlib.crc32(ood_split.encode()) if is_ood(ood_split) else 0
+    w = stats.resample_weights(n, resamples, (seed + offset) % 2**32)
+    w.flags.writeable = False
+    return w
 
 
 def _severity_of(split: str) -> int | None:
@@ -348,7 +362,6 @@ def _severity_bands(df: pd.DataFrame, cache: dict, seeds: dict, seed: int) -> di
     split_severity = dict(zip(df["split"], df["severity"]))
     bands = {}
     for (dataset, method), seed_list in seeds.items():
-        weights: dict[str, np.ndarray] = {}
         per_seed: dict[tuple[int, str], list[np.ndarray]] = {}
         for s in seed_list:
             preds = cache[(dataset, method, s)]
@@ -358,7 +371,7 @@ def _severity_bands(df: pd.DataFrame, cache: dict, seeds: dict, seed: int) -> di
                     continue
                 arrays = preds[split]
                 n = len(arrays["labels"])
-                w = weights.setdefault(split, stats.resample_weights(n, SEVERITY_RESAMPLES, seed))
+                w = _weights(n, SEVERITY_RESAMPLES, seed)
                 probs = np.exp(arrays["log_probs"].astype(np.float64))
                 for name in SEVERITY_METRICS:
                     value = stats.boot_metric(name, probs, arrays["labels"], w)

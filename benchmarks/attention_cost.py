@@ -129,7 +129,7 @@ def main() -> None:
         "",
         "An exponent near 1 means cost linear in N, near 2 quadratic.",
         "",
-        f"- command: `.venv/bin/python benchmarks/attention_cost.py` (repository root)",
+        "- command: `.venv/bin/python benchmarks/attention_cost.py` (repository root)",
         f"- machine: {os.cpu_count()} CPUs ({cpu}); python {platform.python_version()}",
         f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
     ]

@@ -349,3 +349,20 @@ def test_holm_agrees_with_the_step_down_procedure():
                     break
                 rejected[i] = True
             assert np.array_equal(adj <= alpha, rejected), (p, alpha)
+
+
+def test_paired_z_test_matches_the_normal_tail_and_is_not_floored_by_b():
+    from scipy.stats import norm
+
+    rng = np.random.default_rng(3)
+    diff = rng.normal(0.05, 0.01, 1000)  # effect 5 standard errors away from 0
+    se = diff.std(ddof=1)
+    assert S.paired_z_test(diff, 0.05) == pytest.approx(2 * norm.sf(0.05 / se))
+    assert S.paired_z_test(diff, 0.05) < 2 / 1001 / 100  # far below the percentile test's floor
+    assert S.paired_test(diff, 0.05) >= 2 / 1001
+    assert S.paired_z_test(diff, 0.0) == 1.0
+    assert S.paired_z_test(np.zeros(10), 0.1) == 0.0
+    assert np.isnan(S.paired_z_test(np.full(5, np.nan), 0.1))
+    # a clear effect survives Holm over 60 comparisons, which the percentile p cannot
+    assert S.holm([S.paired_z_test(diff, 0.05)] + [0.5] * 59)[0] < 0.05
+    assert S.holm([S.paired_test(diff, 0.05)] + [0.5] * 59)[0] > 0.05
