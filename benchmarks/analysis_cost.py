@@ -13,8 +13,6 @@ Usage (repository root)::
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import sys
 import tempfile
 import time
@@ -23,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench.vit  # noqa: E402,F401
 import datasets  # noqa: E402,F401
@@ -33,6 +32,7 @@ from bench.report import write_report  # noqa: E402
 from bench.spec import load_suite, select  # noqa: E402
 from bench.store import Store  # noqa: E402
 from datasets.corruptions import BENCHMARK_CORRUPTIONS  # noqa: E402
+from machine import provenance  # noqa: E402
 
 CLASSES = 10
 
@@ -85,9 +85,7 @@ def main() -> None:
         f"| report (tables + plots) | {t_report:.1f} |",
         f"| total | {t_collect + t_report:.1f} |",
         "",
-        "- command: `.venv/bin/python benchmarks/analysis_cost.py` (repository root)",
-        f"- machine: {os.cpu_count()} CPUs; python {platform.python_version()}, numpy {np.__version__}",
-        f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+        *provenance("analysis_cost.py", f", numpy {np.__version__}"),
     ]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")

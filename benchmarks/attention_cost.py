@@ -18,11 +18,12 @@ import argparse
 import json
 import math
 import os
-import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from machine import provenance  # noqa: E402  (benchmarks/machine.py)
 
 LAYERS = ("softmax", "sgpa", "kep_svgp")
 TOKENS = (64, 256, 1024, 4096)
@@ -123,15 +124,11 @@ def main() -> None:
             f"| {layer} | " + " | ".join(f"{x * 1000:.2f}" for x in t) + " | " + " | ".join(f"{x:.1f}" for x in m)
             + f" | {slope(ns[-2:], t[-2:]):.2f} / {slope(ns, t):.2f} | {slope(ns[-2:], m[-2:]):.2f} / {slope(ns, m):.2f} |"
         )
-    cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
-                if l.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
     lines += [
         "",
         "An exponent near 1 means cost linear in N, near 2 quadratic.",
         "",
-        "- command: `.venv/bin/python benchmarks/attention_cost.py` (repository root)",
-        f"- machine: {os.cpu_count()} CPUs ({cpu}); python {platform.python_version()}",
-        f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+        *provenance("attention_cost.py"),
     ]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")

@@ -28,6 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")  # one core, before numpy loads its BLAS
 
@@ -36,6 +37,7 @@ import numpy as np  # noqa: E402
 from bench import stats  # noqa: E402
 from bench.metrics import CLASSIFICATION_METRICS, OOD_METRICS  # noqa: E402
 from bench.registry import METRICS  # noqa: E402
+from machine import cpu_model  # noqa: E402
 
 SPOT_CHECKS = 3  # resamples compared with the plain metric on explicitly resampled arrays
 
@@ -50,14 +52,6 @@ def synthetic_probs(n: int, n_classes: int, signal: float, seed: int) -> tuple[n
     return np.exp(log_probs.astype(np.float64)), labels
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def command_line() -> str:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")  # one core, before numpy loads its BLAS
 
@@ -34,6 +35,7 @@ import scipy  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from datasets.corruptions import BENCHMARK_CORRUPTIONS, CORRUPTIONS, SEVERITIES, VERSION, corrupt  # noqa: E402
+from machine import cpu_model  # noqa: E402
 
 
 def sample_crops(n: int, side: int = 32, seed: int = 0) -> np.ndarray:
@@ -56,14 +58,6 @@ def sample_crops(n: int, side: int = 32, seed: int = 0) -> np.ndarray:
     return out
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def main() -> None:

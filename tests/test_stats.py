@@ -12,6 +12,7 @@ import pytest
 import bench.stats as S
 from bench.metrics import CLASSIFICATION_METRICS, OOD_METRICS
 from bench.registry import METRICS
+from synthetic import make_case
 
 ATOL = 1e-9
 VECTORISED_CLASSIFICATION = (
@@ -23,17 +24,6 @@ VECTORISED_OOD = ("ood_auroc", "ood_aupr_in", "ood_aupr_out", "ood_fpr95")
 # ----------------------------------------------------------------------------- helpers
 
 
-def make_case(n: int, c: int, seed: int, decimals: int | None) -> tuple[np.ndarray, np.ndarray]:
-    """Softmax probabilities [n, c] and labels (~60-70% correct); ``decimals`` rounds them
-    (heavy ties in confidence and argmax; rows then need not sum to 1, which metrics allow)."""
-    rng = np.random.default_rng(seed)
-    logits = rng.normal(scale=2.0, size=(n, c))
-    p = np.exp(logits - logits.max(axis=1, keepdims=True))
-    p /= p.sum(axis=1, keepdims=True)
-    labels = np.where(rng.random(n) < 0.6, p.argmax(axis=1), rng.integers(0, c, n))
-    if decimals is not None:
-        p = np.round(p, decimals)
-    return p, labels.astype(np.int64)
 
 
 def reference(name: str, idx: np.ndarray, *arrays: np.ndarray) -> np.ndarray:
