@@ -114,8 +114,9 @@ EFFICIENCY_COLUMNS: tuple[Column, ...] = (
            "Wall-clock prediction time per 1,000 images over every evaluated split, mean over "
            "seeds; a combinator adds up its members'.", decimals=3),
     Column("peak_memory_mb", "Peak memory", "MiB", 1.0, False,
-           "Peak memory of the cell, from cell.json (GPU: peak CUDA memory allocated; CPU: "
-           "process peak resident set size).", decimals=1),
+           "Peak memory during the cell, from cell.json (GPU: peak CUDA memory allocated; CPU: "
+           "peak resident set of the process during the cell, which includes memory its "
+           "allocator kept from earlier cells of the same run).", decimals=1),
     Column("passes", "Passes", "", 1.0, None,
            "Forward passes per prediction (Monte-Carlo samples; a combinator adds up its "
            "members').", decimals=0),

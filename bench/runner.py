@@ -16,6 +16,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -138,8 +139,7 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
     try:
         seed_everything(cell.seed)
         model = method.build_model(cell.method.model, data).to(device)
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
+        reset_peak_memory(device)
         bar = console.bar(cell.method.train.epochs, "epochs", leave=False)
         result = fit(method, model, data, cell.method.train, device, cell.seed, on_epoch=(lambda _r: bar.update(1)) if bar else None)
         if bar is not None:
@@ -183,7 +183,7 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
             "best_epoch": result.best_epoch,
             "best_val_acc": result.best_val_acc,
             "test_acc": test_acc,
-            "peak_memory_mb": _peak_memory_mb(device),
+            "peak_memory_mb": peak_memory_mb(device),
         }
     )
     cd.seal(info)
@@ -195,9 +195,29 @@ def _fail(cd: CellDir, info: dict, reason: str) -> tuple[str, str]:
     return "failed", reason
 
 
-def _peak_memory_mb(device: torch.device) -> float:
+def reset_peak_memory(device: torch.device) -> None:
+    """Start a cell's peak-memory window: CUDA's peak counter, or on Linux the process's
+    resident-set high-water mark (writing 5 to /proc/self/clear_refs resets VmHWM)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass  # not Linux, or not allowed: peak_memory_mb falls back to the lifetime peak
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak memory since :func:`reset_peak_memory`: CUDA memory allocated, or the
+    process's peak resident set (VmHWM; without /proc, the lifetime peak ru_maxrss)."""
     if device.type == "cuda":
         return round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)  # kB
+    except OSError:
+        pass
     import resource
 
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # process peak RSS (Linux: KiB)
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # Linux: KiB
