@@ -20,8 +20,8 @@ import numpy as np
 import pandas as pd
 
 from bench import stats
-from bench.metrics import CLASSIFICATION_METRICS, METRIC_INFO, OOD_METRICS, entropy
-from bench.data import is_ood
+from bench.metrics import CLASSIFICATION_METRICS, METRIC_INFO, OOD_METRICS, decompose, entropy
+from bench.data import corruption_of, is_ood
 from bench.plan import Plan
 from bench.registry import METHODS, METRICS
 from bench.store import CHECKPOINT, Store
@@ -135,15 +135,6 @@ def evaluate(preds: Preds) -> list[tuple[str, str, str, float]]:
     return rows
 
 
-def _member_decomposition(members: list[Preds], splits: list[str]) -> dict[str, dict[str, np.ndarray]]:
-    """Decomposition terms of an ensemble from its members' predictive distributions."""
-    out = {}
-    for split in splits:
-        p = np.stack([np.exp(m[split]["log_probs"].astype(np.float64)) for m in members])  # [M, N, C]
-        out[split] = {"entropy_of_mean": entropy(p.mean(axis=0)), "mean_entropy": entropy(p).mean(axis=0)}
-    return out
-
-
 def collect(plan: Plan, store: Store, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> AnalysisResults:
     suite = plan.suite
     cache: dict[tuple[str, str, int], Preds] = {}
@@ -223,9 +214,10 @@ def _combine(dataset: str, m, seeds: tuple[int, ...], cache: dict, failures: lis
         labels = {sp: members[0][sp]["labels"] for sp in common}
         combined = method.combine([{sp: x[sp]["log_probs"] for sp in common} for x in members], labels)
         preds = {sp: {"log_probs": combined[sp], "labels": labels[sp]} for sp in combined}
-        if len(members) > 1:
-            for sp, terms in _member_decomposition(members, list(combined)).items():
-                preds[sp].update(terms)
+        if len(members) > 1:  # decomposition terms from the members' predictive distributions
+            for sp in combined:
+                terms = decompose(np.stack([np.exp(x[sp]["log_probs"].astype(np.float64)) for x in members]))
+                preds[sp].update(entropy_of_mean=terms["total"], mean_entropy=terms["aleatoric"])
         cache[(dataset, m.name, rid)] = preds
 
 
@@ -325,10 +317,8 @@ def _severity_of(split: str) -> int | None:
     """1..5 for ``shift/<corruption>/<severity>``, 0 for ``test``, None otherwise."""
     if split == "test":
         return 0
-    parts = split.split("/")
-    if len(parts) == 3 and parts[0] == "shift" and parts[2].isdigit():
-        return int(parts[2])
-    return None
+    corruption = corruption_of(split)
+    return corruption[1] if corruption else None
 
 
 def _severity(metrics_df: pd.DataFrame, cache: dict, seeds: dict, seed: int) -> pd.DataFrame:
@@ -396,10 +386,10 @@ def _corruption_errors(metrics_df: pd.DataFrame, reference: str) -> pd.DataFrame
     (seed-mean); mCE = mean over corruptions (Hendrycks & Dietterich, 2019, relative to a
     reference method instead of AlexNet)."""
     cols = ["dataset", "method", "corruption", "ce"]
-    acc = metrics_df[(metrics_df["metric"] == "accuracy") & metrics_df["split"].map(lambda s: (_severity_of(s) or 0) > 0)]
+    acc = metrics_df[(metrics_df["metric"] == "accuracy") & metrics_df["split"].map(lambda s: corruption_of(s) is not None)]
     if acc.empty:
         return pd.DataFrame(columns=cols)
-    acc = acc.assign(corruption=acc["split"].str.split("/").str[1], error=1.0 - acc["value"])
+    acc = acc.assign(corruption=acc["split"].map(lambda s: corruption_of(s)[0]), error=1.0 - acc["value"])
     err = acc.groupby(["dataset", "method", "corruption", "split"], sort=False)["error"].mean().reset_index()
     total = err.groupby(["dataset", "method", "corruption"], sort=False)["error"].sum().reset_index()
     rows = []

@@ -83,8 +83,12 @@ def is_ood(split: str) -> bool:
     return split.startswith("ood/")
 
 
-def is_shift(split: str) -> bool:
-    return split.startswith("shift/")
+def corruption_of(split: str) -> tuple[str, int] | None:
+    """``(corruption, severity)`` of a ``shift/<corruption>/<severity>`` split, else None."""
+    parts = split.split("/")
+    if len(parts) == 3 and parts[0] == "shift" and parts[2].isdigit():
+        return parts[1], int(parts[2])
+    return None
 
 
 

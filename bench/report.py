@@ -42,6 +42,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from tabulate import tabulate
 
+from bench.data import corruption_of
 from bench.errors import ConfigError
 from bench.metrics import METRIC_INFO, aurc, calibration_bins, ece, risk_coverage_curve
 from bench.store import atomic_write_text
@@ -343,14 +344,6 @@ def _records(frame: pd.DataFrame, columns: Sequence[str]) -> Iterable[dict]:
     return frame[list(columns)].to_dict("records")
 
 
-def _severity_of(split: str) -> tuple[str, int] | None:
-    """``(corruption, severity)`` of ``shift/<corruption>/<severity>``, else None."""
-    parts = split.split("/")
-    if len(parts) == 3 and parts[0] == "shift" and parts[2].isdigit():
-        return parts[1], int(parts[2])
-    return None
-
-
 @dataclass
 class _Index:
     """The input frames keyed for lookup; row order of the frames never matters."""
@@ -421,7 +414,7 @@ def _rows_test(ix: _Index, dataset: str, method: str) -> list[_Row]:
 
 def _rows_other_shift(ix: _Index, dataset: str, method: str) -> list[_Row]:
     def select(split: str, score: str) -> tuple | None:
-        return (split,) if split.startswith("shift/") and _severity_of(split) is None and not score else None
+        return (split,) if split.startswith("shift/") and corruption_of(split) is None and not score else None
 
     return _summary_rows(ix, dataset, method, select)
 
@@ -438,7 +431,7 @@ def _rows_corruption(ix: _Index, dataset: str, method: str) -> list[_Row]:
     """Corruptions at the chosen severity (plus CE), then the method's mCE row."""
 
     def select(split: str, score: str) -> tuple | None:
-        cs = _severity_of(split)
+        cs = corruption_of(split)
         return (cs[0],) if cs and cs[1] == ix.severity and not score else None
 
     rows = _summary_rows(ix, dataset, method, select)

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch.distributions import MultivariateNormal, kl_divergence
 
-from bench.data import DataBundle, Split
+from bench.data import DataBundle
 from bench.errors import ConfigError
 from bench.options import parse
 from bench.registry import ATTENTIONS, METHODS
@@ -23,6 +23,7 @@ from bench.spec import ModelConfig, TrainConfig
 from bench.train import fit, predict, seed_everything
 from bench.vit import SoftmaxAttention
 from methods.kep_svgp import KEPSVGP, KEPSVGPAttention, KEPSVGPEnsemble
+from synthetic import squares_bundle
 
 CPU = torch.device("cpu")
 
@@ -316,22 +317,9 @@ def test_ksvd_and_extra_loss_match_hand_computation(merge):
 # ----------------------------------------------------------------------------- methods
 
 
-def make_split(n: int, rng: np.random.Generator) -> Split:
-    corners = [(1, 1), (1, 6), (6, 1)]
-    y = rng.integers(0, 3, n)
-    x = rng.integers(0, 60, (n, 10, 10)).astype(np.uint8)
-    for i, c in enumerate(y):
-        x[i, corners[c][0] : corners[c][0] + 3, corners[c][1] : corners[c][1] + 3] = 250
-    return Split(x, y.astype(np.int64))
-
-
 @pytest.fixture(scope="module")
 def data() -> DataBundle:
-    rng = np.random.default_rng(0)
-    splits = {name: make_split(n, rng) for name, n in (("train", 100), ("val", 40), ("test", 40))}
-    tr = splits["train"].x / 255.0
-    return DataBundle("synthetic3", 3, (10, 10, 1), (float(tr.mean()),), (float(tr.std()),),
-                      {k: (lambda s=s: s) for k, s in splits.items()})
+    return squares_bundle((100, 40, 40))
 
 
 CFG = ModelConfig(patch_size=5, dim=12, depth=3, heads=2, mlp_ratio=1.0, dropout=0.1)  # 4 tokens

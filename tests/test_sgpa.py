@@ -14,13 +14,14 @@ from scipy.special import erf
 from scipy.special import log_softmax as sp_log_softmax
 from torch.distributions import MultivariateNormal, kl_divergence
 
-from bench.data import DataBundle, Split
+from bench.data import DataBundle
 from bench.errors import ConfigError
 from bench.options import parse
 from bench.spec import ModelConfig, TrainConfig
 from bench.train import fit, predict, seed_everything
 from bench.vit import ViT
 from methods.sgpa import SGPA, SGPAAttention, SGPAViT, kl_anneal_weight, psd_cholesky
+from synthetic import squares_bundle
 
 CPU = torch.device("cpu")
 JITTER = 1e-6
@@ -348,22 +349,8 @@ def test_samples_have_the_posterior_moments(variant, covariance):
 
 
 def tiny_bundle(seed: int = 0, n_train: int = 60) -> DataBundle:
-    """8x8 grayscale, 3 classes: a bright 3x3 square at a class-specific corner, on noise."""
-    rng = np.random.default_rng(seed)
-    corners = [(0, 0), (0, 5), (5, 0)]
-
-    def split(n):
-        y = rng.integers(0, 3, n)
-        x = rng.integers(0, 60, (n, 8, 8)).astype(np.uint8)
-        for i, c in enumerate(y):
-            r, col = corners[c]
-            x[i, r : r + 3, col : col + 3] = 250
-        return Split(x, y.astype(np.int64))
-
-    splits = {"train": split(n_train), "val": split(30), "test": split(30)}
-    tr = splits["train"].x / 255.0
-    loaders = {k: (lambda s=s: s) for k, s in splits.items()}
-    return DataBundle("tiny", 3, (8, 8, 1), (float(tr.mean()),), (float(tr.std()),), loaders)
+    """8x8 squares: ``n_train`` train / 30 val / 30 test."""
+    return squares_bundle((n_train, 30, 30), seed, side=8)
 
 
 TINY = ModelConfig(patch_size=4, dim=8, depth=2, heads=2, mlp_ratio=1.0, dropout=0.0)

@@ -24,6 +24,7 @@ from bench.train import augment, fit, lr_factor, predict, seed_everything
 from bench.vit import ViT
 from methods.mc_dropout import MCDropout
 from methods.msp import MSP
+from synthetic import squares_bundle
 
 CPU = torch.device("cpu")
 TINY = ModelConfig(patch_size=5, dim=16, depth=1, heads=2)
@@ -35,30 +36,9 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 # ----------------------------------------------------------------------------- data
 
 
-SQUARE_AT = [(1, 1), (1, 6), (6, 1)]  # top-left corner of the class's 3x3 square
-
-
-def make_split(n: int, rng: np.random.Generator) -> Split:
-    y = rng.integers(0, 3, n)
-    x = rng.integers(0, 60, (n, 10, 10)).astype(np.uint8)
-    for i, c in enumerate(y):
-        r, col = SQUARE_AT[c]
-        x[i, r : r + 3, col : col + 3] = 250
-    return Split(x, y.astype(np.int64))
-
-
 def synthetic_bundle(seed: int = 0) -> DataBundle:
-    rng = np.random.default_rng(seed)
-    splits = {name: make_split(n, rng) for name, n in (("train", 150), ("val", 60), ("test", 60))}
-    tr = splits["train"].x / 255.0
-    return DataBundle(
-        name="synthetic",
-        num_classes=3,
-        image_shape=(10, 10, 1),
-        mean=(float(tr.mean()),),
-        std=(float(tr.std()),),
-        loaders={k: (lambda s=s: s) for k, s in splits.items()},
-    )
+    """10x10 squares: 150 train / 60 val / 60 test."""
+    return squares_bundle((150, 60, 60), seed)
 
 
 @pytest.fixture(scope="module")
