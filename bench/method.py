@@ -2,7 +2,7 @@
 
 **Trained** methods (:class:`TrainedMethod`) are "a ViT whose attention is X, trained
 with loss L, predicting with S Monte-Carlo passes"; a subclass overrides only what
-differs (``Options``, ``attention_for_block``, ``eval_mode``, ``training_loss``).  Each
+differs (``Options``, ``attention_layers``, ``eval_mode``, ``training_loss``).  Each
 (dataset, method, seed) is one cell of the plan, trained by the one loop in
 ``bench.train``.
 
@@ -39,14 +39,16 @@ class TrainedMethod:
         return {}
 
     def build_model(self, cfg: ModelConfig, data: DataBundle):
+        """The backbone ViT of ``cfg`` with this method's :meth:`attention_layers`."""
         from bench.vit import ViT
 
-        return ViT(data.image_shape, data.num_classes, cfg, self.attention_for_block(cfg))
+        return ViT(data.image_shape, data.num_classes, cfg, self.attention_layers(cfg))
 
-    def attention_for_block(self, cfg: ModelConfig):
-        """``(block index, tokens per sequence) -> attention module``; None = ``cfg.attention``
-        in every block."""
-        return None
+    def attention_layers(self, cfg: ModelConfig) -> dict:
+        """The blocks whose attention this method replaces: ``{block index: (registered
+        attention name, options)}``.  Every other block uses ``cfg.attention`` with
+        ``cfg.attention_options``, built by the same function (``bench.vit.make_attention``)."""
+        return {}
 
     # --- training ----------------------------------------------------------------------
     def training_loss(self, model, logits, labels):

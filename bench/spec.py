@@ -79,6 +79,7 @@ class ModelConfig:
     pool: Literal["mean", "cls"] = "mean"
     mlp_final_gelu: bool = False  # GELU after the MLP's second Linear too (the official KEP-SVGP ViT)
     pos_init_std: float = field(default=0.02, metadata={"min": 0.0})  # learned positional embedding init
+    embed_dropout: bool = True  # Dropout after patches + positions (the official KEP-SVGP ViT has none)
 
     def __post_init__(self) -> None:
         if self.dim % self.heads:
@@ -90,10 +91,11 @@ MODEL_PRESETS: dict[str, dict] = {
     # KEP-SVGP's CIFAR ViT (reference kep_svgp_and_sgpa.md section 1.1): 4x4 patches -> 64
     # tokens, depth 7, width 384, 12 heads, MLP ratio 1 with a second GELU, no class token
     # (mean pooling), dropout 0.1, softmax logits divided by sqrt(384) (the full width),
-    # positional embedding initialised from randn (std 1).
+    # positional embedding initialised from randn (std 1), no dropout after the embedding;
+    # readout token mean -> LayerNorm -> Linear (bench.vit.ViT.readout, for every model).
     "vit_cifar_paper": {
         "patch_size": 4, "dim": 384, "depth": 7, "heads": 12, "mlp_ratio": 1.0, "dropout": 0.1,
-        "pool": "mean", "mlp_final_gelu": True, "pos_init_std": 1.0,
+        "pool": "mean", "mlp_final_gelu": True, "pos_init_std": 1.0, "embed_dropout": False,
         "attention": "softmax", "attention_options": {"scale": "width"},
     },
 }

@@ -1,17 +1,34 @@
 """A small pre-LayerNorm Vision Transformer whose attention layers come from a registry.
 
-Attention layers are registered in ``bench.registry.ATTENTIONS`` and constructed as
-``cls(dim=..., heads=..., dropout=...)``; they map ``[B, N, dim] -> [B, N, dim]``.  The
-plain ``softmax`` layer lives here; layers that a method introduces (SGPA, KEP-SVGP, ...)
-live with that method.  A method chooses the attention of each block through
-``attention_for_block(block_index, n_tokens)`` (e.g. KEP-SVGP only in the last block).
+**One place builds attention.**  Every block's attention is made by :func:`make_attention`
+from a registered name and keyword options: ``model.attention`` with
+``model.attention_options`` unless the method replaces that block.  A method replaces
+blocks by returning ``{block index: (registered name, options)}`` from
+``TrainedMethod.attention_layers`` (e.g. KEP-SVGP: the last block); every other block is
+built exactly as the plain softmax ViT builds it, so a comparison with MSP changes only
+the replaced blocks.  Layers are constructed as ``cls(dim=..., heads=..., dropout=...,
+**options)`` and map ``[B, N, dim] -> [B, N, dim]``; a layer whose constructor has an
+``n_tokens`` keyword also receives the sequence length (KEP-SVGP sizes parameters by it).
+The plain ``softmax`` layer lives here; layers that a method introduces live with it.
+
+**Hidden-space tokens** (the one mechanism for a layer that needs more than its block's
+normalised input).  A layer may own learned tokens in the model's hidden space,
+``layer.hidden_tokens`` (a ``[..., M, dim]`` parameter, None for none): SGPA's global
+inducing keys.  Block l hands them to its layer as ``attn(norm1(x), tokens=t)`` with
+
+    t = z                                 in block 0,
+    t = norm1_l(z + MLP_{l−1}(z))         in block l ≥ 1,
+
+i.e. they pass through the previous block's MLP with residual and then the block's
+LayerNorm (official SGPA ViT, ``vit.py``; the MLP sees the raw tokens, as there).
 
 A layer may also define ``extra_loss() -> Tensor | None``: a regulariser (KL, KSVD) from
 its last forward pass, which the training loop adds to the loss.
 """
 from __future__ import annotations
 
-from typing import Callable
+import inspect
+from typing import Mapping
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +37,8 @@ from torch import nn
 from bench.errors import ConfigError
 from bench.registry import ATTENTIONS
 from bench.spec import ModelConfig
+
+AttentionChoice = tuple[str, Mapping]  # (registered attention name, keyword options)
 
 
 @ATTENTIONS.register("softmax")
@@ -45,6 +64,24 @@ class SoftmaxAttention(nn.Module):
         out = F.scaled_dot_product_attention(q, k, v, scale=self.scale)
         return self.drop(self.proj(out.transpose(1, 2).reshape(b, n, c)))
 
+    def extra_repr(self) -> str:
+        return f"heads={self.heads}, scale={self.scale:.4g}"
+
+
+def make_attention(cfg: ModelConfig, n_tokens: int, choice: AttentionChoice | None = None) -> nn.Module:
+    """The one constructor of attention layers: ``choice = (name, options)`` from the
+    registry (default: ``cfg.attention`` with ``cfg.attention_options``), built with the
+    backbone's width, heads and dropout, plus ``n_tokens`` where the layer asks for it."""
+    name, options = choice if choice is not None else (cfg.attention, cfg.attention_options)
+    cls = ATTENTIONS.get(name, key="model.attention")
+    kwargs = dict(options)
+    if "n_tokens" in inspect.signature(cls).parameters:
+        kwargs["n_tokens"] = n_tokens
+    try:
+        return cls(dim=cfg.dim, heads=cfg.heads, dropout=cfg.dropout, **kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"attention {name!r}: bad options {dict(options)}: {exc}") from None
+
 
 class Block(nn.Module):
     """Pre-LN transformer block: x + Attn(LN x), then x + MLP(LN x)."""
@@ -60,18 +97,28 @@ class Block(nn.Module):
             nn.Linear(dim, hidden), nn.GELU(), nn.Dropout(dropout), nn.Linear(hidden, dim), *tail, nn.Dropout(dropout)
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x))
+    def hidden_tokens(self, previous: "Block | None") -> torch.Tensor | None:
+        """The attention's hidden-space tokens as this block hands them over (module
+        docstring): raw in block 0, else norm1(z + MLP_prev(z)); None if it owns none."""
+        z = getattr(self.attn, "hidden_tokens", None)
+        if z is None or previous is None:
+            return z
+        return self.norm1(z + previous.mlp(z))
+
+    def forward(self, x: torch.Tensor, previous: "Block | None" = None) -> torch.Tensor:
+        tokens = self.hidden_tokens(previous)
+        h = self.norm1(x)
+        x = x + (self.attn(h) if tokens is None else self.attn(h, tokens=tokens))
         return x + self.mlp(self.norm2(x))
-
-
-AttentionFactory = Callable[[int, int], nn.Module]  # (block index, tokens per sequence) -> layer
 
 
 class ViT(nn.Module):
     """Patch embedding (Conv2d) + learned positions + ``depth`` blocks + pooled linear head.
 
-    Input: float images ``[B, C, H, W]`` (already normalised); output: logits ``[B, classes]``.
+    ``attention_layers`` maps block indices to the ``(name, options)`` that replace
+    ``cfg.attention`` there.  Readout: pooled token (mean of the tokens, or the class
+    token) -> LayerNorm -> Linear, as the official KEP-SVGP ViT.  Input: float images
+    ``[B, C, H, W]`` (already normalised); output: logits ``[B, classes]``.
     """
 
     def __init__(
@@ -79,23 +126,24 @@ class ViT(nn.Module):
         image_shape: tuple[int, int, int],
         num_classes: int,
         cfg: ModelConfig,
-        attention_for_block: AttentionFactory | None = None,
+        attention_layers: Mapping[int, AttentionChoice] | None = None,
     ) -> None:
         super().__init__()
         h, w, c = image_shape
         p = cfg.patch_size
         if h % p or w % p:
             raise ConfigError(f"model.patch_size {p} must divide the image size {h}x{w}")
-        if attention_for_block is None:
-            attention_for_block = default_attention(cfg)
+        attention_layers = dict(attention_layers or {})
+        if bad := sorted(i for i in attention_layers if not 0 <= i < cfg.depth):
+            raise ConfigError(f"attention replaced in blocks {bad}, but model.depth is {cfg.depth}")
         self.pool = cfg.pool
         self.patch = nn.Conv2d(c, cfg.dim, kernel_size=p, stride=p)
         n_tokens = (h // p) * (w // p) + (1 if cfg.pool == "cls" else 0)
         self.cls = nn.Parameter(torch.zeros(1, 1, cfg.dim)) if cfg.pool == "cls" else None
         self.pos = nn.Parameter(cfg.pos_init_std * torch.randn(1, n_tokens, cfg.dim))
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = nn.Dropout(cfg.dropout) if cfg.embed_dropout else nn.Identity()
         self.blocks = nn.ModuleList(
-            Block(cfg.dim, cfg.mlp_ratio, cfg.dropout, attention_for_block(i, n_tokens), cfg.mlp_final_gelu)
+            Block(cfg.dim, cfg.mlp_ratio, cfg.dropout, make_attention(cfg, n_tokens, attention_layers.get(i)), cfg.mlp_final_gelu)
             for i in range(cfg.depth)
         )
         self.norm = nn.LayerNorm(cfg.dim)
@@ -109,27 +157,14 @@ class ViT(nn.Module):
         return self.drop(x + self.pos)
 
     def readout(self, x: torch.Tensor) -> torch.Tensor:
-        """Tokens ``[B, N, dim]`` after the blocks -> logits ``[B, classes]``."""
-        x = self.norm(x)
-        return self.head(x[:, 0] if self.cls is not None else x.mean(dim=1))
+        """Tokens ``[B, N, dim]`` after the blocks -> pooled -> LayerNorm -> logits ``[B, classes]``."""
+        pooled = x[:, 0] if self.cls is not None else x.mean(dim=1)
+        return self.head(self.norm(pooled))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.embed(x)
+        previous = None
         for block in self.blocks:
-            x = block(x)
+            x = block(x, previous)
+            previous = block
         return self.readout(x)
-
-
-def make_attention(cfg: ModelConfig) -> nn.Module:
-    """The backbone's attention layer: ``cfg.attention`` from the registry, built with
-    ``cfg.attention_options``."""
-    cls = ATTENTIONS.get(cfg.attention, key="model.attention")
-    try:
-        return cls(dim=cfg.dim, heads=cfg.heads, dropout=cfg.dropout, **cfg.attention_options)
-    except TypeError as exc:
-        raise ConfigError(f"model.attention_options for {cfg.attention!r}: {exc}") from None
-
-
-def default_attention(cfg: ModelConfig) -> AttentionFactory:
-    """Every block uses :func:`make_attention`."""
-    return lambda _block, _n_tokens: make_attention(cfg)

@@ -38,14 +38,14 @@ def measure(layer: str, n: int) -> dict:
 
     import torch
 
-    import bench.vit  # noqa: F401  (registers softmax)
     import methods  # noqa: F401  (registers sgpa, kep_svgp)
-    from bench.registry import ATTENTIONS
+    from bench.spec import ModelConfig
+    from bench.vit import make_attention
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
-    extra = {"n_tokens": n} if layer == "kep_svgp" else {}
-    module = ATTENTIONS.get(layer)(dim=DIM, heads=HEADS, dropout=0.0, **extra).to(device).train()
+    cfg = ModelConfig(dim=DIM, depth=1, heads=HEADS, dropout=0.0)
+    module = make_attention(cfg, n, (layer, {})).to(device).train()  # as the backbone builds it
     x = torch.randn(BATCH, n, DIM, device=device, requires_grad=True)
 
     def step() -> None:

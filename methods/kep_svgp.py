@@ -226,18 +226,25 @@ class KEPSVGPAttention(nn.Module):
         trace = (self.w_e * self.w_r).sum() / self.heads  # tr(mean_h W̃_eᵀ W̃_r)
         return e_term + r_term - trace
 
-    def noise(self, a: torch.Tensor) -> torch.Tensor:
-        """A reparameterised draw of f − μ given A [B, h, M, s] (M = N or 2N): [B, h, M, s]."""
+    def noise(self, a: torch.Tensor, eps: torch.Tensor | None = None) -> torch.Tensor:
+        """A reparameterised draw of f − μ given A [B, h, M, s] (M = N or 2N): [B, h, M, s].
+
+        ``eps`` fixes the standard-normal noise: ``[B, h, M, s]`` (faithful: ε[n, i]) or
+        ``[B, h, M, s, s]`` (clean: ε[n, j, b]); drawn afresh when None."""
         L = self.factors().to(a.dtype)  # [h, s, s, s]
         if self.mode == "faithful":
-            eps = torch.randn(a.shape, device=a.device, dtype=a.dtype)  # ε[n, i], shared over j
-            return torch.einsum("bhna,haij,bhni->bhnj", a, L, eps)
-        eps = torch.randn(*a.shape, self.rank, device=a.device, dtype=a.dtype)  # ε[n, j, c]: own noise per j
+            if eps is None:
+                eps = torch.randn(a.shape, device=a.device, dtype=a.dtype)  # ε[n, i], shared over j
+            return torch.einsum("bhna,haij,bhni->bhnj", a, L, eps.to(a.dtype))
+        if eps is None:
+            eps = torch.randn(*a.shape, self.rank, device=a.device, dtype=a.dtype)  # ε[n, j, c]: own noise per j
+        eps = eps.to(a.dtype)
         l_eps = torch.einsum("hjac,bhnjc->bhnja", L, eps)  # L_j ε_j: [B, h, M, s(j), s(a)]
         return torch.einsum("bhna,bhnja->bhnj", a, l_eps)
 
     # --- forward -------------------------------------------------------------------------
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, eps: torch.Tensor | None = None) -> torch.Tensor:
+        """``x [B, N, C]`` -> ``[B, N, C]``; ``eps`` fixes the sample's noise (:meth:`noise`)."""
         b, n, c = x.shape
         if n != self.n_tokens:
             raise ValueError(f"KEPSVGPAttention was built for {self.n_tokens} tokens, got {n}")
@@ -246,7 +253,7 @@ class KEPSVGPAttention(nn.Module):
         a = (e + r if self.merge == "add" else torch.cat([e, r], dim=2)) * d2  # A: [B, h, N|2N, s]
         f = a @ self.m_u  # μ = A m_u: [B, h, N|2N, s]
         if self.sample:
-            f = f + self.noise(a)
+            f = f + self.noise(a, eps)
         out = self.final_weight(f)  # [B, h, N|2N, d]
         if self.token_map is not None:
             out = self.token_map(out.transpose(-1, -2)).transpose(-1, -2)  # tokens 2N → N: [B, h, N, d]
@@ -291,26 +298,17 @@ class KEPSVGP(TrainedMethod):
         samples: int = field(default=10, metadata={"min": 1})  # stochastic passes at test
         average: Literal["logits", "probs"] = "logits"
 
-    def attention_for_block(self, cfg: ModelConfig):
-        """Softmax (``cfg.attention``) in blocks 0..depth−layers−1, KEP-SVGP in the rest."""
+    def attention_layers(self, cfg: ModelConfig) -> dict:
+        """KEP-SVGP in the last ``layers`` blocks; the others keep the backbone's attention
+        (``cfg.attention`` with ``cfg.attention_options``, exactly as MSP builds them)."""
         o = self.options
         if o.layers > cfg.depth:
             raise ConfigError(f"kep_svgp: layers ({o.layers}) must not exceed model.depth ({cfg.depth})")
         if cfg.attention == "kep_svgp":
             raise ConfigError("kep_svgp: model.attention names the other blocks' attention; "
                               "to use KEP-SVGP in every block set layers = model.depth")
-        first_gp = cfg.depth - o.layers
-        other = ATTENTIONS.get(cfg.attention, key="model.attention") if first_gp > 0 else None
-
-        def factory(block: int, n_tokens: int) -> nn.Module:
-            if block < first_gp:
-                return other(dim=cfg.dim, heads=cfg.heads, dropout=cfg.dropout)
-            return KEPSVGPAttention(
-                dim=cfg.dim, heads=cfg.heads, dropout=cfg.dropout, n_tokens=n_tokens, rank=o.rank,
-                rank_multi=o.rank_multi, merge=o.merge, mode=o.mode, eta_ksvd=o.eta_ksvd, eta_kl=o.eta_kl,
-            )
-
-        return factory
+        options = dict(rank=o.rank, rank_multi=o.rank_multi, merge=o.merge, mode=o.mode, eta_ksvd=o.eta_ksvd, eta_kl=o.eta_kl)
+        return {block: ("kep_svgp", options) for block in range(cfg.depth - o.layers, cfg.depth)}
 
     def eval_mode(self, model: nn.Module) -> None:
         """``model.eval()``: dropout off; the GP layers still sample (part of prediction)."""

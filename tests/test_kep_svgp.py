@@ -259,6 +259,47 @@ def test_sample_covariance_per_token_matches_formula(mode):
                 assert off.max() > 0.2
 
 
+@pytest.mark.parametrize("merge", ["add", "concat"])
+@pytest.mark.parametrize("mode", ["faithful", "clean"])
+def test_sample_with_fixed_noise_matches_reference(mode, merge):
+    """f[n, j] = μ[n, j] + Σ_{a,i} A[n, a] L[a, i, j] ε[n, i]   (faithful: the official code
+    contracts A with L's first index; one ε per token, shared by the output dims), or
+    f[n, j] = μ[n, j] + Σ_{a,b} A[n, a] L_j[a, b] ε[n, j, b]    (clean: own noise per output
+    dim); then final_weight (and the 2N → N token map for concat), per head, to 1e-5."""
+    layer = make_layer(seed=5, n_tokens=5, rank=3, merge=merge, mode=mode)
+    layer.eval()
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    _, _, A, mu, _ = ref_scores(layer, x)
+    rows = 5 if merge == "add" else 10
+    shape = (2, 2, rows, 3) if mode == "faithful" else (2, 2, rows, 3, 3)
+    eps = torch.randn(shape, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    wf, bf = layer.final_weight.weight.detach().double(), layer.final_weight.bias.detach().double()
+    expected = torch.zeros(2, 5, 8, dtype=torch.float64)
+    s = layer.rank
+    for bb in range(2):
+        for hh in range(2):
+            L = torch.from_numpy(ref_L(layer, hh))
+            a, f = A[bb][hh], mu[bb][hh].clone()  # [rows, s]
+            for n in range(rows):
+                for j in range(s):
+                    for k in range(s):
+                        for i in range(s):
+                            if mode == "faithful":  # a = k (inducing feature), i = noise index
+                                f[n, j] += a[n, k] * L[k, i, j] * eps[bb, hh, n, i]
+                            else:  # L_j[a=k, b=i]
+                                f[n, j] += a[n, k] * L[j, k, i] * eps[bb, hh, n, j, i]
+            o = f @ wf.T + bf
+            if merge == "concat":
+                o = layer.token_map.weight.detach().double() @ o + layer.token_map.bias.detach().double()[:, None]
+            expected[bb, :, hh * 4 : (hh + 1) * 4] = o
+    with torch.no_grad():
+        got = layer(x, eps=eps)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-7)
+    layer.sample = False
+    with torch.no_grad():
+        assert (got - layer(x)).abs().max() > 1e-3  # the noise matters
+
+
 # ----------------------------------------------------------------------------- KL
 
 

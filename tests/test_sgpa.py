@@ -20,7 +20,7 @@ from bench.options import parse
 from bench.spec import ModelConfig, TrainConfig
 from bench.train import fit, predict, seed_everything
 from bench.vit import ViT
-from methods.sgpa import SGPA, SGPAAttention, SGPAViT, kl_anneal_weight, psd_cholesky
+from methods.sgpa import SGPA, SGPAAttention, kl_anneal_weight, psd_cholesky
 from synthetic import squares_bundle
 
 CPU = torch.device("cpu")
@@ -55,7 +55,19 @@ def kernel_np(layer: SGPAAttention, h: int):
 
 
 def linear_np(x: np.ndarray, lin) -> np.ndarray:
-    return x @ np_(lin.weight).T + np_(lin.bias)
+    return x @ np_(lin.weight).T + (0.0 if lin.bias is None else np_(lin.bias))
+
+
+def qk_np(x: np.ndarray, layer: SGPAAttention) -> np.ndarray:
+    """W_qk x: the first C rows of the bias-free [W_qk; W_v] projection (queries = keys)."""
+    c = layer.heads * layer.head_dim
+    return x @ np_(layer.qkv.weight)[:c].T
+
+
+def v_np(x: np.ndarray, layer: SGPAAttention) -> np.ndarray:
+    """W_v x: the last C rows of the projection."""
+    c = layer.heads * layer.head_dim
+    return x @ np_(layer.qkv.weight)[c:].T
 
 
 def head_np(t: np.ndarray, layer: SGPAAttention, h: int) -> np.ndarray:
@@ -65,6 +77,7 @@ def head_np(t: np.ndarray, layer: SGPAAttention, h: int) -> np.ndarray:
 
 
 def s_sqrt_np(layer: SGPAAttention, h: int, d: int) -> np.ndarray:
+    """S̃_d^{1/2} of head h: exp(log-diagonal) on the diagonal, the free entries below it."""
     m = layer.v_beta.shape[1]
     s = np.zeros((m, m))
     s[np.tril_indices(m, -1)] = np_(layer.s_offdiag)[h, d]
@@ -74,24 +87,25 @@ def s_sqrt_np(layer: SGPAAttention, h: int, d: int) -> np.ndarray:
 
 def decoupled_np(layer: SGPAAttention, x: np.ndarray, keys: np.ndarray):
     """Dense decoupled-SGPA posterior per (b, h, d) and the KL, from the reference formulas.
+    ``keys [H, M, C]``: head h's global keys in hidden space, k_β = W_qk keys[h] (head h's part).
 
     Returns mean [B, H, T, D], cov [B, H, D, T, T], kl."""
     b_, t_, _ = x.shape
-    hh, dd, m = layer.heads, layer.head_dim, keys.shape[0]
+    hh, dd, m = layer.heads, layer.head_dim, keys.shape[1]
     mean = np.zeros((b_, hh, t_, dd))
     cov = np.zeros((b_, hh, dd, t_, t_))
     kl = 0.0
     for h in range(hh):
         k = kernel_np(layer, h)
-        kb = head_np(linear_np(keys, layer.qk), layer, h)
+        kb = head_np(qk_np(keys[h], layer), layer, h)
         kbb = k(kb, kb) + JITTER * np.eye(m)
         c = cho_factor(kbb, lower=True)
         l_inv = solve_triangular(cholesky(kbb, lower=True), np.eye(m), lower=True)
         v_beta = np_(layer.v_beta)[h]
         amortised = np.zeros(dd)
         for b in range(b_):
-            q = head_np(linear_np(x[b], layer.qk), layer, h)
-            v = head_np(linear_np(x[b], layer.v), layer, h)
+            q = head_np(qk_np(x[b], layer), layer, h)
+            v = head_np(v_np(x[b], layer), layer, h)
             kqq, kqb = k(q, q), k(q, kb)
             mean[b, h] = kqq @ v - kqb @ cho_solve(c, kqb.T @ v) + kqb @ v_beta
             for d in range(dd):
@@ -114,8 +128,8 @@ def standard_np(layer: SGPAAttention, x: np.ndarray):
     for b in range(b_):
         for h in range(hh):
             k = kernel_np(layer, h)
-            q = head_np(linear_np(x[b], layer.qk), layer, h)
-            v = head_np(linear_np(x[b], layer.v), layer, h)
+            q = head_np(qk_np(x[b], layer), layer, h)
+            v = head_np(v_np(x[b], layer), layer, h)
             sigma = np.exp(head_np(linear_np(x[b], layer.log_sigma), layer, h))
             kk = k(q, q)
             k_hat_inv = np.linalg.inv(kk + JITTER * np.eye(t_))
@@ -137,6 +151,9 @@ def layer64(seed: int = 0, **kw) -> SGPAAttention:
     torch.manual_seed(seed)
     layer = SGPAAttention(4, 2, 0.0, **kw).double()  # head width d = 2
     randomise(layer, seed + 100)
+    if kw.get("kernel") == "exponential":  # ℓ ≈ e: exp(q·k/ℓ²) stays far from float64 overflow
+        with torch.no_grad():
+            layer.kernel.log_lengthscale.add_(1.0)
     layer.sample = False
     return layer
 
@@ -169,15 +186,34 @@ def test_kernels_match_numpy_and_k_beta_beta_is_pd(kernel):
 
 
 def test_init_values_follow_the_reference():
+    """Official: log σ = 0 (ARD) / −4 (exponential), log ℓ ~ N(0, 1) / 4 + N(0, 1); v_β, log-diag
+    and off-diagonal of S̃^{1/2} ~ N(0, 1); keys per head ~ N(0, 1) in hidden space."""
     torch.manual_seed(0)
-    ard = SGPAAttention(64, 4, kernel="ard").kernel
-    expo = SGPAAttention(64, 4, kernel="exponential").kernel
+    layer = SGPAAttention(64, 4, kernel="ard", keys_len=16)
+    ard, expo = layer.kernel, SGPAAttention(64, 4, kernel="exponential").kernel
     assert torch.equal(ard.log_scale, torch.zeros(4))
     assert torch.equal(expo.log_scale, torch.full((4,), -4.0))
     assert ard.log_lengthscale.shape == (4, 16)
     a, e = ard.log_lengthscale.detach(), expo.log_lengthscale.detach()
     assert abs(float(a.mean())) < 0.3 and 0.7 < float(a.std()) < 1.3
     assert abs(float(e.mean()) - 4.0) < 0.3 and 0.7 < float(e.std()) < 1.3
+    assert layer.qkv.bias is None and layer.qkv.weight.shape == (128, 64)
+    assert layer.keys.shape == (4, 16, 64) and layer.v_beta.shape == (4, 16, 16)
+    for p in (layer.keys, layer.v_beta, layer.s_log_diag, layer.s_offdiag):
+        p = p.detach()
+        assert abs(float(p.mean())) < 0.1 and 0.9 < float(p.std()) < 1.1
+    # head_dim lengthscales: ℓ² = D (ARD) and ℓ⁴ = D (exponential: exp(x·y/√D)), D = 16
+    hd = SGPAAttention(64, 4, kernel="ard", lengthscale_init="head_dim").kernel.log_lengthscale.detach().exp()
+    torch.testing.assert_close(hd**2, torch.full((4, 16), 16.0))
+    hd = SGPAAttention(64, 4, kernel="exponential", lengthscale_init="head_dim").kernel.log_lengthscale.detach().exp()
+    torch.testing.assert_close(hd**4, torch.full((4, 16), 16.0))
+    # prior init: q(u_β) = p(u_β), so the global part of the KL vanishes
+    prior = SGPAAttention(64, 4, variational_init="prior")
+    assert not prior.v_beta.any() and not prior.s_log_diag.any() and not prior.s_offdiag.any()
+    # key passing: the same keys become hidden-space tokens handed over by the backbone
+    passing = SGPAAttention(64, 4, key_passing=True)
+    assert passing.keys is None and passing.hidden_tokens.shape == (4, 16, 64)
+    assert SGPAAttention(64, 4, variant="standard").hidden_tokens is None
 
 
 # ----------------------------------------------------------------------------- decoupled posterior and KL
@@ -228,9 +264,10 @@ def test_variances_non_negative_at_large_inputs_and_near_keys():
     layer = SGPAAttention(8, 2, keys_len=6)  # float32, as in training; keys = all 6 tokens
     x = torch.randn(3, 6, 8)
     with torch.no_grad():
-        layer.keys.copy_(x[0])
+        layer.keys.copy_(x[0].expand(2, 6, 8))  # k_β = W_qk x: the global keys sit at the tokens
         layer.kernel.log_scale.fill_(5.0)
         layer.s_log_diag.fill_(-10.0)
+        layer.s_offdiag.zero_()
         var = layer.posterior(x).cov
         draws = layer.rsample(x)
     assert torch.isfinite(var).all() and (var >= 0).all()
@@ -242,7 +279,7 @@ def test_variances_non_negative_at_large_inputs_and_near_keys():
         for variant in ("decoupled", "standard"):
             torch.manual_seed(5)
             layer = SGPAAttention(8, 2, kernel=kernel, variant=variant, keys_len=3)
-            for part in (layer.qk, layer.v) + ((layer.kernel,) if kernel == "ard" else ()):
+            for part in (layer.qkv,) + ((layer.kernel,) if kernel == "ard" else ()):
                 randomise(part, 6, scale=2.0 if kernel == "ard" else 0.5)  # W_σ stays at σ = 1
             with torch.no_grad():
                 var = layer.posterior(gain * torch.randn(3, 6, 8)).cov
@@ -297,8 +334,8 @@ def test_standard_posterior_matches_numpy_and_kl_matches_torch_distributions(ker
     for b in range(3):
         for h in range(2):
             k = kernel_np(full, h)
-            q = head_np(linear_np(xs[b], full.qk), full, h)
-            v = head_np(linear_np(xs[b], full.v), full, h)
+            q = head_np(qk_np(xs[b], full), full, h)
+            v = head_np(v_np(xs[b], full), full, h)
             sigma = np.exp(head_np(linear_np(xs[b], full.log_sigma), full, h))
             k_hat = torch.from_numpy(k(q, q) + JITTER * np.eye(4))
             for d in range(2):
@@ -345,6 +382,70 @@ def test_samples_have_the_posterior_moments(variant, covariance):
     np.testing.assert_allclose(c / sd, cov_np / sd, atol=0.05)
 
 
+def sample_np(layer: SGPAAttention, x: np.ndarray, keys, eps):
+    """One sample of every head's outputs with fixed noise, densely from the equations.
+
+    diag: f = mean + √diag(Σ_d) · ε.  full: f_d = mean_d + chol(R + jitter·I) ε₁_d + F_dᵀ ε₂_d,
+    where Σ_d = R + F_dᵀ F_d splits into the part the inducing set leaves unexplained,
+    R = K_qq − K_qu K̂_uu^{-1} K_uq, and the variational part: F_d = S̃_d^{1/2ᵀ} L^{-1} K_βq
+    (decoupled) or diag(σ_d) K_kq (standard)."""
+    if layer.variant == "decoupled":
+        mean, cov, _ = decoupled_np(layer, x, keys)
+    else:
+        mean, cov = standard_np(layer, x)
+    if layer.covariance == "diag":
+        return mean + np.sqrt(np.diagonal(cov, axis1=-2, axis2=-1).transpose(0, 1, 3, 2)) * eps.numpy()
+    eps1, eps2 = (e.numpy() for e in eps)
+    b_, t_, _ = x.shape
+    out = mean.copy()
+    for b in range(b_):
+        for h in range(layer.heads):
+            k = kernel_np(layer, h)
+            q = head_np(qk_np(x[b], layer), layer, h)
+            if layer.variant == "decoupled":
+                kb = head_np(qk_np(keys[h], layer), layer, h)
+                kbb = k(kb, kb) + JITTER * np.eye(len(kb))
+                kbq = k(kb, q)
+                l_inv = np.linalg.inv(cholesky(kbb, lower=True))
+            else:
+                kbq = k(q, q)
+                kbb = kbq + JITTER * np.eye(t_)
+                sigma = np.exp(head_np(linear_np(x[b], layer.log_sigma), layer, h))
+            resid = k(q, q) - kbq.T @ np.linalg.solve(kbb, kbq)
+            chol = cholesky(resid + JITTER * np.eye(t_), lower=True)
+            for d in range(layer.head_dim):
+                if layer.variant == "decoupled":
+                    f_d = s_sqrt_np(layer, h, d).T @ l_inv @ kbq
+                else:
+                    f_d = np.diag(sigma[:, d]) @ kbq
+                np.testing.assert_allclose(resid + f_d.T @ f_d, cov[b, h, d], rtol=1e-7, atol=1e-9)
+                out[b, h, :, d] += chol @ eps1[b, h, :, d] + f_d.T @ eps2[b, h, d]
+    return out
+
+
+@pytest.mark.parametrize("variant", ["decoupled", "standard"])
+@pytest.mark.parametrize("covariance", ["diag", "full"])
+@pytest.mark.parametrize("kernel", ["ard", "exponential"])
+def test_sample_with_fixed_noise_matches_dense_equations(variant, covariance, kernel):
+    """The layer's output with given noise ε = W_O · concat_h(sample_h) + b, to 1e-5."""
+    layer = layer64(13, kernel=kernel, variant=variant, covariance=covariance, keys_len=3)
+    layer.sample = True
+    x = inputs(14, b=2, t=4)
+    g = torch.Generator().manual_seed(15)
+    eps1 = torch.randn(2, 2, 4, 2, generator=g, dtype=torch.float64)  # [B, H, T, D]
+    rows = 3 if variant == "decoupled" else 4  # rows of F_d: M keys or T tokens
+    eps = eps1 if covariance == "diag" else (eps1, torch.randn(2, 2, 2, rows, generator=g, dtype=torch.float64))
+    keys = np_(layer.keys) if variant == "decoupled" else None
+    expected = sample_np(layer, x.numpy(), keys, eps)
+    with torch.no_grad():
+        np.testing.assert_allclose(layer.rsample(x, eps=eps).numpy(), expected, rtol=1e-5, atol=1e-7)
+        out = layer(x, eps=eps).numpy()
+    concat = expected.transpose(0, 2, 1, 3).reshape(2, 4, 4)
+    np.testing.assert_allclose(out, linear_np(concat, layer.proj), rtol=1e-5, atol=1e-7)
+    zero = eps1 * 0 if covariance == "diag" else (eps1 * 0, eps[1] * 0)
+    assert np.abs(expected - sample_np(layer, x.numpy(), keys, zero)).max() > 1e-3  # the noise matters
+
+
 # ----------------------------------------------------------------------------- model: shapes, gradients, key passing
 
 
@@ -374,12 +475,13 @@ def build(options: SGPA.Options, seed: int = 0, cfg: ModelConfig = TINY):
 )
 def test_shapes_and_gradients_reach_every_parameter(opts):
     method, model = build(SGPA.Options(keys_len=3, **opts))
-    assert isinstance(model, SGPAViT)
+    assert type(model) is ViT  # the plain backbone: SGPA only names the layers it replaces
     assert len(model.blocks) == 2 and all(isinstance(b.attn, SGPAAttention) for b in model.blocks)
     passing = opts.get("key_passing", True) and opts.get("variant", "decoupled") == "decoupled"
-    assert (model.keys is not None) == passing
-    if passing:
-        assert model.keys.shape == (3, 8)
+    for block in model.blocks:
+        assert (block.attn.hidden_tokens is not None) == passing
+        if passing:
+            assert block.attn.hidden_tokens.shape == (2, 3, 8)  # [H, M, C] per layer
     model.train()
     x = torch.randn(5, 1, 8, 8)
     y = torch.tensor([0, 1, 2, 0, 1])
@@ -391,12 +493,12 @@ def test_shapes_and_gradients_reach_every_parameter(opts):
     assert loss.item() == pytest.approx(ce + extra.item(), rel=1e-5)
     loss.backward()
     names = [n for n, _ in model.named_parameters()]
-    expected = {"kernel.log_scale", "kernel.log_lengthscale", "qk.weight", "v.weight", "proj.weight"}
+    expected = {"kernel.log_scale", "kernel.log_lengthscale", "attn.qkv.weight", "proj.weight"}
     expected |= {"v_beta", "s_log_diag", "s_offdiag"} if "variant" not in opts else {"log_sigma.weight"}
+    if "variant" not in opts:
+        expected |= {"attn.hidden_tokens"} if passing else {"attn.keys"}
     for suffix in expected:
         assert sum(n.endswith(suffix) for n in names) == 2, suffix  # one per block
-    if opts.get("key_passing") is False:
-        assert sum(n.endswith("attn.keys") for n in names) == 2
     for name, p in model.named_parameters():
         assert p.grad is not None, name
         assert torch.isfinite(p.grad).all(), name
@@ -415,24 +517,25 @@ def mlp_np(x, mlp):
 
 
 def test_key_passing_through_the_previous_block():
+    """Official SGPA ViT: layer 0 gets its keys z_0 as they are; layer l ≥ 1 gets
+    LN_l(z_l + MLP_{l−1}(z_l)), the previous block's MLP on the raw keys plus the residual."""
     torch.manual_seed(0)
     method, model = build(SGPA.Options(keys_len=3), cfg=ModelConfig(patch_size=4, dim=8, depth=3, heads=2, mlp_ratio=2.0))
     randomise(model, 1)  # non-trivial LayerNorm affine parameters too
     model.eval()
     seen = []
     for block in model.blocks:
-        block.attn.register_forward_pre_hook(lambda _m, _a, kw: seen.append(np_(kw["keys"])), with_kwargs=True)
+        block.attn.register_forward_pre_hook(lambda _m, _a, kw: seen.append(np_(kw["tokens"])), with_kwargs=True)
     with torch.no_grad():
         out = model(torch.randn(2, 1, 8, 8))
     assert len(seen) == 3
-    z = np_(model.keys)
-    for i, block in enumerate(model.blocks):
-        np.testing.assert_allclose(seen[i], layernorm_np(z, block.norm1), rtol=1e-5, atol=1e-5)
-        z = z + mlp_np(layernorm_np(z, block.norm2), block.mlp)  # MLP + residual, no attention
-    assert not np.allclose(seen[0], seen[1])
+    np.testing.assert_allclose(seen[0], np_(model.blocks[0].attn.hidden_tokens), rtol=1e-12)
+    for prev, block, got in zip(model.blocks, model.blocks[1:], seen[1:]):
+        z = np_(block.attn.hidden_tokens)
+        np.testing.assert_allclose(got, layernorm_np(z + mlp_np(z, prev.mlp), block.norm1), rtol=1e-5, atol=1e-5)
     # the keys change the output
     with torch.no_grad():
-        model.keys.add_(1.0)
+        model.blocks[2].attn.hidden_tokens.add_(1.0)
         assert not torch.allclose(model(torch.randn(2, 1, 8, 8)), out)
 
 
@@ -445,7 +548,7 @@ def test_layer_owned_keys_live_in_the_layer_input_space():
     layer.register_forward_pre_hook(lambda _m, a, kw: seen.update(x=a[0], kw=kw), with_kwargs=True)
     with torch.no_grad():
         model(torch.randn(2, 1, 8, 8))
-        assert seen["kw"].get("keys") is None
+        assert seen["kw"].get("tokens") is None
         post = layer.posterior(seen["x"])
     mean_np, _, _ = decoupled_np(layer, np_(seen["x"]), np_(layer.keys))
     np.testing.assert_allclose(post.mean.numpy(), mean_np, rtol=1e-4, atol=1e-5)

@@ -66,7 +66,8 @@ def test_default_suite_loads_with_its_methods_datasets_and_seeds():
                      "sgpa": "trained"}
     msp = suite.method("msp")
     assert msp.train.epochs == 12 and msp.train.lr == pytest.approx(2e-3) and msp.train.batch_size == 128
-    assert suite.method("sgpa").train.epochs == 10  # per-method override of the suite's budget
+    sgpa = suite.method("sgpa").train  # per-method override of one field; the rest is the suite's
+    assert sgpa.lr == pytest.approx(5e-3) and sgpa.epochs == msp.train.epochs and sgpa.batch_size == 128
     assert msp.model.dim == 64 and msp.model.heads == 4 and msp.model.patch_size == 7
     assert msp.model.attention == "softmax"
     assert suite.method("mc_dropout").options.samples == 10
