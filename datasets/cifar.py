@@ -18,7 +18,8 @@ CIFAR-100 fine labels):
 * ``test``: the official test file.
 * ``ood/svhn`` (SVHN test set), ``ood/cifar100`` or ``ood/cifar10`` (the other CIFAR's test
   set) when their files are there, and ``ood/<name>`` for every folder under ``ood/``;
-  labels ``-1``.
+  labels ``-1``.  ``ood/uniform_noise`` (``noise_size`` images of uniform RGB noise, fixed
+  seed) when ``ood`` lists it: a generated set that needs no file.
 * ``shift/<corruption>/<severity>`` for every ``.npy`` file present in ``CIFAR-10-C/`` (for
   CIFAR-100: ``CIFAR-100-C/``), severities 1..5.
 
@@ -43,7 +44,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from bench.data import OOD_LABEL, DataBundle, Split, data_root, data_settings
+from bench.data import OOD_LABEL, DataBundle, Split, data_root, data_settings, uniform_noise_split
 from bench.errors import ConfigError
 from bench.registry import DATASETS
 from datasets import formats
@@ -52,6 +53,8 @@ from datasets.corruptions import ShiftOptions, add_corruption_splits
 SIDE = 32
 SVHN_FILE = "svhn/test_32x32.mat"
 OOD_FOLDERS = "ood"
+NOISE_OOD = "uniform_noise"  # the generated OOD set
+NOISE_SEED = 20230101
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 #: Official sources: name -> (URL, md5 of the file, directory under the data root it goes to).
@@ -122,6 +125,7 @@ class CifarOptions(ShiftOptions):
     # OOD sets: the built-in ones, or names of folders under <data root>/ood/ (those are
     # also used when not listed); a built-in set whose files are absent is left out
     ood: tuple[str, ...] = ()
+    noise_size: int = field(default=1000, metadata={"min": 1})  # images in ood/uniform_noise
 
     def __post_init__(self) -> None:
         if not 0.0 < self.val_fraction < 1.0:
@@ -138,14 +142,14 @@ class CifarOptions(ShiftOptions):
 @dataclass(frozen=True)
 class Cifar10Options(CifarOptions):
     dataset: ClassVar[str] = "cifar10"
-    builtin_ood: ClassVar[tuple[str, ...]] = ("svhn", "cifar100")
+    builtin_ood: ClassVar[tuple[str, ...]] = ("svhn", "cifar100", NOISE_OOD)
     ood: tuple[str, ...] = ("svhn", "cifar100")
 
 
 @dataclass(frozen=True)
 class Cifar100Options(CifarOptions):
     dataset: ClassVar[str] = "cifar100"
-    builtin_ood: ClassVar[tuple[str, ...]] = ("svhn", "cifar10")
+    builtin_ood: ClassVar[tuple[str, ...]] = ("svhn", "cifar10", NOISE_OOD)
     ood: tuple[str, ...] = ("svhn", "cifar10")
 
 
@@ -310,6 +314,8 @@ def load_family(fam: Family, options: CifarOptions) -> DataBundle:
             if path.is_file():
                 loaders_ood[name] = functools.partial(_svhn_split, str(path), options.eval_limit)
                 to_check.append(str(path))
+        elif name == NOISE_OOD:
+            loaders_ood[name] = functools.partial(_noise_split, options)
         elif name in FAMILIES and name in options.builtin_ood:
             other = FAMILIES[name]
             found = find_files(other, root, test_only=True)
@@ -384,6 +390,11 @@ def _svhn_split(path: str, limit: int | None) -> Split:
 def _other_cifar_split(name: str, kind: str, path: str, limit: int | None) -> Split:
     x, _ = read_files(FAMILIES[name], kind, (path,))
     return _ood(x, limit)
+
+
+def _noise_split(options: CifarOptions) -> Split:
+    n = min(options.noise_size, options.eval_limit or options.noise_size)
+    return uniform_noise_split(n, (SIDE, SIDE, 3), np.random.default_rng(NOISE_SEED))
 
 
 def _folder_split(path: str, limit: int | None) -> Split:

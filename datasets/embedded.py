@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from bench.data import OOD_LABEL, DataBundle, Split
+from bench.data import OOD_LABEL, DataBundle, Split, uniform_noise_split
 from bench.errors import ConfigError
 from bench.registry import DATASETS
 from datasets import safe_pickle
@@ -261,6 +261,6 @@ def _animal_mnist(options: MNIST5k.Options) -> Split:
 
 
 def _uniform_noise(options: MNIST5k.Options) -> Split:
-    x = _rng(options.split_seed, _NOISE).integers(0, 256, size=(options.ood_size, SIDE, SIDE), dtype=np.uint8)
-    x = x[: _ood_count(options)]
-    return Split(x, np.full(len(x), OOD_LABEL, dtype=np.int64))
+    noise = uniform_noise_split(options.ood_size, (SIDE, SIDE), _rng(options.split_seed, _NOISE))
+    n = _ood_count(options)
+    return Split(noise.x[:n], noise.y[:n])

@@ -510,6 +510,19 @@ def test_limits_and_ood_selection(full_root, use_root):
         load("cifar10", ood=["txtures"])
 
 
+def test_generated_uniform_noise_ood_set(full_root, use_root):
+    root, _ = full_root
+    use_root(root)
+    bundle, _ = load("cifar10", ood=["uniform_noise"], noise_size=40)
+    assert "ood/uniform_noise" in bundle.split_names() and "ood/svhn" not in bundle.split_names()
+    noise = bundle.get("ood/uniform_noise")
+    assert noise.x.shape == (40, 32, 32, 3) and noise.x.dtype == np.uint8 and (noise.y == OOD_LABEL).all()
+    # uniform over 0..255: mean ≈ 127.5 (sd of the mean of 122880 values ≈ 0.2), both ends hit
+    assert abs(noise.x.mean() - 127.5) < 1.5 and noise.x.min() == 0 and noise.x.max() == 255
+    again, _ = load("cifar10", ood=["uniform_noise"], noise_size=40, eval_limit=10)
+    np.testing.assert_array_equal(again.get("ood/uniform_noise").x, noise.x[:10])  # fixed seed; a prefix
+
+
 def test_cifar100_end_to_end_with_binary_cifar10_as_ood(tmp_path, use_root):
     c100 = write_cifar100(tmp_path)
     c10 = write_cifar10(tmp_path, binary=True)
