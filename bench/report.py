@@ -16,6 +16,7 @@ Layout written under ``out_dir`` (:data:`TABLES` lists the tables and their colu
     plots/severity_<dataset>_<metric>.png      (accuracy, ece, nll vs. severity, CI band)
     plots/ood_hist_<dataset>_<method>.png
     README.md
+    NOTES.md      (optional, written by hand, never by the report: inlined at the top of README.md)
 
 Determinism: rows follow the display orders of the results (datasets, methods, splits,
 scores, severities), columns follow :data:`TABLES` (or the ``metrics`` argument); nothing
@@ -202,6 +203,9 @@ _PLOT_RC = {"font.size": 9.0, "axes.titlesize": 9.0, "legend.fontsize": 7.5}
 # --------------------------------------------------------------------------------------
 # Entry point
 # --------------------------------------------------------------------------------------
+NOTES = "NOTES.md"
+
+
 def write_report(
     results: AnalysisResults,
     out_dir: Path,
@@ -880,7 +884,11 @@ def _readme(
     out_dir: Path,
     severity: int,
 ) -> str:
-    parts = [f"# uqbench report: {results.suite}", "", _note(results.reference), ""]
+    parts = [f"# uqbench report: {results.suite}", ""]
+    notes = out_dir / NOTES
+    if notes.is_file():  # the run's hand-written discussion (e.g. a comparison with a paper)
+        parts += [notes.read_text(encoding="utf-8").strip(), ""]
+    parts += [_note(results.reference), ""]
     shown = {t.spec.name for t in tables}
     skipped = [s.name for s in TABLES if s.name not in shown]
     if skipped:

@@ -704,3 +704,18 @@ def test_full_shift_grid_is_written_to_files_but_not_inlined(results, tmp_path, 
     assert set(grid["split"].dropna()) == expected  # (a method whose every seed failed has a "failed" row)
     readme = (tmp_path / "README.md").read_text()
     assert "tables/shift_splits.md" in readme
+
+
+def test_hand_written_notes_are_inlined_at_the_top_and_kept(results, tmp_path, fast_plots):
+    notes = "## How this run compares with the paper\n\nOrdering *agrees* on ACC.\n"
+    (tmp_path / "NOTES.md").write_text(notes, encoding="utf-8")
+    written = write_report(results, tmp_path, formats=("md",))
+    assert tmp_path / "NOTES.md" not in written
+    assert (tmp_path / "NOTES.md").read_text(encoding="utf-8") == notes  # never rewritten
+    readme = (tmp_path / "README.md").read_text(encoding="utf-8")
+    heading, after = readme.split("\n\n", 1)
+    assert heading.startswith("# uqbench report:") and after.startswith(notes.strip())
+    assert readme.index("Ordering *agrees*") < readme.index("Reference method:")
+    (tmp_path / "NOTES.md").unlink()
+    write_report(results, tmp_path, formats=("md",))
+    assert "Ordering" not in (tmp_path / "README.md").read_text(encoding="utf-8")
