@@ -79,11 +79,14 @@ class DataBundle:
         return ["val"] + [n for n in names if n != "val"]
 
 
-def uniform_noise_split(n: int, image_shape: tuple[int, ...], rng: np.random.Generator) -> Split:
+def uniform_noise_split(
+    n: int, image_shape: tuple[int, ...], rng: np.random.Generator, limit: int | None = None
+) -> Split:
     """The generated OOD set ``ood/uniform_noise``: ``n`` images of i.i.d. uniform uint8
-    pixels of ``image_shape`` (``(H, W)`` grayscale or ``(H, W, C)``), labelled OOD."""
-    x = rng.integers(0, 256, size=(n, *image_shape), dtype=np.uint8)
-    return Split(x, np.full(n, OOD_LABEL, dtype=np.int64))
+    pixels of ``image_shape`` (``(H, W)`` grayscale or ``(H, W, C)``), labelled OOD; with
+    ``limit``, the first ``limit`` of those same images."""
+    x = rng.integers(0, 256, size=(n, *image_shape), dtype=np.uint8)[:limit]
+    return Split(x, np.full(len(x), OOD_LABEL, dtype=np.int64))
 
 
 def is_ood(split: str) -> bool:

@@ -393,8 +393,7 @@ def _other_cifar_split(name: str, kind: str, path: str, limit: int | None) -> Sp
 
 
 def _noise_split(options: CifarOptions) -> Split:
-    n = min(options.noise_size, options.eval_limit or options.noise_size)
-    return uniform_noise_split(n, (SIDE, SIDE, 3), np.random.default_rng(NOISE_SEED))
+    return uniform_noise_split(options.noise_size, (SIDE, SIDE, 3), np.random.default_rng(NOISE_SEED), options.eval_limit)
 
 
 def _folder_split(path: str, limit: int | None) -> Split:

@@ -261,6 +261,4 @@ def _animal_mnist(options: MNIST5k.Options) -> Split:
 
 
 def _uniform_noise(options: MNIST5k.Options) -> Split:
-    noise = uniform_noise_split(options.ood_size, (SIDE, SIDE), _rng(options.split_seed, _NOISE))
-    n = _ood_count(options)
-    return Split(noise.x[:n], noise.y[:n])
+    return uniform_noise_split(options.ood_size, (SIDE, SIDE), _rng(options.split_seed, _NOISE), options.eval_limit)
