@@ -1,80 +1,110 @@
-"""Analysis: stored predictions -> tidy tables of metric values.  Never touches a model.
+"""Analysis: a store's predictions -> versioned result files that the report reads.
 
-:func:`collect` walks a plan's cells in the store, computes derived methods (temperature
-scaling, ensembles) from their members' stored predictions, and evaluates every metric:
-classification metrics on labelled evaluation splits (``test``, ``shift/...``) and OOD
-metrics on ``ood/...`` splits with the ``test`` split as the in-distribution side, for each
-OOD score (MSP; predictive entropy; mutual information where the decomposition exists).
-It then adds paired bootstrap intervals and significance against the reference method
-(``test`` and OOD splits), corruption aggregates per severity, corruption errors and the
-efficiency of every method.  Everything is seeded: the same store gives the same tables.
+:func:`analyse` evaluates, for every cell of a :class:`~bench.catalog.Catalog` (derived
+methods combined from their members' stored predictions), every selected registered
+metric: labelled-split metrics (kinds other than ``ood``) on ``test`` and ``shift/...``
+splits, OOD metrics on ``ood/...`` splits with the ``test`` split as the
+in-distribution side, once per OOD score (MSP; predictive entropy; mutual information
+where the decomposition exists).  It adds paired bootstrap intervals and significance
+against the reference method (``test`` and OOD splits), corruption aggregates per
+severity, corruption errors and the efficiency of every method.  Everything is seeded:
+the same store gives the same numbers.
+
+:func:`save` writes them under ``<reports>/<suite>/analysis/`` (:data:`FILES`: tidy CSV
+tables a researcher loads with ``pandas.read_csv``, and ``analysis.json`` with the
+schema version, the options, the fingerprint of the store and the display orders);
+:func:`load` reads them back into an :class:`AnalysisResults`, which is all the report
+renders from.  :func:`analyse_store` reuses the files when the fingerprint (the manifests'
+digests of the cells used, the selection, the analysis options and the analysis code) is
+unchanged, and recomputes them otherwise.
+
+Why CSV and not Parquet: the tables are small (the default store's per-seed table is
+about 1 MB gzipped), CSV needs no further dependency in a suite whose fresh install is
+measured against a time budget, it diffs in review, and floats are written with
+``repr`` precision so reading them back gives the same bits (the report renders from
+the reloaded files, so a cached and a fresh report are byte-identical).
 """
 from __future__ import annotations
 
 import functools
+import hashlib
+import inspect
+import json
 import zlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import pandas as pd
 
 from bench import stats
-from bench.metrics import CLASSIFICATION_METRICS, METRIC_INFO, OOD_METRICS, decompose, entropy
+from bench.catalog import Catalog, Preds
 from bench.data import corruption_of, is_ood
-from bench.plan import Plan
-from bench.registry import METHODS, METRICS
-from bench.store import CHECKPOINT, Store
+from bench.metrics import entropy, get_metric, selection
+from bench.store import atomic_write_bytes, atomic_write_json
 
-Preds = dict[str, dict[str, np.ndarray]]  # split -> {"log_probs", "labels", optional decomposition terms}
-
+ANALYSIS_SCHEMA = 1  # bump when the files' columns or meaning change
+ANALYSIS_DIR = "analysis"
 BOOTSTRAP_RESAMPLES = 1000
 BOOTSTRAP_SEED = 0
 ALPHA = 0.05  # significance level after Holm correction
 SCORES = ("msp", "entropy", "mutual_info")  # OOD scores, higher = more in-distribution
-SEVERITY_METRICS = ("accuracy", "ece", "nll")  # severity aggregates get bootstrap bands (the plotted ones)
-SEVERITY_RESAMPLES = 200  # 75 splits x 3 metrics stay fast on CIFAR-sized stores
+SEVERITY_RESAMPLES = 200  # 75 splits x a few metrics stay fast on CIFAR-sized stores
+
+METRIC_COLUMNS = ["dataset", "method", "seed", "split", "metric", "score", "value"]
+SUMMARY_COLUMNS = ["dataset", "method", "split", "table", "metric", "score", "n_seeds", "mean", "std",
+                   "ci_low", "ci_high", "p_value", "p_holm", "verdict"]
+SEVERITY_COLUMNS = ["dataset", "method", "severity", "metric", "n_seeds", "mean", "std", "ci_low", "ci_high"]
+CE_COLUMNS = ["dataset", "method", "corruption", "ce"]
+EFFICIENCY_COLUMNS = ["dataset", "method", "parameters", "train_seconds", "predict_seconds_per_1000",
+                      "peak_memory_mb", "passes"]
+FAILURE_COLUMNS = ["dataset", "method", "seed", "reason"]
+
+#: file -> (AnalysisResults field, columns, string columns)
+FILES: dict[str, tuple[str, list[str], tuple[str, ...]]] = {
+    "metrics.csv.gz": ("metrics", METRIC_COLUMNS, ("dataset", "method", "split", "metric", "score")),
+    "summary.csv": ("summary", SUMMARY_COLUMNS, ("dataset", "method", "split", "table", "metric", "score", "verdict")),
+    "severity.csv": ("severity", SEVERITY_COLUMNS, ("dataset", "method", "metric")),
+    "corruption_errors.csv": ("corruption_errors", CE_COLUMNS, ("dataset", "method", "corruption")),
+    "efficiency.csv": ("efficiency", EFFICIENCY_COLUMNS, ("dataset", "method")),
+    "failures.csv": ("failures", FAILURE_COLUMNS, ("dataset", "method", "reason")),
+}
+_CODE = ("metrics.py", "stats.py", "analysis.py", "catalog.py", "method.py")  # their text is in the fingerprint
 
 
 @dataclass
 class AnalysisResults:
-    """Everything the report renders, computed from the store alone.
+    """Everything the report renders (what :func:`load` reads from the analysis files).
 
-    ``metrics`` (per seed): columns ``dataset, method, seed, split, metric, score, value``;
-    values are raw (unscaled: accuracy in [0, 1], NLL in nats, ...).  Classification
-    metrics are rows for labelled splits (``test``, ``shift/...``) with ``score == ""``;
-    OOD metrics (``ood_*``) are rows for ``ood/...`` splits, computed with the ``test``
-    split as the in-distribution side, once per OOD score: ``"msp"`` (max probability, every
-    method), ``"entropy"`` (negative predictive entropy H[p-bar]) and ``"mutual_info"``
-    (negative mutual information, only for methods with several samples or members).
-    ``seed`` is the training seed, or the replicate index for methods combined from
-    several seeds (ensembles).
+    ``metrics`` (per seed): columns :data:`METRIC_COLUMNS`; values are raw (unscaled:
+    accuracy in [0, 1], NLL in nats, ...).  Labelled-split metrics are rows for ``test``
+    and ``shift/...`` splits with ``score == ""``; OOD metrics are rows for ``ood/...``
+    splits, computed with the ``test`` split as the in-distribution side, once per OOD
+    score: ``"msp"`` (max probability, every method), ``"entropy"`` (negative predictive
+    entropy H[p-bar]) and ``"mutual_info"`` (negative mutual information, only for methods
+    with several samples or members).  ``seed`` is the training seed, or the replicate
+    index for methods combined from several seeds (ensembles).
 
-    ``summary`` (one row per dataset, method, split, metric, score): ``table`` (which
-    report table: ``in_distribution`` for ``test``, ``shift``, ``ood``), ``n_seeds``,
-    ``mean``, ``std`` (over seeds, ddof=1; NaN for one seed), ``ci_low``/``ci_high`` (95%
-    paired bootstrap interval of the seed-mean over test samples), ``p_value`` and
-    ``p_holm`` (paired bootstrap z-test of the difference to ``reference``: the difference
-    over the standard deviation of its bootstrap distribution on the same resampled
-    samples; Holm-corrected across all comparisons of one dataset's table) and
-    ``verdict`` (``"ref"`` for the reference, ``"better"``/``"worse"`` where p_holm < 0.05
-    in the metric's good/bad direction, else ``""``).
+    ``summary`` (one row per dataset, method, split, metric, score): ``table``
+    (``in_distribution`` for ``test``, ``shift``, ``ood``), ``n_seeds``, ``mean``, ``std``
+    (over seeds, ddof=1; NaN for one seed), ``ci_low``/``ci_high`` (95% paired bootstrap
+    interval of the seed-mean over test samples), ``p_value`` and ``p_holm`` (paired
+    bootstrap z-test of the difference to ``reference``; Holm-corrected across the
+    comparisons of one dataset's table, the ``"paper"`` selection's metrics as one family
+    and any further analysed metrics as another) and ``verdict`` (``"ref"``, ``"better"``/``"worse"``
+    where p_holm < 0.05 in the metric's good direction, else ``""``).
 
-    ``severity`` (corruption aggregates): ``dataset, method, severity, metric, n_seeds,
-    mean, std, ci_low, ci_high``: the metric averaged over the corruption types evaluated at
-    that severity (1..5), severity 0 being the clean ``test`` split; ``severity == -1`` is
-    the average over every corruption split.
-
-    ``corruption_errors``: ``dataset, method, corruption, ce``: sum over severities of the
-    method's error (1 - accuracy) over the reference's, per corruption, and
-    ``corruption == "mCE"`` their mean (1.0 for the reference itself).
-
-    ``efficiency``: ``dataset, method, parameters, train_seconds, predict_seconds_per_1000,
-    peak_memory_mb, passes`` from ``cell.json`` (means over seeds; combinators add up their
-    members' training and prediction time and passes).
+    ``severity``: the metric averaged over the corruption types evaluated at a severity
+    (1..5; 0 = the clean ``test`` split; -1 = every corruption split), then mean/std over
+    seeds, with a bootstrap band for the metrics of the ``"severity"`` selection.
+    ``corruption_errors``: per corruption the method's summed error over the reference's,
+    and ``corruption == "mCE"`` their mean.  ``efficiency``: costs from ``cell.json``
+    (means over seeds; combinators add up their members').  ``failures``: cells that
+    failed or are unusable, and derived replicates that could not be formed.
 
     ``load_predictions(dataset, method, seed, split)`` returns ``(probs [N, C] float64,
-    labels [N] int64)`` for plots; labels are ``-1`` on OOD splits.
+    labels [N] int64)`` for plots (:meth:`bench.catalog.Catalog.predictions`).
     """
 
     suite: str
@@ -83,13 +113,14 @@ class AnalysisResults:
     methods: list[str]  # display order (suite order)
     splits: dict[str, list[str]]  # per dataset: evaluated splits in order (test, shift/..., ood/...)
     seeds: dict[tuple[str, str], list[int]]  # (dataset, method) -> seeds/replicates available
-    failures: pd.DataFrame  # columns: dataset, method, seed, reason
+    failures: pd.DataFrame
     load_predictions: Callable[[str, str, int, str], tuple[np.ndarray, np.ndarray]]
     reference: str = ""  # the method significance and corruption errors are relative to
     summary: pd.DataFrame = field(default_factory=pd.DataFrame)
     severity: pd.DataFrame = field(default_factory=pd.DataFrame)
     corruption_errors: pd.DataFrame = field(default_factory=pd.DataFrame)
     efficiency: pd.DataFrame = field(default_factory=pd.DataFrame)
+    analysed_metrics: list[str] = field(default_factory=list)  # the metrics the files hold
 
 
 def split_order(split: str) -> tuple:
@@ -99,6 +130,14 @@ def split_order(split: str) -> tuple:
 
 def table_of(split: str) -> str:
     return "in_distribution" if split == "test" else "ood" if is_ood(split) else "shift"
+
+
+def analysed_metrics(picked: list[str] | None = None) -> list[str]:
+    """The metrics analysis computes: the ``"paper"`` selection plus any picked ones."""
+    names = list(dict.fromkeys(selection("paper") + list(picked or [])))
+    for n in names:
+        get_metric(n)  # unknown names raise ConfigError, listing the registered ones
+    return names
 
 
 def ood_scores(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -111,8 +150,14 @@ def ood_scores(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
-def evaluate(preds: Preds) -> list[tuple[str, str, str, float]]:
+def _by_inputs(names: list[str]) -> tuple[list[str], list[str]]:
+    """(labelled-split metrics, OOD metrics) of ``names``, order kept."""
+    return [n for n in names if not get_metric(n).on_scores], [n for n in names if get_metric(n).on_scores]
+
+
+def evaluate(preds: Preds, names: list[str]) -> list[tuple[str, str, str, float]]:
     """``(split, metric, score, value)`` for every evaluation split of one prediction set."""
+    labelled, on_scores = _by_inputs(names)
     rows = []
     test_scores = ood_scores(preds["test"]) if "test" in preds else None
     for split in sorted(preds, key=split_order):
@@ -125,109 +170,193 @@ def evaluate(preds: Preds) -> list[tuple[str, str, str, float]]:
             scores = ood_scores(arrays)
             for score in SCORES:
                 if score in scores and score in test_scores:
-                    for name in OOD_METRICS:
-                        value = METRICS.get(name)(test_scores[score], scores[score])
-                        rows.append((split, name, score, float(value)))
+                    for name in on_scores:
+                        rows.append((split, name, score, float(get_metric(name)(test_scores[score], scores[score]))))
         else:
             probs = np.exp(arrays["log_probs"].astype(np.float64))
-            for name in CLASSIFICATION_METRICS:
-                rows.append((split, name, "", float(METRICS.get(name)(probs, arrays["labels"]))))
+            for name in labelled:
+                rows.append((split, name, "", float(get_metric(name)(probs, arrays["labels"]))))
     return rows
 
 
-def collect(plan: Plan, store: Store, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> AnalysisResults:
-    suite = plan.suite
+def analyse(catalog: Catalog, metrics: list[str] | None = None, resamples: int = BOOTSTRAP_RESAMPLES,
+            seed: int = BOOTSTRAP_SEED) -> AnalysisResults:
+    """Every table of the report, computed from the catalog's stored predictions.
+    ``metrics``: the metrics to compute (default :func:`analysed_metrics`)."""
+    names = list(metrics) if metrics is not None else analysed_metrics()
     cache: dict[tuple[str, str, int], Preds] = {}
-    failures: list[dict] = []
-    cells: dict[tuple[str, str, int], dict] = {}  # cell.json of every complete trained cell
+    failures: list[dict] = [{"dataset": d, "method": m, "seed": s, "reason": why}
+                            for (d, m, s), why in catalog.problems.items()]
+    for d in catalog.datasets:
+        for entry in catalog.methods:
+            for rid, members in catalog.replicates(d, entry):
+                if entry.kind == "trained":
+                    preds = catalog.stored(d, entry.name, rid)
+                    if preds is not None:
+                        cache[(d, entry.name, rid)] = preds
+                    continue
+                preds = catalog.combined(d, entry, rid, members)
+                if isinstance(preds, dict):
+                    cache[(d, entry.name, rid)] = preds
+                elif any((d, entry.base, s) in catalog.cells or (d, entry.base, s) in catalog.problems
+                         for s in members):
+                    failures.append({"dataset": d, "method": entry.name, "seed": rid, "reason": preds})
 
-    for d in suite.datasets:
-        for m in suite.methods:
-            if m.kind != "trained":
-                continue
-            for s in suite.seeds:
-                cd = store.cell(plan.find(d.name, m.name, s).key)
-                status = cd.status(skip=(CHECKPOINT,))  # analysis never reads weights
-                if status == "failed":
-                    failures.append({"dataset": d.name, "method": m.name, "seed": s,
-                                     "reason": (cd.read_cell() or {}).get("reason", "failed")})
-                elif status == "complete":
-                    cache[(d.name, m.name, s)] = {split: cd.read_arrays(split) for split in cd.splits()}
-                    cells[(d.name, m.name, s)] = cd.read_cell() or {}
-        for m in suite.methods:
-            if m.kind == "derived":
-                _combine(d.name, m, suite.seeds, cache, failures)
-
-    rows = [
-        (dataset, method, s, split, metric, score, value)
-        for (dataset, method, s), preds in cache.items()
-        for split, metric, score, value in evaluate(preds)
-    ]
-    metrics_df = pd.DataFrame(rows, columns=["dataset", "method", "seed", "split", "metric", "score", "value"])
-    splits = {
-        d.name: sorted({sp for (dn, _, _), p in cache.items() if dn == d.name for sp in p if sp != "val"}, key=split_order)
-        for d in suite.datasets
-    }
+    rows = [(d, m, s, split, metric, score, value)
+            for (d, m, s), preds in cache.items()
+            for split, metric, score, value in evaluate(preds, names)]
+    metrics_df = pd.DataFrame(rows, columns=METRIC_COLUMNS)
+    splits = {d: sorted({sp for (dn, _, _), p in cache.items() if dn == d for sp in p if sp != "val"},
+                        key=split_order) for d in catalog.datasets}
     seeds: dict[tuple[str, str], list[int]] = {}
-    for dataset, method, s in cache:
-        seeds.setdefault((dataset, method), []).append(s)
-    seeds = {k: sorted(v) for k, v in seeds.items()}
-    methods = [m.name for m in suite.methods]
-    reference = suite.reference_method
-
-    def load_predictions(dataset: str, method: str, s: int, split: str) -> tuple[np.ndarray, np.ndarray]:
-        arrays = cache[(dataset, method, s)][split]
-        return np.exp(arrays["log_probs"].astype(np.float64)), arrays["labels"]
-
+    for d, m, s in cache:
+        seeds.setdefault((d, m), []).append(s)
+    failures_df = pd.DataFrame(failures, columns=FAILURE_COLUMNS)
+    if len(failures_df):
+        failures_df = failures_df.sort_values(["dataset", "method", "seed", "reason"], kind="stable").reset_index(drop=True)
     return AnalysisResults(
-        suite=suite.name,
+        suite=catalog.name,
         metrics=metrics_df,
-        datasets=[d.name for d in suite.datasets],
-        methods=methods,
+        datasets=list(catalog.datasets),
+        methods=[e.name for e in catalog.methods],
         splits=splits,
-        seeds=seeds,
-        failures=pd.DataFrame(failures, columns=["dataset", "method", "seed", "reason"]),
-        load_predictions=load_predictions,
-        reference=reference,
-        summary=_summary(metrics_df, cache, seeds, reference, resamples, seed),
-        severity=_severity(metrics_df, cache, seeds, seed),
-        corruption_errors=_corruption_errors(metrics_df, reference),
-        efficiency=_efficiency(suite, cells),
+        seeds={k: sorted(v) for k, v in seeds.items()},
+        failures=failures_df,
+        load_predictions=catalog.predictions,
+        reference=catalog.reference,
+        summary=_summary(metrics_df, cache, seeds, catalog.reference, names, resamples, seed),
+        severity=_severity(metrics_df, cache, seeds, names, seed),
+        corruption_errors=_corruption_errors(metrics_df, catalog.reference),
+        efficiency=_efficiency(catalog),
+        analysed_metrics=names,
     )
 
 
-def _combine(dataset: str, m, seeds: tuple[int, ...], cache: dict, failures: list[dict]) -> None:
-    """Compute a derived method's replicates from its members' stored predictions."""
-    method = METHODS.get(m.type)(m.options)
-    base = m.options.base
-    for rid, member_seeds in method.replicates(seeds):
-        failed = [s for s in member_seeds
-                  if any(f["dataset"] == dataset and f["method"] == base and f["seed"] == s for f in failures)]
-        if failed:
-            failures.append({"dataset": dataset, "method": m.name, "seed": rid,
-                             "reason": f"member {base} seed(s) {failed} failed"})
-            continue
-        members = [cache.get((dataset, base, s)) for s in member_seeds]
-        if any(x is None for x in members):
-            continue
-        common = sorted(set.intersection(*(set(x) for x in members)), key=split_order)
-        labels = {sp: members[0][sp]["labels"] for sp in common}
-        combined = method.combine([{sp: x[sp]["log_probs"] for sp in common} for x in members], labels)
-        preds = {sp: {"log_probs": combined[sp], "labels": labels[sp]} for sp in combined}
-        if len(members) > 1:  # decomposition terms from the members' predictive distributions
-            for sp in combined:
-                terms = decompose(np.stack([np.exp(x[sp]["log_probs"].astype(np.float64)) for x in members]))
-                preds[sp].update(entropy_of_mean=terms["total"], mean_entropy=terms["aleatoric"])
-        cache[(dataset, m.name, rid)] = preds
+# ------------------------------------------------------------------ files and the cache
 
 
-def _summary(metrics_df: pd.DataFrame, cache: dict, seeds: dict, reference: str, resamples: int,
-             seed: int) -> pd.DataFrame:
+def fingerprint(catalog: Catalog, metrics: list[str], resamples: int, seed: int) -> str:
+    """sha256 of everything the analysis files depend on (see the module docstring)."""
+    here = Path(__file__).parent
+    code = {name: hashlib.sha256((here / name).read_bytes()).hexdigest() for name in _CODE}
+    fns = {name: hashlib.sha256(_source(get_metric(name).fn).encode()).hexdigest() for name in metrics}
+    blob = json.dumps({"schema": ANALYSIS_SCHEMA, "metrics": metrics, "resamples": resamples, "seed": seed,
+                       "code": code, "functions": fns, "store": catalog.fingerprint()},
+                      sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _source(fn) -> str:
+    """A function's source text (a plugin metric's code is not among the files hashed)."""
+    try:
+        return inspect.getsource(fn)
+    except (OSError, TypeError):
+        return repr(fn)
+
+
+def save(results: AnalysisResults, out: Path, key: str, options: dict) -> None:
+    """Write the analysis files under ``out`` (``analysis.json`` last, so a run killed
+    midway leaves files whose key does not match and is recomputed)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    digests = {}
+    for name, (attr, columns, _) in FILES.items():
+        frame = getattr(results, attr)
+        frame = frame[columns] if len(frame) else pd.DataFrame(columns=columns)
+        text = frame.to_csv(index=False, na_rep="nan", lineterminator="\n")
+        data = text.encode("utf-8")
+        if name.endswith(".gz"):
+            data = _gzip(data)
+        atomic_write_bytes(out / name, data)
+        digests[name] = hashlib.sha256(data).hexdigest()
+    atomic_write_json(out / "analysis.json", {
+        "schema": ANALYSIS_SCHEMA,
+        "key": key,
+        "options": options,
+        "suite": results.suite,
+        "reference": results.reference,
+        "datasets": results.datasets,
+        "methods": results.methods,
+        "metrics": results.analysed_metrics,
+        "splits": results.splits,
+        "seeds": [[d, m, s] for (d, m), s in sorted(results.seeds.items())],
+        "files": digests,
+        "columns": {name: columns for name, (_, columns, _) in FILES.items()},
+    })
+
+
+def _gzip(data: bytes) -> bytes:
+    import gzip
+
+    return gzip.compress(data, compresslevel=6, mtime=0)  # mtime 0: the same bytes every time
+
+
+def read_manifest(out: Path) -> dict | None:
+    """``analysis.json`` of ``out`` when it and every file it lists verify, else None."""
+    try:
+        meta = json.loads((Path(out) / "analysis.json").read_text(encoding="utf-8"))
+        if not isinstance(meta, dict) or meta.get("schema") != ANALYSIS_SCHEMA:
+            return None
+        for name, digest in meta["files"].items():
+            if hashlib.sha256((Path(out) / name).read_bytes()).hexdigest() != digest:
+                return None
+    except (OSError, ValueError, KeyError, AttributeError, TypeError):
+        return None
+    return meta
+
+
+def load(out: Path, load_predictions: Callable | None = None) -> AnalysisResults:
+    """The analysis files under ``out`` as :class:`AnalysisResults` (what the report reads)."""
+    meta = read_manifest(out)
+    if meta is None:
+        raise FileNotFoundError(f"no valid analysis files under {out}")
+    frames = {}
+    for name, (attr, columns, strings) in FILES.items():
+        frame = pd.read_csv(Path(out) / name, keep_default_na=False, na_values={c: ["nan"] for c in columns if c not in strings},
+                            dtype={c: str for c in strings})
+        frames[attr] = frame[columns]
+
+    def missing(*_args):
+        raise KeyError("these analysis files were loaded without a store to read predictions from")
+
+    return AnalysisResults(
+        suite=meta["suite"],
+        datasets=list(meta["datasets"]),
+        methods=list(meta["methods"]),
+        splits={d: list(v) for d, v in meta["splits"].items()},
+        seeds={(d, m): list(s) for d, m, s in meta["seeds"]},
+        load_predictions=load_predictions or missing,
+        reference=meta["reference"],
+        analysed_metrics=list(meta["metrics"]),
+        **frames,
+    )
+
+
+def analyse_store(catalog: Catalog, out: Path, metrics: list[str] | None = None,
+                  resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> tuple[AnalysisResults, bool]:
+    """The analysis of ``catalog`` as written under ``out``: reused when its key matches,
+    else recomputed and written.  Returns ``(results read from the files, reused)``."""
+    names = analysed_metrics(metrics)
+    key = fingerprint(catalog, names, resamples, seed)
+    meta = read_manifest(out)
+    reused = meta is not None and meta.get("key") == key
+    if not reused:
+        save(analyse(catalog, names, resamples, seed), out, key, {"resamples": resamples, "seed": seed})
+    return load(out, catalog.predictions), reused
+
+
+# ---------------------------------------------------------------------- the statistics
+
+
+def _summary(metrics_df: pd.DataFrame, cache: dict, seeds: dict, reference: str, names: list[str],
+             resamples: int, seed: int) -> pd.DataFrame:
     """Mean/std over seeds for every (dataset, method, split, metric, score); on ``test``
     and OOD splits also the paired bootstrap CI of the seed-mean and the test against the
-    reference method, Holm-corrected per (dataset, table)."""
+    reference method, Holm-corrected per (dataset, table) within the paper selection, and
+    separately among any further metrics."""
     if metrics_df.empty:
         return pd.DataFrame(columns=SUMMARY_COLUMNS)
+    labelled, on_scores = _by_inputs(names)
     keys = ["dataset", "method", "split", "metric", "score"]
     g = metrics_df.groupby(keys, sort=False)["value"]
     out = g.agg(n_seeds="count", mean="mean", std=lambda v: v.std(ddof=1) if len(v) > 1 else np.nan).reset_index()
@@ -235,7 +364,7 @@ def _summary(metrics_df: pd.DataFrame, cache: dict, seeds: dict, reference: str,
     dist: dict[tuple, np.ndarray] = {}  # bootstrap distribution of the seed-mean
     for dataset in out["dataset"].unique():
         weights = {}
-        for (dn, method, _s), preds in cache.items():
+        for (dn, _method, _s), preds in cache.items():
             if dn != dataset:
                 continue
             for split in preds:
@@ -249,7 +378,7 @@ def _summary(metrics_df: pd.DataFrame, cache: dict, seeds: dict, reference: str,
                 if "test" not in preds:
                     continue
                 probs = np.exp(preds["test"]["log_probs"].astype(np.float64))
-                for name in CLASSIFICATION_METRICS:
+                for name in labelled:
                     per_seed.setdefault(("test", name, ""), []).append(
                         stats.boot_metric(name, probs, preds["test"]["labels"], weights["test"]))
                 test_scores = ood_scores(preds["test"])
@@ -259,7 +388,7 @@ def _summary(metrics_df: pd.DataFrame, cache: dict, seeds: dict, reference: str,
                     scores = ood_scores(preds[split])
                     for score in SCORES:
                         if score in scores and score in test_scores:
-                            for name in OOD_METRICS:
+                            for name in on_scores:
                                 per_seed.setdefault((split, name, score), []).append(stats.boot_ood_metric(
                                     name, test_scores[score], scores[score], weights["test"], weights[split]))
             for (split, name, score), values in per_seed.items():
@@ -278,7 +407,10 @@ def _summary(metrics_df: pd.DataFrame, cache: dict, seeds: dict, reference: str,
             p_values.append(stats.paired_z_test(dist[k] - dist[ref], float(means[k] - means[ref])))
     out["p_value"] = p_values
     out["p_holm"] = np.nan
-    for _, idx in out.groupby(["dataset", "table"], sort=False).groups.items():
+    # Holm families: one dataset's table, the paper selection apart from metrics picked on
+    # top of it, so adding columns never changes the verdicts of the paper's metrics
+    family = out["metric"].isin(selection("paper"))
+    for _, idx in out.groupby([out["dataset"], out["table"], family], sort=False).groups.items():
         finite = [i for i in idx if np.isfinite(out.at[i, "p_value"])]
         if finite:
             out.loc[finite, "p_holm"] = stats.holm(out.loc[finite, "p_value"].to_numpy())
@@ -289,17 +421,13 @@ def _summary(metrics_df: pd.DataFrame, cache: dict, seeds: dict, reference: str,
     return out[SUMMARY_COLUMNS]
 
 
-SUMMARY_COLUMNS = ["dataset", "method", "split", "table", "metric", "score", "n_seeds", "mean", "std",
-                   "ci_low", "ci_high", "p_value", "p_holm", "verdict"]
-
-
 def _verdict(method: str, metric: str, mean: float, ref_mean: float, p_holm: float, reference: str) -> str:
     """``ref`` for the reference; ``better``/``worse`` when significant after Holm."""
     if method == reference:
         return "ref"
     if not (np.isfinite(p_holm) and p_holm < ALPHA):
         return ""
-    return "better" if (mean > ref_mean) == METRIC_INFO[metric].higher_is_better else "worse"
+    return "better" if (mean > ref_mean) == get_metric(metric).higher_is_better else "worse"
 
 
 @functools.lru_cache(maxsize=8)  # a few [B, N] matrices per analysis (test, OOD sets, severity)
@@ -321,18 +449,17 @@ def _severity_of(split: str) -> int | None:
     return corruption[1] if corruption else None
 
 
-def _severity(metrics_df: pd.DataFrame, cache: dict, seeds: dict, seed: int) -> pd.DataFrame:
-    """Classification metrics averaged over corruption types per severity (0 = clean test,
-    -1 = every corruption split), then mean and std over seeds; for
-    :data:`SEVERITY_METRICS` also a 95% paired bootstrap interval of the seed-mean (each
-    split resampled with its own shared index matrix, the corruption average taken per
-    resample)."""
-    cols = ["dataset", "method", "severity", "metric", "n_seeds", "mean", "std", "ci_low", "ci_high"]
+def _severity(metrics_df: pd.DataFrame, cache: dict, seeds: dict, names: list[str], seed: int) -> pd.DataFrame:
+    """Labelled-split metrics averaged over corruption types per severity (0 = clean test,
+    -1 = every corruption split), then mean and std over seeds; for the analysed metrics
+    of the ``"severity"`` selection also a 95% paired bootstrap interval of the seed-mean
+    (each split resampled with its own shared index matrix, the corruption average taken
+    per resample)."""
     df = metrics_df[metrics_df["score"] == ""].copy()
     df["severity"] = df["split"].map(_severity_of)
     df = df.dropna(subset=["severity"])
     if df.empty or (df["severity"] > 0).sum() == 0:
-        return pd.DataFrame(columns=cols)
+        return pd.DataFrame(columns=SEVERITY_COLUMNS)
     df["severity"] = df["severity"].astype(int)
     per_seed = df.groupby(["dataset", "method", "seed", "severity", "metric"], sort=False)["value"].mean().reset_index()
     overall = df[df["severity"] > 0].groupby(["dataset", "method", "seed", "metric"], sort=False)["value"].mean().reset_index()
@@ -340,14 +467,17 @@ def _severity(metrics_df: pd.DataFrame, cache: dict, seeds: dict, seed: int) -> 
     per_seed = pd.concat([per_seed, overall[per_seed.columns]], ignore_index=True)
     g = per_seed.groupby(["dataset", "method", "severity", "metric"], sort=False)["value"]
     out = g.agg(n_seeds="count", mean="mean", std=lambda v: v.std(ddof=1) if len(v) > 1 else np.nan).reset_index()
-    bands = _severity_bands(df, cache, seeds, seed)
+    banded = [n for n in selection("severity") if n in names]
+    bands = _severity_bands(df, cache, seeds, banded, seed)
     keys = out[["dataset", "method", "severity", "metric"]].itertuples(index=False, name=None)
     ci = [bands.get(k, (np.nan, np.nan)) for k in keys]
     out["ci_low"], out["ci_high"] = [c[0] for c in ci], [c[1] for c in ci]
-    return out.sort_values(["dataset", "method", "severity", "metric"], kind="stable", key=_display_key(out))[cols].reset_index(drop=True)
+    return out.sort_values(["dataset", "method", "severity", "metric"], kind="stable",
+                           key=_display_key(out))[SEVERITY_COLUMNS].reset_index(drop=True)
 
 
-def _severity_bands(df: pd.DataFrame, cache: dict, seeds: dict, seed: int) -> dict[tuple, tuple[float, float]]:
+def _severity_bands(df: pd.DataFrame, cache: dict, seeds: dict, names: list[str],
+                    seed: int) -> dict[tuple, tuple[float, float]]:
     """(dataset, method, severity, metric) -> bootstrap CI of the corruption-averaged seed-mean."""
     split_severity = dict(zip(df["split"], df["severity"]))
     bands = {}
@@ -363,7 +493,7 @@ def _severity_bands(df: pd.DataFrame, cache: dict, seeds: dict, seed: int) -> di
                 n = len(arrays["labels"])
                 w = _weights(n, SEVERITY_RESAMPLES, seed)
                 probs = np.exp(arrays["log_probs"].astype(np.float64))
-                for name in SEVERITY_METRICS:
+                for name in names:
                     value = stats.boot_metric(name, probs, arrays["labels"], w)
                     sums.setdefault((sev, name), []).append(value)
                     if sev > 0:
@@ -385,10 +515,9 @@ def _corruption_errors(metrics_df: pd.DataFrame, reference: str) -> pd.DataFrame
     """CE_c = sum_s err(method, c, s) / sum_s err(reference, c, s), err = 1 - accuracy
     (seed-mean); mCE = mean over corruptions (Hendrycks & Dietterich, 2019, relative to a
     reference method instead of AlexNet)."""
-    cols = ["dataset", "method", "corruption", "ce"]
     acc = metrics_df[(metrics_df["metric"] == "accuracy") & metrics_df["split"].map(lambda s: corruption_of(s) is not None)]
     if acc.empty:
-        return pd.DataFrame(columns=cols)
+        return pd.DataFrame(columns=CE_COLUMNS)
     acc = acc.assign(corruption=acc["split"].map(lambda s: corruption_of(s)[0]), error=1.0 - acc["value"])
     err = acc.groupby(["dataset", "method", "corruption", "split"], sort=False)["error"].mean().reset_index()
     total = err.groupby(["dataset", "method", "corruption"], sort=False)["error"].sum().reset_index()
@@ -399,36 +528,40 @@ def _corruption_errors(metrics_df: pd.DataFrame, reference: str) -> pd.DataFrame
         rows += [(dataset, method, c, ce) for c, ce in ces]
         if ces:
             rows.append((dataset, method, "mCE", float(np.mean([ce for _, ce in ces]))))
-    return pd.DataFrame(rows, columns=cols)
+    return pd.DataFrame(rows, columns=CE_COLUMNS)
 
 
-def _efficiency(suite, cells: dict[tuple[str, str, int], dict]) -> pd.DataFrame:
+def _efficiency(catalog: Catalog) -> pd.DataFrame:
     """Cost per method from ``cell.json`` (mean over seeds); a combinator of M members costs
     the sum of its members' training and prediction, with M x S passes."""
-    cols = ["dataset", "method", "parameters", "train_seconds", "predict_seconds_per_1000", "peak_memory_mb", "passes"]
     rows = []
-    for d in suite.datasets:
+    for d in catalog.datasets:
         trained = {}
-        for m in suite.methods:
-            if m.kind != "trained":
+        for e in catalog.methods:
+            if e.kind != "trained":
                 continue
-            infos = [cells[(d.name, m.name, s)] for s in suite.seeds if (d.name, m.name, s) in cells]
+            infos = [catalog.cells[(d, e.name, s)].read_cell() or {} for s in catalog.seeds
+                     if (d, e.name, s) in catalog.cells]
             if infos:
-                trained[m.name] = {
+                trained[e.name] = {
                     "parameters": infos[0].get("parameters", np.nan),
                     "train_seconds": float(np.mean([i.get("train_seconds", np.nan) for i in infos])),
                     "predict_seconds_per_1000": float(np.mean([i.get("predict_seconds_per_1000", np.nan) for i in infos])),
                     "peak_memory_mb": float(np.max([i.get("peak_memory_mb", np.nan) for i in infos])),
                     "passes": infos[0].get("samples", 1),
                 }
-        for m in suite.methods:
-            if m.name in trained:
-                rows.append({"dataset": d.name, "method": m.name, **trained[m.name]})
-            elif m.kind == "derived" and m.options.base in trained:
-                base = trained[m.options.base]
-                k = METHODS.get(m.type)(m.options).members_per_replicate()
-                rows.append({"dataset": d.name, "method": m.name, "parameters": base["parameters"] * k,
+        for e in catalog.methods:
+            if e.name in trained:
+                rows.append({"dataset": d, "method": e.name, **trained[e.name]})
+            elif e.kind == "derived" and e.base in trained:
+                base = trained[e.base]
+                k = e.method.members_per_replicate()
+                rows.append({"dataset": d, "method": e.name, "parameters": base["parameters"] * k,
                              "train_seconds": base["train_seconds"] * k,
                              "predict_seconds_per_1000": base["predict_seconds_per_1000"] * k,
                              "peak_memory_mb": base["peak_memory_mb"], "passes": base["passes"] * k})
-    return pd.DataFrame(rows, columns=cols)
+    return pd.DataFrame(rows, columns=EFFICIENCY_COLUMNS)
+
+
+__all__ = ["AnalysisResults", "analyse", "analyse_store", "analysed_metrics", "save", "load", "fingerprint",
+           "evaluate", "ood_scores"]

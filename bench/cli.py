@@ -3,7 +3,10 @@
 * ``run`` (default): plan the suite, train and predict every incomplete cell into the
   store ``<results>/<suite>/``, then write the report ``<reports>/<suite>/``.
 * ``report``: rebuild every table and plot from the store alone (no model is built and
-  no checkpoint read).
+  no checkpoint read).  Analysis files under ``<reports>/<suite>/analysis/`` are reused
+  while the store and the analysis options are unchanged.  The store describes itself: when
+  ``--suite NAME`` is no suite file but ``<results>/NAME/`` is a store, that store is
+  reported on its own.
 * ``list``: the registered methods, datasets, attention layers, metrics and suites.
 
 Exit status: 0 success, 1 some cells failed (the report marks them), 2 bad input
@@ -15,6 +18,7 @@ import argparse
 import importlib
 import os
 import sys
+import time
 from pathlib import Path
 
 from bench.errors import ConfigError
@@ -73,7 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="import MODULE so its registrations take part (repeatable)")
     p.add_argument("--format", type=_csv("formats"), default=("md", "tex", "csv"), help="table formats (md,tex,csv)")
     p.add_argument("--metrics", type=_csv("metrics"),
-                   help="metric names to show in the report (default: the KEP-SVGP paper's set; see `list`)")
+                   help="metric names to show in the report (default: the KEP-SVGP paper's set; any name from `list`)")
+    p.add_argument("--severity", type=_positive_int, default=5,
+                   help="corruption severity of the per-corruption table, 1..5 (default: 5)")
     p.add_argument("--quiet", action="store_true", help="no progress bars or per-cell lines")
     return p
 
@@ -111,8 +117,12 @@ def cmd_list() -> int:
     print("attention layers:")
     for name in ATTENTIONS.names():
         print(f"  {name:<22} {first_line(ATTENTIONS.get(name))}")
-    print("metrics:")
-    print("  " + ", ".join(METRICS.names()))
+    print("metrics (name [kind] label (unit), higher/lower is better; * = in the default \"paper\" selection):")
+    for name in METRICS.names():
+        m = METRICS.get(name)
+        unit = f" ({m.unit})" if m.unit else ""
+        star = "*" if "paper" in m.selections else " "
+        print(f"  {name:<28}{star} [{m.kind}] {m.label}{unit}, {'higher' if m.higher_is_better else 'lower'} is better")
     print("suites:")
     print("  " + ", ".join(available_suites()))
     return 0
@@ -140,10 +150,21 @@ def _main(args: argparse.Namespace) -> int:
     for fmt in args.format:
         if fmt not in ("md", "tex", "csv"):
             raise ConfigError(f"--format: unknown table format {fmt!r}; known: md, tex, csv")
-    suite = load_suite(args.suite, Overrides(seeds=args.seeds, epochs=args.epochs, methods=args.methods))
+    if args.severity not in range(1, 6):
+        raise ConfigError(f"--severity must be one of 1, 2, 3, 4, 5, got {args.severity}")
+    if args.metrics:
+        from bench.report.tables import select_metrics
+
+        select_metrics(args.metrics)  # unknown names are an error before any work
+    overrides = Overrides(seeds=args.seeds, epochs=args.epochs, methods=args.methods)
+    if args.command == "report" and _store_only(args):
+        name = args.suite
+        return _report(None, args.results / name, args.reports / name, args, None, set())
+    suite = load_suite(args.suite, overrides)
     store_root = args.results / suite.name
     status = 0
     if args.command == "run":
+        from bench.catalog import write_store_description
         from bench.plan import make_plan
         from bench.runner import Console, run_plan
         from bench.store import Store
@@ -153,30 +174,65 @@ def _main(args: argparse.Namespace) -> int:
         console = Console(args.quiet)
         plan = make_plan(select(suite, args.methods, args.datasets))
         console.log(f"suite {suite.name!r}: {len(plan.cells)} cells on {device}, store {store_root}")
+        write_store_description(store_root, suite)
         summary = run_plan(plan, Store(store_root), device, console)
         console.log(f"done: {len(summary.done)} trained, {len(summary.skipped)} skipped, {len(summary.failed)} failed")
         status = 1 if summary.failed else 0
         shown = None  # after a run, the report covers the whole suite
     else:
         shown = list(args.methods) if args.methods else None
-    written = write_suite_report(suite, store_root, args.reports / suite.name, args.format, shown, args.datasets,
-                                 args.metrics)
-    if not args.quiet:
-        print(f"report: {written}", file=sys.stderr)
+    from bench.plan import make_plan
+
+    reported = select(suite, None, args.datasets, to_run=False)
+    planned = {c.key for c in make_plan(reported).cells}
+    _report(reported, store_root, args.reports / suite.name, args, shown, planned)
     return status
 
 
-def write_suite_report(suite, store_root: Path, out_dir: Path, formats, methods, datasets, metrics=None) -> Path:
-    """Analyse the store for ``suite`` and write the report; returns the README path."""
-    from bench.analysis import collect
-    from bench.plan import make_plan
-    from bench.report import write_report
-    from bench.spec import select
-    from bench.store import Store
+def _store_only(args: argparse.Namespace) -> bool:
+    """``report --suite NAME`` where NAME is no suite file but a store folder under --results."""
+    from bench.spec import resolve_suite_path
 
-    if not store_root.is_dir():
-        raise ConfigError(f"no results for suite {suite.name!r} under {store_root}; run the suite first "
-                          f"(python run_suite.py --suite {suite.name}) or pass --results DIR")
-    results = collect(make_plan(select(suite, None, datasets, to_run=False)), Store(store_root))
-    write_report(results, out_dir, tuple(formats), methods, list(metrics) if metrics else None)
-    return out_dir / "README.md"
+    try:
+        resolve_suite_path(args.suite)
+        return False
+    except ConfigError:
+        if (args.results / args.suite).is_dir() and "/" not in args.suite and not args.suite.endswith(".toml"):
+            return True
+        raise
+
+
+def _report(suite, store_root: Path, out_dir: Path, args: argparse.Namespace, shown, planned: set[str]) -> int:
+    """Analyse the store (or reuse its analysis files) and write the report."""
+    started = time.perf_counter()
+    readme, reused = write_suite_report(suite, store_root, out_dir, args.format, shown, args.datasets,
+                                        args.metrics, args.severity, planned)
+    if not args.quiet:
+        how = "reused the analysis files" if reused else "analysed the store"
+        print(f"report: {readme} ({how}; {time.perf_counter() - started:.1f} s)", file=sys.stderr)
+    return 0
+
+
+def write_suite_report(suite, store_root: Path, out_dir: Path, formats, methods, datasets, metrics=None,
+                       severity: int = 5, planned: set[str] = frozenset()) -> tuple[Path, bool]:
+    """Analyse the store (``suite`` selects and orders; ``None`` = the store alone), write
+    the analysis files and the report; returns the README path and whether the analysis
+    files were reused."""
+    from bench.analysis import ANALYSIS_DIR, analyse_store
+    from bench.catalog import open_store
+    from bench.report import write_report
+
+    if not Path(store_root).is_dir():
+        name = suite.name if suite is not None else Path(store_root).name
+        raise ConfigError(f"no results for suite {name!r} under {store_root}; run the suite first "
+                          f"(python run_suite.py --suite {name}) or pass --results DIR")
+    catalog = open_store(store_root, suite, planned)
+    if datasets is not None and suite is None:
+        unknown = [d for d in datasets if d not in catalog.datasets]
+        if unknown:
+            raise ConfigError(f"--datasets: the store has no dataset(s) {unknown}; it has: {', '.join(catalog.datasets)}")
+        catalog.datasets = [d for d in catalog.datasets if d in datasets]
+    picked = list(metrics) if metrics else None
+    results, reused = analyse_store(catalog, Path(out_dir) / ANALYSIS_DIR, picked)
+    write_report(results, out_dir, tuple(formats), methods, picked, severity)
+    return Path(out_dir) / "README.md", reused

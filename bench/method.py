@@ -110,6 +110,23 @@ class DerivedMethod:
         ``-1`` on OOD) to this method's ``split -> log_probs``."""
         raise NotImplementedError
 
+    def predict_from(self, members: list[dict[str, dict[str, np.ndarray]]]) -> dict[str, dict[str, np.ndarray]]:
+        """One replicate's stored-format predictions from its members' (each ``split ->
+        {"log_probs", "labels", ...}``): :meth:`combine` on the splits every member has,
+        plus the decomposition terms ``entropy_of_mean``/``mean_entropy`` of the members'
+        predictive distributions when there are several members."""
+        from bench.metrics import decompose
+
+        common = sorted(set.intersection(*(set(m) for m in members)))
+        labels = {sp: members[0][sp]["labels"] for sp in common}
+        combined = self.combine([{sp: m[sp]["log_probs"] for sp in common} for m in members], labels)
+        preds = {sp: {"log_probs": combined[sp], "labels": labels[sp]} for sp in combined}
+        if len(members) > 1:
+            for sp in combined:
+                terms = decompose(np.stack([np.exp(m[sp]["log_probs"].astype(np.float64)) for m in members]))
+                preds[sp].update(entropy_of_mean=terms["total"], mean_entropy=terms["aleatoric"])
+        return preds
+
 
 def log_mean_exp(log_probs: np.ndarray, axis: int = 0) -> np.ndarray:
     """log(mean(exp(x))) along ``axis``, stably: averaging probabilities in log space."""

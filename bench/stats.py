@@ -20,7 +20,8 @@ How it is fast
     3x slower at N = 10,000).  Cost: see ``benchmarks/bootstrap_cost.py``.
 
 Exactness contract (tested)
-    For every resample ``b`` and every default metric (``bench.metrics``),
+    For every resample ``b`` and every metric with a vectorised kernel (the ``bootstrap``
+    field of its ``bench.metrics.Metric``; the kernels live next to the metrics),
     ``boot_metric(name, probs, labels, w)[b]`` equals
     ``METRICS.get(name)(probs[idx[b]], labels[idx[b]])`` up to float rounding (~1e-12),
     tie conventions included: AURC's stable sort, tie groups of ROC/PR points, sklearn's
@@ -34,22 +35,16 @@ Exactness contract (tested)
 Intervals and tests
     :func:`bootstrap_ci` gives the percentile interval; :func:`seed_mean_distribution` the
     bootstrap distribution of a mean over seeds (every seed on the same resamples);
-    :func:`paired_test` a two-sided bootstrap p-value for "difference = 0" and :func:`holm`
+    :func:`paired_z_test` the two-sided test of "difference = 0" that analysis uses and :func:`holm`
     the Holm-Bonferroni adjustment across the comparisons of one table.
 """
 from __future__ import annotations
 
-from typing import Callable, Iterator, Sequence
+from typing import Sequence
 
 import numpy as np
 
-from bench.metrics import (
-    METRIC_INFO,
-    _check_probs_labels,
-    _check_scores,
-    _confidence_correct,
-)
-from bench.registry import METRICS
+from bench.metrics import _check_probs_labels, _check_scores, _chunks, get_metric
 
 __all__ = [
     "DEFAULT_RESAMPLES",
@@ -60,13 +55,11 @@ __all__ = [
     "boot_ood_metric",
     "bootstrap_ci",
     "seed_mean_distribution",
-    "paired_test",
     "paired_z_test",
     "holm",
 ]
 
 DEFAULT_RESAMPLES = 1000
-_CHUNK_ELEMENTS = 1 << 20  # rows of w per matrix product: ~8 MB per [rows, N] float64 copy
 
 
 # ------------------------------------------------------------------------- resamples
@@ -142,272 +135,6 @@ def _check_weights(weights: np.ndarray, n: int, name: str = "weights") -> np.nda
     return w
 
 
-def _chunks(n_rows: int, n_cols: int) -> Iterator[slice]:
-    """Row slices of about ``_CHUNK_ELEMENTS`` elements (bounded memory for ``w @ x``)."""
-    step = max(1, _CHUNK_ELEMENTS // max(n_cols, 1))
-    for start in range(0, n_rows, step):
-        yield slice(start, min(start + step, n_rows))
-
-
-# -------------------------------------------------------------- weighted tie groups
-
-
-class _Groups:
-    """Samples sorted by score (descending) and cut into runs of tied scores.
-
-    The runs are the thresholds of ``bench.metrics._BinaryCurve``.  A resample's
-    thresholds are the runs it draws from; an undrawn run repeats the previous point of the
-    cumulative counts, so it adds nothing to an area and is skipped where points are
-    compared (FPR95).
-    """
-
-    def __init__(self, positive: np.ndarray, score: np.ndarray) -> None:
-        self.order = np.argsort(-score, kind="stable")
-        ordered = score[self.order]
-        self.pos = np.asarray(positive, bool)[self.order].astype(np.int64)
-        changes = np.flatnonzero(np.diff(ordered))
-        # last sorted position of each run; None when every run is a single sample
-        self.ends = None if changes.shape[0] == ordered.shape[0] - 1 else np.append(changes, ordered.shape[0] - 1)
-
-    def cumulative(self, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(TP, FP)`` ``[G]`` (int64): drawn positives / negatives scoring >= each run, for counts ``w`` ``[N]``."""
-        ws = w[self.order]
-        tot = np.cumsum(ws)
-        ws *= self.pos
-        tp = np.cumsum(ws)
-        if self.ends is not None:
-            tot, tp = tot[self.ends], tp[self.ends]
-        tot -= tp
-        return tp, tot
-
-
-def _auroc_from_cumulative(tp: np.ndarray, fp: np.ndarray) -> float:
-    """Trapezoid ROC area (ties count one half); NaN without positives or negatives.
-
-    Area = sum_g (FP_g - FP_{g-1}) (TP_g + TP_{g-1}) / (2 P N) (FP_{-1} = TP_{-1} = 0):
-    the trapezoid rule on the ROC points, with an exact integer numerator.
-    """
-    p, n = tp[-1], fp[-1]
-    if p == 0 or n == 0:
-        return float("nan")
-    num = int(fp[0]) * int(tp[0]) + int(np.dot(fp[1:] - fp[:-1], tp[1:] + tp[:-1]))
-    return num / (2.0 * float(p) * float(n))
-
-
-def _average_precision_from_cumulative(tp: np.ndarray, fp: np.ndarray) -> float:
-    """Step-wise AP = sum_g (pos_g / P) precision_g, clipped at 0; NaN without positives.
-
-    Only runs that draw positives contribute, and their precision denominators are > 0.
-    """
-    if tp[-1] == 0:
-        return float("nan")
-    prec = tp / np.maximum(tp + fp, 1)
-    total = float(tp[0]) * prec[0] + float(np.dot(tp[1:] - tp[:-1], prec[1:]))
-    return max(0.0, total / float(tp[-1]))
-
-
-def _aupr_trapezoid_from_cumulative(tp: np.ndarray, fp: np.ndarray) -> float:
-    """Trapezoid area under precision(recall) with the (0, 1) start point; NaN without positives.
-
-    Area = sum_g (pos_g / P) (prec_g + prec_{g-1}) / 2 with prec_{-1} = 1.  Undrawn runs
-    before the first drawn one sit on the start point (recall 0, precision 1) and later
-    undrawn runs repeat the previous point: both add zero-width trapezoids.
-    """
-    p = tp[-1]
-    if p == 0:
-        return float("nan")
-    tot = tp + fp
-    prec = np.ones(tp.shape[0])
-    np.divide(tp, tot, out=prec, where=tot > 0)
-    area = float(tp[0]) * (prec[0] + 1.0) + float(np.dot(tp[1:] - tp[:-1], prec[1:] + prec[:-1]))
-    return 0.5 * area / float(p)
-
-
-def _fpr_at_tpr_from_cumulative(tp: np.ndarray, fp: np.ndarray, target: float = 0.95) -> float:
-    """FPR at the ROC point with TPR nearest ``target`` (first on ties), on sklearn's points.
-
-    Fast path: the nearest of *all* the resample's points (argmin over runs: an undrawn run
-    repeats an earlier point, which argmin prefers, so the winner is a drawn run).  It is
-    the answer unless ``drop_intermediate`` removes it, i.e. it is interior and the next
-    drawn run has the same increment; then :func:`_fpr_at_tpr_kept_points` redoes the
-    search on the kept points only.  (0, 0) comes first, so it wins distance ties.
-    """
-    p, n = tp[-1], fp[-1]
-    if p == 0 or n == 0:
-        return float("nan")
-    dist = np.abs(tp / float(p) - target)
-    j = int(np.argmin(dist))
-    if not dist[j] < abs(0.0 - target):
-        return 0.0
-    if j > 0 and tp[j - 1] + fp[j - 1] > 0:  # j is not the first drawn run
-        # next drawn run: first where TP or FP grows
-        nxt = min(int(np.searchsorted(tp, tp[j], side="right")), int(np.searchsorted(fp, fp[j], side="right")))
-        if (
-            nxt < tp.shape[0]
-            and tp[nxt] - tp[nxt - 1] == tp[j] - tp[j - 1]
-            and fp[nxt] - fp[nxt - 1] == fp[j] - fp[j - 1]
-        ):
-            return _fpr_at_tpr_kept_points(tp, fp, target)
-    return float(fp[j]) / float(n)
-
-
-def _fpr_at_tpr_kept_points(tp: np.ndarray, fp: np.ndarray, target: float) -> float:
-    """The full search of :func:`_fpr_at_tpr_from_cumulative` (P > 0 and N > 0).
-
-    The resample's threshold points are the cumulative counts at its drawn runs.  As in
-    ``sklearn.metrics.roc_curve(drop_intermediate=True)``, an interior point is dropped when
-    its increment (pos, neg) equals the next point's; (0, 0) is prepended.
-    """
-    p, n = tp[-1], fp[-1]
-    tot = tp + fp
-    drawn = np.empty(tot.shape[0], bool)
-    drawn[0] = tot[0] > 0
-    np.not_equal(tot[1:], tot[:-1], out=drawn[1:])
-    tps, fps = tp[drawn], fp[drawn]
-    dt, df = tps[1:] - tps[:-1], fps[1:] - fps[:-1]  # increments of points 1..m-1
-    keep = np.ones(tps.shape[0], bool)
-    keep[1:-1] = (dt[:-1] != dt[1:]) | (df[:-1] != df[1:])
-    tps, fps = tps[keep], fps[keep]
-    dist = np.abs(tps / float(p) - target)
-    best = int(np.argmin(dist))
-    return float(fps[best]) / float(n) if dist[best] < abs(0.0 - target) else 0.0
-
-
-def _curve_metric(
-    fn: Callable[[np.ndarray, np.ndarray], float], groups: _Groups, w: np.ndarray
-) -> np.ndarray:
-    """``fn`` on the cumulative counts of every row of ``w``.
-
-    One resample at a time: 1-D passes over a row stay in cache and beat 2-D batches
-    (about 3x at N = 10,000 on the benchmark machine).
-    """
-    return np.array([fn(*groups.cumulative(row)) for row in w], dtype=np.float64)
-
-
-# ------------------------------------------------------------- classification metrics
-
-
-def _weighted_mean(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """``sum_i w[b, i] x[i] / sum_i w[b, i]`` for every row ``b``."""
-    out = np.empty(w.shape[0])
-    for rows in _chunks(w.shape[0], w.shape[1]):
-        wr = w[rows].astype(np.float64)
-        out[rows] = (wr @ x) / wr.sum(axis=1)
-    return out
-
-
-def _boot_accuracy(probs, labels, w):
-    _, correct = _confidence_correct(probs, labels)
-    return _weighted_mean(correct.astype(np.float64), w)
-
-
-def _boot_nll(probs, labels, w):
-    p_true = np.asarray(probs, dtype=np.float64)[np.arange(labels.shape[0]), labels]
-    return _weighted_mean(-np.log(np.maximum(p_true, np.finfo(np.float64).tiny)), w)
-
-
-def _boot_brier(probs, labels, w):
-    p = np.asarray(probs, dtype=np.float64)
-    p_true = p[np.arange(labels.shape[0]), labels]
-    per_sample = np.maximum(np.einsum("ij,ij->i", p, p) - 2.0 * p_true + 1.0, 0.0)
-    return _weighted_mean(per_sample, w)
-
-
-def _boot_ece(probs, labels, w, n_bins: int = 15):
-    """Top-label ECE on ``(lo, hi]`` bins, bins assigned as ``bench.metrics.calibration_bins``."""
-    bin_dtype = np.result_type(probs.dtype, np.float32)
-    conf_native = probs.astype(bin_dtype, copy=False).max(axis=1)
-    edges = np.linspace(0.0, 1.0, n_bins + 1)
-    bins = np.clip(np.searchsorted(edges.astype(bin_dtype), conf_native, side="left") - 1, 0, n_bins - 1)
-    correct = probs.argmax(axis=1) == labels
-    # D[i, bin_i] = correct_i - conf_i, so (w @ D)[b, m] = sum_acc - sum_conf of bin m
-    gap = np.zeros((labels.shape[0], n_bins))
-    gap[np.arange(labels.shape[0]), bins] = correct - conf_native.astype(np.float64)
-    out = np.empty(w.shape[0])
-    for rows in _chunks(w.shape[0], w.shape[1]):
-        wr = w[rows].astype(np.float64)
-        out[rows] = np.abs(wr @ gap).sum(axis=1) / wr.sum(axis=1)
-    return out
-
-
-def _harmonic(n_max: int) -> np.ndarray:
-    """Harmonic numbers ``H_0..H_n_max`` (``H_0 = 0``)."""
-    return np.concatenate(([0.0], np.cumsum(1.0 / np.arange(1, n_max + 1))))
-
-
-def _boot_aurc_parts(probs, labels, w) -> tuple[np.ndarray, np.ndarray]:
-    """AURC and error rate per resample.
-
-    Stable sort by confidence (highest first).  A drawn copy of an error at rank r adds
-    1/k to E_k/k for every k >= r, i.e. H_n - H_{r-1} to n * AURC.  Sample i with count
-    w_i after S_i drawn samples occupies ranks S_i+1..S_i+w_i, contributing
-    w_i H_n - (G[S_i + w_i] - G[S_i]) with G[m] = H_0 + ... + H_{m-1}.
-    """
-    conf, correct = _confidence_correct(probs, labels)
-    order = np.argsort(-conf, kind="stable")
-    err_pos = np.flatnonzero(~correct[order])  # sorted positions of the errors
-    n_rows = w.sum(axis=1)
-    h = _harmonic(int(n_rows.max()))
-    g = np.concatenate(([0.0], np.cumsum(h[:-1])))
-    w_err = w[:, order[err_pos]]
-    err_count = w_err.sum(axis=1)
-    aurc = np.empty(w.shape[0])
-    for b in range(w.shape[0]):
-        before = np.cumsum(w[b][order])[err_pos] - w_err[b]  # S_i of the errors
-        aurc[b] = err_count[b] * h[n_rows[b]] - float(np.sum(g[before + w_err[b]] - g[before]))
-    return aurc / n_rows, err_count / n_rows
-
-
-def _boot_aurc(probs, labels, w):
-    return _boot_aurc_parts(probs, labels, w)[0]
-
-
-def _boot_eaurc(probs, labels, w):
-    """AURC - AURC*, AURC* = r + (1 - r) ln(1 - r) (limit 1 at r = 1), per resample."""
-    aurc, r = _boot_aurc_parts(probs, labels, w)
-    optimum = np.ones_like(r)
-    below = r < 1.0
-    optimum[below] = r[below] + (1.0 - r[below]) * np.log1p(-r[below])
-    return aurc - optimum
-
-
-def _failure_groups(probs, labels, errors_positive: bool) -> _Groups:
-    conf, correct = _confidence_correct(probs, labels)
-    if errors_positive:
-        return _Groups(~correct, -conf)
-    return _Groups(correct, conf)
-
-
-def _boot_failure_auroc(probs, labels, w):
-    return _curve_metric(_auroc_from_cumulative, _failure_groups(probs, labels, False), w)
-
-
-def _boot_failure_fpr95(probs, labels, w):
-    return _curve_metric(_fpr_at_tpr_from_cumulative, _failure_groups(probs, labels, False), w)
-
-
-def _boot_failure_aupr_success(probs, labels, w):
-    return _curve_metric(_aupr_trapezoid_from_cumulative, _failure_groups(probs, labels, False), w)
-
-
-def _boot_failure_aupr_error(probs, labels, w):
-    return _curve_metric(_average_precision_from_cumulative, _failure_groups(probs, labels, True), w)
-
-
-_CLASSIFICATION: dict[str, Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]] = {
-    "accuracy": _boot_accuracy,
-    "ece": _boot_ece,
-    "nll": _boot_nll,
-    "brier": _boot_brier,
-    "aurc": _boot_aurc,
-    "eaurc": _boot_eaurc,
-    "failure_auroc": _boot_failure_auroc,
-    "failure_fpr95": _boot_failure_fpr95,
-    "failure_aupr_success": _boot_failure_aupr_success,
-    "failure_aupr_error": _boot_failure_aupr_error,
-}
-
-
 def boot_metric(name: str, probs: np.ndarray, labels: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """Classification metric ``name`` on every bootstrap resample: ``[B]`` float64.
 
@@ -415,17 +142,17 @@ def boot_metric(name: str, probs: np.ndarray, labels: np.ndarray, weights: np.nd
     ``[B, N]`` non-negative integer counts (:func:`resample_weights`).  Entry ``b`` equals
     ``bench.metrics.<name>(probs[idx[b]], labels[idx[b]])`` for the sorted index row
     ``idx[b]`` with those counts (float rounding aside); undefined values are NaN.  The
-    default metrics (``CLASSIFICATION_METRICS``) are vectorised; any other registered metric
-    is evaluated exactly by a loop over resamples (slow, but correct).
+    metric's ``bootstrap`` kernel is used where it has one; any other registered metric is
+    evaluated exactly by a loop over resamples (slow, but correct).
     """
+    m = get_metric(name)  # unknown names raise, listing the known ones
+    if m.on_scores:
+        raise ValueError(f"{name!r} is an OOD metric: use boot_ood_metric")
     probs, labels = _check_probs_labels(probs, labels)
     w = _check_weights(weights, labels.shape[0])
-    fast = _CLASSIFICATION.get(name)
-    if fast is not None:
-        return fast(probs, labels, w)
-    fn = METRICS.get(name)  # unknown names raise, listing the known ones
-    if METRIC_INFO[name].family != "classification":
-        raise ValueError(f"{name!r} is an OOD metric: use boot_ood_metric")
+    if m.bootstrap is not None:
+        return m.bootstrap(probs, labels, w)
+    fn = m.fn
     n = labels.shape[0]
     out = np.empty(w.shape[0])
     for b in range(w.shape[0]):
@@ -437,59 +164,6 @@ def boot_metric(name: str, probs: np.ndarray, labels: np.ndarray, weights: np.nd
 # ------------------------------------------------------------------------ OOD metrics
 
 
-def _ood_curve(s_id, s_ood, w_id, w_ood, fn, ood_positive: bool) -> np.ndarray:
-    """``fn`` on the ID-vs-OOD curve of every resample (ID and OOD counts side by side)."""
-    is_id = np.concatenate((np.ones(s_id.shape[0], bool), np.zeros(s_ood.shape[0], bool)))
-    score = np.concatenate((s_id, s_ood))
-    groups = _Groups(~is_id, -score) if ood_positive else _Groups(is_id, score)
-    return np.array(
-        [fn(*groups.cumulative(np.concatenate((a, b)))) for a, b in zip(w_id, w_ood)], dtype=np.float64
-    )
-
-
-def _boot_ood_auroc(s_id, s_ood, w_id, w_ood):
-    return _ood_curve(s_id, s_ood, w_id, w_ood, _auroc_from_cumulative, False)
-
-
-def _boot_ood_aupr_in(s_id, s_ood, w_id, w_ood):
-    return _ood_curve(s_id, s_ood, w_id, w_ood, _average_precision_from_cumulative, False)
-
-
-def _boot_ood_aupr_out(s_id, s_ood, w_id, w_ood):
-    return _ood_curve(s_id, s_ood, w_id, w_ood, _average_precision_from_cumulative, True)
-
-
-def _boot_ood_fpr95(s_id, s_ood, w_id, w_ood):
-    """tau = k-th largest drawn ID score, k = ceil(0.95 n1); FPR = drawn OOD share >= tau.
-
-    The k-th largest is the (n1 - k + 1)-th smallest: the first position of the ascending
-    ID scores where the cumulative count reaches n1 - k + 1.  OOD scores >= tau are the
-    ascending positions from ``searchsorted(left)`` on.
-    """
-    id_order = np.argsort(s_id, kind="stable")
-    id_sorted = s_id[id_order]
-    ood_order = np.argsort(s_ood, kind="stable")
-    ood_sorted = s_ood[ood_order]
-    n1 = w_id.sum(axis=1)
-    rank = n1 - (95 * n1 + 99) // 100 + 1  # k = ceil(0.95 n1); tau is the rank-th smallest
-    out = np.empty(w_id.shape[0])
-    for b in range(w_id.shape[0]):
-        tau = id_sorted[np.searchsorted(np.cumsum(w_id[b][id_order]), rank[b], side="left")]
-        below = np.cumsum(w_ood[b][ood_order])
-        first = int(np.searchsorted(ood_sorted, tau, side="left"))
-        accepted = below[-1] - (below[first - 1] if first > 0 else 0)
-        out[b] = accepted / below[-1]
-    return out
-
-
-_OOD: dict[str, Callable[..., np.ndarray]] = {
-    "ood_auroc": _boot_ood_auroc,
-    "ood_aupr_in": _boot_ood_aupr_in,
-    "ood_aupr_out": _boot_ood_aupr_out,
-    "ood_fpr95": _boot_ood_fpr95,
-}
-
-
 def boot_ood_metric(
     name: str, scores_id: np.ndarray, scores_ood: np.ndarray, w_id: np.ndarray, w_ood: np.ndarray
 ) -> np.ndarray:
@@ -498,20 +172,21 @@ def boot_ood_metric(
     ``scores_id`` ``[N1]``, ``scores_ood`` ``[N2]`` (higher = more ID); ``w_id`` ``[B, N1]``
     and ``w_ood`` ``[B, N2]`` are count vectors drawn independently (ID and OOD are
     separate samples), each shared by every method evaluated on those splits.  Entry ``b``
-    equals ``bench.metrics.<name>(scores_id[idx_id[b]], scores_ood[idx_ood[b]])``.  Default
-    metrics (``OOD_METRICS``) are vectorised; other registered ones are looped over exactly.
+    equals ``bench.metrics.<name>(scores_id[idx_id[b]], scores_ood[idx_ood[b]])``.  The
+    metric's ``bootstrap`` kernel is used where it has one; other metrics are looped over
+    exactly.
     """
+    m = get_metric(name)
+    if not m.on_scores:
+        raise ValueError(f"{name!r} is a classification metric: use boot_metric")
     s_id, s_ood = _check_scores(scores_id, scores_ood)
     w_id = _check_weights(w_id, s_id.shape[0], "w_id")
     w_ood = _check_weights(w_ood, s_ood.shape[0], "w_ood")
     if w_id.shape[0] != w_ood.shape[0]:
         raise ValueError(f"w_id and w_ood need the same number of resamples, got {w_id.shape[0]} and {w_ood.shape[0]}")
-    fast = _OOD.get(name)
-    if fast is not None:
-        return fast(s_id, s_ood, w_id, w_ood)
-    fn = METRICS.get(name)
-    if METRIC_INFO[name].family != "ood":
-        raise ValueError(f"{name!r} is a classification metric: use boot_metric")
+    if m.bootstrap is not None:
+        return m.bootstrap(s_id, s_ood, w_id, w_ood)
+    fn = m.fn
     out = np.empty(w_id.shape[0])
     for b in range(w_id.shape[0]):
         out[b] = fn(np.repeat(s_id, w_id[b]), np.repeat(s_ood, w_ood[b]))
@@ -554,34 +229,11 @@ def seed_mean_distribution(per_seed: Sequence[np.ndarray]) -> np.ndarray:
     return np.mean(np.stack(arrays), axis=0)
 
 
-def paired_test(diff: np.ndarray, observed: float) -> float:
-    """Two-sided paired bootstrap p-value for "difference = 0".
-
-    ``diff`` ``[B]``: metric(method) - metric(reference) on each shared resample;
-    ``observed``: the same difference on the full split.  With B' finite values and
-    ``opposite`` = #{b : diff[b] * sign(observed) <= 0} (resamples at or beyond zero on the
-    side opposite the observed effect),
-
-        p = min(1, 2 * (1 + opposite) / (B' + 1)).
-
-    This doubles a one-sided bootstrap tail with the usual +1 correction (never 0; the
-    smallest value is 2/(B'+1), ~0.002 for B = 1000), and agrees with the percentile CI:
-    the equal-tailed (1 - a) interval of ``diff`` excludes 0 about when p <= a.
-    ``observed == 0`` gives p = 1.  NaN when ``observed`` is NaN or no ``diff`` is finite.
-    """
-    d = np.asarray(diff, dtype=np.float64).ravel()
-    d = d[~np.isnan(d)]
-    if d.size == 0 or np.isnan(observed):
-        return float("nan")
-    opposite = int(np.count_nonzero(d * np.sign(observed) <= 0))
-    return float(min(1.0, 2.0 * (1 + opposite) / (d.size + 1)))
-
-
 def paired_z_test(diff: np.ndarray, observed: float) -> float:
     """Two-sided paired bootstrap z-test for "difference = 0": p = 2 Phi(-|observed| / se),
     with ``se`` the standard deviation of the paired bootstrap differences ``diff`` [B].
 
-    Unlike :func:`paired_test`, whose p-value cannot fall below 2/(B+1), this one is not
+    Unlike a percentile-count p-value, which cannot fall below 2/(B+1), this one is not
     floored by the number of resamples, so it survives a Holm correction over the tens of
     comparisons of one table (2/(B+1) x 60 comparisons > 0.05 for B = 1000).  It assumes
     the bootstrap distribution of the difference is roughly normal.  ``observed == 0`` gives

@@ -12,6 +12,9 @@
   names map to paths (``shift/x/3`` -> ``preds/shift/x/3.npz``);
 * ``manifest.json``: sha256 of every other file, written last.
 
+``<root>/suite.json`` describes the suite (display order, reference, derived methods'
+options) so the store can be analysed without its suite file (``bench.catalog``).
+
 A cell is complete only when its manifest exists and every listed file verifies.  Every
 file is written to a temporary name, fsynced and renamed, so a run killed at any moment
 leaves either the old file or the new one, never half of one.  Nothing in a complete
@@ -34,6 +37,7 @@ STORE_SCHEMA = 2  # 2: decomposition terms stored for multi-pass methods
 MANIFEST = "manifest.json"
 CELL = "cell.json"
 CHECKPOINT = "checkpoint.pt"
+STORE_SUITE = "suite.json"  # <results>/<suite>/suite.json: the suite's description (bench.catalog)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

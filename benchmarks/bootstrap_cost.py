@@ -35,7 +35,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import numpy as np  # noqa: E402
 
 from bench import stats  # noqa: E402
-from bench.metrics import CLASSIFICATION_METRICS, OOD_METRICS  # noqa: E402
+from bench.metrics import get_metric, selection  # noqa: E402
 from bench.registry import METRICS  # noqa: E402
 from machine import cpu_model  # noqa: E402
 
@@ -96,8 +96,8 @@ def main() -> None:
     assert np.array_equal(stats.weights_from_index(idx, n), w[:SPOT_CHECKS])
 
     rows = []  # (metric, cpu, wall, full-split value, CI low, CI high, spot-check max |diff|)
-    for name in CLASSIFICATION_METRICS + OOD_METRICS:
-        if name in OOD_METRICS:
+    for name in selection("paper"):
+        if get_metric(name).on_scores:
             cpu, wall, values = best_of(args.repeats, lambda: stats.boot_ood_metric(name, s_id, s_ood, w, w_ood))
             full = METRICS.get(name)(s_id, s_ood)
             ref = [METRICS.get(name)(s_id[i], s_ood[j]) for i, j in zip(idx, idx_ood)]

@@ -11,7 +11,8 @@ from sklearn.metrics import accuracy_score, roc_auc_score
 import bench.vit  # noqa: F401
 import datasets  # noqa: F401
 import methods  # noqa: F401
-from bench.analysis import collect
+from bench.analysis import analyse
+from bench.catalog import open_store
 from bench.plan import make_plan
 from bench.spec import build_suite
 from bench.store import Store
@@ -55,9 +56,10 @@ def analysed(tmp_path_factory):
             cd.write_preds(split, arrays["log_probs"], arrays["labels"], **extras)
             written[(cell.method.name, cell.seed, split)] = {**arrays, **extras}
         params, train_s, pred_s, mem, passes = COST[cell.method.name]
-        cd.seal({"parameters": params, "train_seconds": train_s + cell.seed, "predict_seconds_per_1000": pred_s,
+        cd.seal({"key": cell.key, "dataset": cell.dataset.name, "method": cell.method.name, "seed": cell.seed,
+                 "config": cell.config, "parameters": params, "train_seconds": train_s + cell.seed, "predict_seconds_per_1000": pred_s,
                  "peak_memory_mb": mem + cell.seed, "samples": passes})
-    return collect(plan, store, resamples=300), written
+    return analyse(open_store(store.root, suite, {c.key for c in plan.cells}), resamples=300), written
 
 
 def value(results, method, seed, split, metric, score=""):

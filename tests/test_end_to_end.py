@@ -75,7 +75,7 @@ def reference(tmp_path_factory) -> dict:
 
 def test_run_writes_store_and_report_with_every_method(reference):
     root = reference["root"]
-    cells = sorted((root / "results" / "tiny").iterdir())
+    cells = sorted(c for c in (root / "results" / "tiny").iterdir() if c.is_dir())
     assert len(cells) == 4  # 2 trained methods x 2 seeds; derived methods add no cells
     for cell in cells:
         info = json.loads((cell / "cell.json").read_text())
@@ -159,7 +159,7 @@ def test_killed_runs_resume_to_identical_tables(reference, tmp_path):
         # let it go on for a random while, so the kill lands mid-training or mid-write
         deadline = time.time() + 120
         while time.time() < deadline and proc.poll() is None:
-            if store.exists() and any(not (c / "manifest.json").exists() for c in store.iterdir()):
+            if store.exists() and any(not (c / "manifest.json").exists() for c in store.iterdir() if c.is_dir()):
                 break
             time.sleep(0.02)
         time.sleep(rng.uniform(0.0, 1.5))
@@ -209,7 +209,7 @@ def test_nonfinite_loss_fails_only_its_cells(reference, tmp_path):
     proc = run_suite("--suite", str(suite), "--plugin", "nanplugin", "--results", str(tmp_path / "results"),
                      "--reports", str(tmp_path / "reports"), env=env)
     assert proc.returncode == 1, proc.stderr  # finished, with a failed cell
-    infos = [json.loads((c / "cell.json").read_text()) for c in (tmp_path / "results" / "nan").iterdir()]
+    infos = [json.loads((c / "cell.json").read_text()) for c in (tmp_path / "results" / "nan").iterdir() if c.is_dir()]
     by_method = {i["method"]: i for i in infos}
     assert by_method["msp"]["status"] == "complete"
     assert by_method["nan_loss"]["status"] == "failed"
@@ -219,3 +219,117 @@ def test_nonfinite_loss_fails_only_its_cells(reference, tmp_path):
     assert "nan_loss" in failed_section and "non-finite" in failed_section
     assert "nan_ensemble" in failed_section  # its member failed
     assert "| msp " in readme
+
+
+# ------------------------------------------------- analysis files, store-only reports, plugins
+
+PLUGIN_METRIC = '''
+import numpy as np
+from bench.metrics import metric
+
+
+@metric("calibration", "Top2", "%", True, "Mean probability mass of the two most likely classes.")
+def top2_mass(probs, labels):
+    """Mean of p_(1) + p_(2) per sample (a metric defined outside the repository)."""
+    return float(np.sort(np.asarray(probs, dtype=np.float64), axis=1)[:, -2:].sum(axis=1).mean())
+'''
+
+
+def test_plugin_metric_appears_in_every_table_of_its_kind(reference, tmp_path):
+    """A metric registered by a --plugin module shows up in the report with no other change,
+    with the value of its own function on the stored predictions."""
+    import numpy as np
+
+    (tmp_path / "top2plugin.py").write_text(PLUGIN_METRIC)
+    root = reference["root"]
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    proc = run_suite("report", "--suite", str(reference["suite"]), "--results", str(root / "results"),
+                     "--reports", str(tmp_path / "reports"), "--plugin", "top2plugin",
+                     "--metrics", "accuracy,top2_mass", env=env)
+    assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "reports" / "tiny"
+    for name in ("summary", "shift_severity", "shift_corruption", "shift_splits"):
+        assert "Top2 (%)" in (out / "tables" / f"{name}.md").read_text().splitlines()[0], name
+    csv = pd_read(out / "tables" / "summary.csv")
+    assert "top2_mass_mean" in csv.columns and csv["top2_mass_mean"].notna().all()
+    # independent check: the msp mean over seeds from the stored predictions
+    expected = []
+    for cell in (root / "results" / "tiny").iterdir():
+        if cell.is_dir() and json.loads((cell / "cell.json").read_text())["method"] == "msp":
+            with np.load(cell / "preds" / "test.npz") as z:
+                p = np.exp(z["log_probs"].astype(np.float64))
+            expected.append(np.sort(p, axis=1)[:, -2:].sum(axis=1).mean())
+    got = csv.loc[csv["method"] == "msp", "top2_mass_mean"].iloc[0]
+    assert abs(got - np.mean(expected)) < 1e-9  # the table CSV keeps 10 significant digits
+    assert "`top2_mass`" in (out / "README.md").read_text()
+    assert "ood" not in {p.stem for p in (out / "tables").glob("*.md")}  # no OOD metric picked
+
+
+def pd_read(path: Path):
+    import pandas as pd
+
+    return pd.read_csv(path)
+
+
+def test_store_reports_from_its_folder_alone_and_reuses_its_analysis(reference, tmp_path):
+    """After the suite file is gone, ``report --suite NAME`` reports the store under
+    --results/NAME with the same tables; a second report reuses the analysis files and is
+    byte-identical; a changed store is analysed again."""
+    import shutil
+
+    results = tmp_path / "results"
+    shutil.copytree(reference["root"] / "results", results)
+    with_suite = tmp_path / "with_suite"
+    proc = run_suite("report", "--suite", str(reference["suite"]), "--results", str(results),
+                     "--reports", str(with_suite))
+    assert proc.returncode == 0 and "analysed the store" in proc.stderr, proc.stderr
+    # no suite file: the name of the store's folder
+    alone = tmp_path / "alone"
+    first = run_suite("report", "--suite", "tiny", "--results", str(results), "--reports", str(alone))
+    assert first.returncode == 0, first.stderr
+    assert tables(alone / "tiny") == tables(with_suite / "tiny")
+    assert (alone / "tiny" / "README.md").read_bytes() == (with_suite / "tiny" / "README.md").read_bytes()
+    # unchanged store: the analysis files are reused and the output is byte-identical
+    before = {p: p.read_bytes() for p in sorted((alone / "tiny").rglob("*")) if p.is_file()}
+    second = run_suite("report", "--suite", "tiny", "--results", str(results), "--reports", str(alone))
+    assert second.returncode == 0 and "reused the analysis files" in second.stderr, second.stderr
+    assert {p: p.read_bytes() for p in sorted((alone / "tiny").rglob("*")) if p.is_file()} == before
+    # the analysis table is tidy and loads with pandas
+    per_seed = pd_read(alone / "tiny" / "analysis" / "metrics.csv.gz")
+    assert list(per_seed.columns) == ["dataset", "method", "seed", "split", "metric", "score", "value"]
+    assert {"msp", "mc_dropout", "temperature_scaling", "deep_ensemble"} == set(per_seed["method"])
+    # a re-sealed cell (new manifest) makes the analysis stale: recomputed, not reused
+    cell = next(c for c in (results / "tiny").iterdir() if c.is_dir())
+    manifest = json.loads((cell / "manifest.json").read_text())
+    info = json.loads((cell / "cell.json").read_text())
+    info["train_seconds"] = info.get("train_seconds", 0) + 1.0
+    (cell / "cell.json").write_text(json.dumps(info))
+    from bench.store import sha256_file
+
+    manifest["files"]["cell.json"] = sha256_file(cell / "cell.json")
+    (cell / "manifest.json").write_text(json.dumps(manifest))
+    third = run_suite("report", "--suite", "tiny", "--results", str(results), "--reports", str(alone))
+    assert third.returncode == 0 and "analysed the store" in third.stderr, third.stderr
+    assert tables(alone / "tiny") == tables(with_suite / "tiny")  # timings are not in these tables
+
+
+def test_derived_method_with_missing_members_is_named(reference, tmp_path):
+    """An ensemble whose member cell is gone from the store is listed among the failed cells
+    with the reason, not silently dropped."""
+    import shutil
+
+    results = tmp_path / "results"
+    shutil.copytree(reference["root"] / "results", results)
+    for cell in (results / "tiny").iterdir():
+        if cell.is_dir():
+            info = json.loads((cell / "cell.json").read_text())
+            if info["method"] == "msp" and info["seed"] == 1:
+                shutil.rmtree(cell)
+    proc = run_suite("report", "--suite", "tiny", "--results", str(results), "--reports", str(tmp_path / "r"))
+    assert proc.returncode == 0, proc.stderr
+    failed = readme_failures(tmp_path / "r" / "tiny" / "README.md")
+    assert "deep_ensemble" in failed and "member msp seed(s) [1]" in failed
+
+
+def readme_failures(path: Path) -> str:
+    return path.read_text().split("## Failed cells", 1)[1].split("## Plots", 1)[0]

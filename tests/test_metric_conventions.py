@@ -794,25 +794,32 @@ def test_decompose_bad_input(bad):
 
 # ====================================================================== registry / info
 
-DEFAULTS = M.CLASSIFICATION_METRICS + M.OOD_METRICS
-VARIANT_CLASSIFICATION = [m for m in M.ALL_CLASSIFICATION_METRICS if m not in M.CLASSIFICATION_METRICS]
-VARIANT_OOD = [m for m in M.ALL_OOD_METRICS if m not in M.OOD_METRICS]
+DEFAULTS = M.selection("paper")
+VARIANT_CLASSIFICATION = [m for m in M.registered(on_scores=False) if m not in DEFAULTS]
+VARIANT_OOD = [m for m in M.registered(on_scores=True) if m not in DEFAULTS]
 
 
-def test_every_registered_metric_has_info_and_vice_versa():
-    assert set(METRICS.names()) == set(M.METRIC_INFO)
-    assert set(M.ALL_CLASSIFICATION_METRICS) | set(M.ALL_OOD_METRICS) == set(METRICS.names())
-    assert not set(M.ALL_CLASSIFICATION_METRICS) & set(M.ALL_OOD_METRICS)
-    assert M.CLASSIFICATION_METRICS == M.ALL_CLASSIFICATION_METRICS[: len(M.CLASSIFICATION_METRICS)]
-    assert M.OOD_METRICS == M.ALL_OOD_METRICS[: len(M.OOD_METRICS)]
-    for name, info in M.METRIC_INFO.items():
-        assert METRICS.get(name) is getattr(M, name)
-        assert info.paper_default == (name in DEFAULTS), name
-        assert info.family == ("ood" if name in M.ALL_OOD_METRICS else "classification")
-        scales = {(100.0, "%"), (100.0, "x100"), (1000.0, "x1000"), (10.0, "x10"), (1.0, "")}
-        assert (info.scale, info.unit_label) in scales, name
-        assert info.label and info.convention.endswith(".") and "\n" not in info.convention
-    assert len(M.ALL_CLASSIFICATION_METRICS) == 30 and len(M.ALL_OOD_METRICS) == 8
+def test_every_registered_metric_carries_its_report_metadata():
+    for name in M.registered():
+        m = M.get_metric(name)
+        assert METRICS.get(name) is m and m.fn is getattr(M, name)
+        assert m.kind in M.KINDS and (m.kind == "ood") == m.on_scores
+        assert m.scale == {"%": 100.0, "x100": 100.0, "x1000": 1000.0, "x10": 10.0, "": 1.0}[m.unit], name
+        assert m.label and m.convention.endswith(".") and "\n" not in m.convention
+    # named selections are orderings of registered metrics, not lists of their own
+    for sel in ("paper", "shift", "severity"):
+        picked = M.selection(sel)
+        assert picked and len(set(picked)) == len(picked) and set(picked) <= set(M.registered())
+    assert set(M.selection("shift")) <= set(DEFAULTS) and set(M.selection("severity")) <= set(M.selection("shift"))
+
+
+def test_a_metric_must_state_a_valid_kind_unit_and_convention():
+    with pytest.raises(ValueError, match="kind"):
+        M.Metric("x", M.accuracy, "regression", "X", "%", True, "A sentence.")
+    with pytest.raises(ValueError, match="unit"):
+        M.Metric("x", M.accuracy, "classification", "X", "percent", True, "A sentence.")
+    with pytest.raises(ValueError, match="convention"):
+        M.Metric("x", M.accuracy, "classification", "X", "%", True, "  ")
 
 
 # metrics.md section 8 (KEP-SVGP Table 1): the paper's reporting scale of each default
@@ -837,8 +844,8 @@ PAPER_SCALES = {
 def test_default_info_has_paper_scales():
     assert set(PAPER_SCALES) == set(DEFAULTS)
     for name, expected in PAPER_SCALES.items():
-        info = M.METRIC_INFO[name]
-        assert (info.scale, info.unit_label, info.higher_is_better) == expected, name
+        m = M.get_metric(name)
+        assert (m.scale, m.unit, m.higher_is_better) == expected, name
 
 
 def test_every_metric_returns_a_float():
@@ -848,11 +855,11 @@ def test_every_metric_returns_a_float():
     y[top] = p[top].argmax(axis=1)  # the 30 most confident are correct: Cov@5Risk defined
     rng = np.random.default_rng(1)
     s_id, s_ood = rng.normal(1.0, size=50), rng.normal(size=40)
-    for name in M.ALL_CLASSIFICATION_METRICS:
+    for name in M.registered(on_scores=False):
         for probs in (p, p.astype(np.float32)):
             value = METRICS.get(name)(probs, y)
             assert type(value) is float and math.isfinite(value), name
-    for name in M.ALL_OOD_METRICS:
+    for name in M.registered(on_scores=True):
         value = METRICS.get(name)(s_id, s_ood)
         assert type(value) is float and 0.0 <= value <= 1.0, name
 

@@ -3,7 +3,7 @@
 The builder fills every field of the analysis contract (``summary`` with CIs and
 verdicts, ``severity``, ``corruption_errors``, ``efficiency``); expected cell texts are
 computed here from those inputs with the paper's scales written out independently of
-``bench.report`` and ``METRIC_INFO``.
+``bench.report`` and the metric registry.
 """
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ import pandas as pd
 import pytest
 from matplotlib.axes import Axes
 
-import bench.report as report_mod
+import bench.report.plots as report_mod  # the drawing functions the fast_plots fixture skips
 from bench.analysis import AnalysisResults
 from bench.errors import ConfigError
-from bench.metrics import METRIC_INFO, calibration_bins, ece, risk_coverage_curve
+from bench.metrics import calibration_bins, ece, get_metric, risk_coverage_curve
 from bench.report import sanitize, write_report
 
 DATASETS = ["toy_a", "toy b&c"]  # the second name needs escaping / sanitising
@@ -30,7 +30,7 @@ SEEDS = [0, 1, 2]
 CORRUPTIONS = ["shift/gaussian_noise/1", "shift/gaussian_noise/5", "shift/contrast/5"]
 SPLITS = ["test", *CORRUPTIONS, "shift/digits_box", "ood/svhn"]
 CLASSIFICATION = ["accuracy", "ece", "nll", "brier", "aurc", "eaurc", "failure_auroc",
-                  "failure_fpr95", "failure_aupr_success"]
+                  "failure_fpr95", "failure_aupr_success", "failure_aupr_error"]
 OOD = ["ood_auroc", "ood_aupr_in", "ood_aupr_out", "ood_fpr95"]
 FAIL_REASON = "NonFiniteLoss: loss became nan at epoch 3"
 TABLE_NAMES = ["summary", "shift_severity", "shift_corruption", "shift_other", "shift_splits", "ood", "efficiency"]
@@ -55,10 +55,12 @@ EFFICIENCY = {  # parameters, train_seconds, predict_seconds_per_1000, peak_memo
 # scales of KEP-SVGP Table 1, written out here independently of bench.report
 SCALES = {"accuracy": 100, "aurc": 1000, "failure_auroc": 100, "failure_fpr95": 100,
           "ece": 100, "nll": 10, "brier": 100, "eaurc": 1000, "failure_aupr_success": 100,
+          "failure_aupr_error": 100,
           "ood_auroc": 100, "ood_aupr_in": 100, "ood_aupr_out": 100, "ood_fpr95": 100}
 SUMMARY_HEADERS = [("ACC (%)", "accuracy"), ("AURC (x1000)", "aurc"), ("AUROC (%)", "failure_auroc"),
                    ("FPR95 (%)", "failure_fpr95"), ("ECE (%)", "ece"), ("NLL (x10)", "nll"),
-                   ("Brier (x100)", "brier"), ("E-AURC (x1000)", "eaurc")]
+                   ("Brier (x100)", "brier"), ("E-AURC (x1000)", "eaurc"),
+                   ("AUPR-S (%)", "failure_aupr_success"), ("AUPR-E (%)", "failure_aupr_error")]
 SHIFT_HEADERS = [("ACC (%)", "accuracy"), ("ECE (%)", "ece"), ("NLL (x10)", "nll"),
                  ("Brier (x100)", "brier"), ("AURC (x1000)", "aurc"), ("AUROC (%)", "failure_auroc")]
 OOD_HEADERS = [("AUROC (%)", "ood_auroc"), ("AUPR-In (%)", "ood_aupr_in"),
@@ -377,9 +379,9 @@ def test_conventions_section_lists_each_shown_metric(report):
     conventions = readme_section((out / "README.md").read_text(encoding="utf-8"), "## Conventions")
     shown = {m for _, m in SUMMARY_HEADERS + SHIFT_HEADERS + OOD_HEADERS}
     for metric in shown:
-        info = METRIC_INFO[metric]
+        info = get_metric(metric)
         assert f"`{metric}`" in conventions and info.convention.replace("|", r"\|") in conventions, metric
-    assert "failure_aupr_success" not in conventions  # not shown by default
+    assert "ece_adaptive" not in conventions  # registered, but not in the default selection
     for words in ("CE (%)", "Parameters", "Peak memory (MiB)", "`mutual_info`", "`entropy`"):
         assert words in conventions, words
 
@@ -580,7 +582,7 @@ def test_metrics_restrict_columns_and_unknown_metric_is_an_error(results, tmp_pa
         "nll_mean", "accuracy_mean", "failure_aupr_success_mean"]
     conventions = readme_section((tmp_path / "README.md").read_text(encoding="utf-8"), "## Conventions")
     for metric in ("nll", "accuracy", "failure_aupr_success", "ood_fpr95"):
-        assert METRIC_INFO[metric].convention in conventions
+        assert get_metric(metric).convention in conventions
     assert "`ece`" not in conventions and "`ood_auroc`" not in conventions
     # ECE is not selected: no ECE-vs-severity plot
     assert not any(p.name.endswith("_ece.png") for p in written)
@@ -666,7 +668,7 @@ def test_every_header_states_its_scale(report):
     units = {100: "%", 1000: "x1000", 10: "x10"}
     for name, headers in (("summary", SUMMARY_HEADERS), ("ood", OOD_HEADERS)):
         for header, metric in headers:
-            assert METRIC_INFO[metric].scale == SCALES[metric], metric
+            assert get_metric(metric).scale == SCALES[metric], metric
             unit = re.search(r"\((.+)\)$", header).group(1)
             assert unit == units.get(SCALES[metric]) or (metric == "brier" and unit == "x100")
 

@@ -9,17 +9,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import bench.metrics as kernels  # the vectorised kernels live next to their metrics
 import bench.stats as S
-from bench.metrics import CLASSIFICATION_METRICS, OOD_METRICS
+from bench.metrics import Metric, get_metric, selection
 from bench.registry import METRICS
 from synthetic import make_case
 
 ATOL = 1e-9
-VECTORISED_CLASSIFICATION = (
-    "accuracy", "ece", "nll", "brier", "aurc", "eaurc",
-    "failure_auroc", "failure_fpr95", "failure_aupr_success", "failure_aupr_error",
-)
-VECTORISED_OOD = ("ood_auroc", "ood_aupr_in", "ood_aupr_out", "ood_fpr95")
+# every metric with a vectorised kernel, found through the registry (no list of our own)
+VECTORISED_CLASSIFICATION = [n for n in METRICS.names() if METRICS.get(n).bootstrap and not METRICS.get(n).on_scores]
+VECTORISED_OOD = [n for n in METRICS.names() if METRICS.get(n).bootstrap and METRICS.get(n).on_scores]
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -54,7 +53,7 @@ def correctness_case(correct: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def test_resamples_are_seeded_sorted_and_consistent(monkeypatch):
-    monkeypatch.setattr(S, "_CHUNK_ELEMENTS", 200)  # 4 rows per chunk: exercise the chunking
+    monkeypatch.setattr(kernels, "_CHUNK_ELEMENTS", 200)  # 4 rows per chunk: exercise the chunking
     idx = S.index_matrix(50, 30, seed=7)
     w = S.resample_weights(50, 30, seed=7)
     assert idx.shape == (30, 50) and w.shape == (30, 50)
@@ -97,13 +96,13 @@ def test_boot_metric_equals_metric_on_resampled_arrays(seed, decimals):
     p, y = make_case(30 + 17 * seed, 3, seed, decimals)
     idx = S.index_matrix(y.shape[0], 40, seed=seed)
     w = S.weights_from_index(idx, y.shape[0])
-    for name in CLASSIFICATION_METRICS:
+    for name in VECTORISED_CLASSIFICATION:
         assert_same(S.boot_metric(name, p, y, w), reference(name, idx, p, y), f"{name} seed={seed} dec={decimals}")
 
 
-def test_all_listed_metrics_are_vectorised():
-    assert set(VECTORISED_CLASSIFICATION) <= set(S._CLASSIFICATION)
-    assert set(VECTORISED_OOD) <= set(S._OOD)
+def test_the_paper_selection_is_vectorised():
+    """The metrics analysed by default all have a fast path (the others loop exactly)."""
+    assert set(selection("paper")) <= set(VECTORISED_CLASSIFICATION) | set(VECTORISED_OOD)
 
 
 def test_float32_and_bin_edges():
@@ -114,7 +113,7 @@ def test_float32_and_bin_edges():
     y = (rng.random(60) < 0.3).astype(np.int64)
     idx = S.index_matrix(60, 40, seed=3)
     w = S.weights_from_index(idx, 60)
-    for name in CLASSIFICATION_METRICS:
+    for name in VECTORISED_CLASSIFICATION:
         assert_same(S.boot_metric(name, probs, y, w), reference(name, idx, probs, y), name)
 
 
@@ -122,13 +121,13 @@ def test_fpr95_drop_intermediate_paths_are_both_exercised(monkeypatch):
     """FPR95 must reproduce sklearn's drop_intermediate on the resampled ROC points.  The
     fast path (nearest point kept) and the full search (nearest point dropped) both run."""
     calls = []
-    full = S._fpr_at_tpr_kept_points
+    full = kernels._fpr_at_tpr_kept_points
 
     def counting(*args):
         calls.append(1)
         return full(*args)
 
-    monkeypatch.setattr(S, "_fpr_at_tpr_kept_points", counting)
+    monkeypatch.setattr(kernels, "_fpr_at_tpr_kept_points", counting)
     n_rows = 0
     for seed in range(3):
         p, y = make_case(80, 3, seed, None)  # distinct scores: straight runs of equal steps
@@ -147,7 +146,7 @@ def test_undefined_resamples_are_nan():
     p, y = correctness_case(correct)
     idx = S.index_matrix(25, 60, seed=1)
     w = S.weights_from_index(idx, 25)
-    for name in CLASSIFICATION_METRICS:
+    for name in VECTORISED_CLASSIFICATION:
         got = S.boot_metric(name, p, y, w)
         assert_same(got, reference(name, idx, p, y), name)
     auroc = S.boot_metric("failure_auroc", p, y, w)
@@ -173,7 +172,7 @@ def test_boot_ood_metric_equals_metric_on_resampled_arrays(seed, decimals):
     idx_id = S.index_matrix(s_id.shape[0], 40, seed=seed)
     idx_ood = S.index_matrix(s_ood.shape[0], 40, seed=seed + 100)
     w_id, w_ood = S.weights_from_index(idx_id, s_id.shape[0]), S.weights_from_index(idx_ood, s_ood.shape[0])
-    for name in OOD_METRICS:
+    for name in VECTORISED_OOD:
         got = S.boot_ood_metric(name, s_id, s_ood, w_id, w_ood)
         assert_same(got, reference_ood(name, idx_id, idx_ood, s_id, s_ood), f"{name} seed={seed}")
 
@@ -182,12 +181,8 @@ def test_unvectorised_registered_metric_falls_back_to_exact_loop(monkeypatch):
     def top2_mass(probs, labels):  # a stand-in for a later metric variant
         return float(np.sort(probs, axis=1)[:, -2:].sum(axis=1).mean() + 0 * labels.sum())
 
-    from bench.metrics import METRIC_INFO, MetricInfo
-
-    monkeypatch.setitem(METRICS._items, "test_top2_mass", top2_mass)
-    monkeypatch.setitem(METRIC_INFO, "test_top2_mass", MetricInfo(
-        label="top2", convention="mass of the two largest probabilities", scale=1, unit_label="",
-        higher_is_better=True, family="classification", paper_default=False))
+    monkeypatch.setitem(METRICS._items, "test_top2_mass", Metric(
+        "test_top2_mass", top2_mass, "calibration", "top2", "", True, "Mass of the two largest probabilities."))
     p, y = make_case(20, 4, 0, 2)
     idx = S.index_matrix(20, 10, seed=0)
     got = S.boot_metric("test_top2_mass", p, y, S.weights_from_index(idx, 20))
@@ -269,21 +264,6 @@ def test_seed_mean_distribution():
 # ---------------------------------------------------------------------- p-values
 
 
-def test_paired_test_rule_by_hand():
-    # B' = 10 values, observed 3 > 0: opposite side = {d <= 0} = {-1, 0} -> 2 values;
-    # p = 2 * (1 + 2) / (10 + 1) = 6/11.
-    diff = np.array([-1, 0, 1, 2, 3, 4, 5, 6, 7, 8], float)
-    assert S.paired_test(diff, 3.0) == pytest.approx(6 / 11)
-    assert S.paired_test(-diff, -3.0) == pytest.approx(6 / 11)  # symmetric in the sign
-    assert S.paired_test(np.append(diff, np.nan), 3.0) == pytest.approx(6 / 11)  # NaN dropped
-    # all 10 on the observed side: p = 2 * (1 + 0) / 11, the smallest possible
-    assert S.paired_test(diff + 2, 3.0) == pytest.approx(2 / 11)
-    # a mostly-opposite bootstrap caps at 1
-    assert S.paired_test(-diff, 3.0) == 1.0
-    assert np.isnan(S.paired_test(np.full(4, np.nan), 1.0))
-    assert np.isnan(S.paired_test(diff, float("nan")))
-
-
 def test_identical_methods_give_p_one_and_different_ones_small_p():
     rng = np.random.default_rng(4)
     n = 1000
@@ -291,17 +271,17 @@ def test_identical_methods_give_p_one_and_different_ones_small_p():
     correct_a = rng.random(n) < 0.9
     pa, y = correctness_case(correct_a)
     acc_a = S.boot_metric("accuracy", pa, y, w)
-    assert S.paired_test(acc_a - acc_a, 0.0) == 1.0
+    assert S.paired_z_test(acc_a - acc_a, 0.0) == 1.0
 
     correct_b = correct_a & (rng.random(n) < 0.78)  # ~0.7 accuracy, always worse
     pb, _ = correctness_case(correct_b)
     acc_b = S.boot_metric("accuracy", pb, y, w)
     observed = correct_a.mean() - correct_b.mean()
-    assert S.paired_test(acc_a - acc_b, observed) < 0.01
-    assert S.paired_test(acc_b - acc_a, -observed) < 0.01
+    assert S.paired_z_test(acc_a - acc_b, observed) < 0.01
+    assert S.paired_z_test(acc_b - acc_a, -observed) < 0.01
     # and for a sort-based metric
     au_a = S.boot_metric("failure_auroc", pa, y, w)
-    assert S.paired_test(au_a - au_a, 0.0) == 1.0
+    assert S.paired_z_test(au_a - au_a, 0.0) == 1.0
 
 
 # -------------------------------------------------------------------------- Holm
@@ -349,10 +329,10 @@ def test_paired_z_test_matches_the_normal_tail_and_is_not_floored_by_b():
     se = diff.std(ddof=1)
     assert S.paired_z_test(diff, 0.05) == pytest.approx(2 * norm.sf(0.05 / se))
     assert S.paired_z_test(diff, 0.05) < 2 / 1001 / 100  # far below the percentile test's floor
-    assert S.paired_test(diff, 0.05) >= 2 / 1001
     assert S.paired_z_test(diff, 0.0) == 1.0
     assert S.paired_z_test(np.zeros(10), 0.1) == 0.0
     assert np.isnan(S.paired_z_test(np.full(5, np.nan), 0.1))
-    # a clear effect survives Holm over 60 comparisons, which the percentile p cannot
+    # a clear effect survives Holm over 60 comparisons, which a percentile-count p-value
+    # (at least 2/(B+1) = 0.002, times 60 > 0.05) cannot
     assert S.holm([S.paired_z_test(diff, 0.05)] + [0.5] * 59)[0] < 0.05
-    assert S.holm([S.paired_test(diff, 0.05)] + [0.5] * 59)[0] > 0.05
+    assert 60 * 2 / 1001 > 0.05

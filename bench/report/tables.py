@@ -1,58 +1,32 @@
-"""Report: :class:`~bench.analysis.AnalysisResults` -> tables, plots and one README.
+"""Report tables: which tables exist, their rows and columns, and their Markdown, LaTeX
+(booktabs) and CSV renderings.
 
-Everything here is rendering: no number of a table is computed here.  Metric cells come
-from ``results.summary`` (mean, std, CI, Holm-corrected verdict against
-``results.reference``), the severity table from ``results.severity``, corruption errors
-from ``results.corruption_errors`` and costs from ``results.efficiency``.  Labels, scales,
-units, directions and convention sentences of metrics come from
-:data:`bench.metrics.METRIC_INFO` only.  The plots draw curves from the stored predictions
-with the functions the metrics use (``calibration_bins``, ``risk_coverage_curve``).
-
-Layout written under ``out_dir`` (:data:`TABLES` lists the tables and their columns)::
-
-    tables/{summary,shift_severity,shift_corruption,shift_other,ood,efficiency}.{md,tex,csv}
-    plots/reliability_<dataset>_<method>.png
-    plots/risk_coverage_<dataset>.png
-    plots/severity_<dataset>_<metric>.png      (accuracy, ece, nll vs. severity, CI band)
-    plots/ood_hist_<dataset>_<method>.png
-    README.md
-    NOTES.md      (optional, written by hand, never by the report: inlined at the top of README.md)
-
-Determinism: rows follow the display orders of the results (datasets, methods, splits,
-scores, severities), columns follow :data:`TABLES` (or the ``metrics`` argument); nothing
-depends on the row order of the input frames, so the same results give byte-identical
-tables and README.  PNGs are written without a software/date stamp from fixed-size
-figures.
-
-Imports: numpy, pandas, matplotlib (Agg canvas, no pyplot), tabulate and the stdlib only;
-never torch or ``methods/``.  Files are written atomically (``bench.store``).
+Rendering only: every number comes from the analysis files (``bench.analysis``): metric
+cells from ``summary`` (mean, std, CI, Holm-corrected verdict against the reference),
+the severity table from ``severity``, corruption errors from ``corruption_errors`` and
+costs from ``efficiency``.  A metric's label, unit, scale, direction and convention come
+from its registered :class:`bench.metrics.Metric`; the default columns are named
+selections of the registry.  Rows follow the results' display orders (datasets, methods,
+splits, scores, severities); nothing depends on the row order of the input frames.
 """
 from __future__ import annotations
 
 import math
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
-import matplotlib
-import matplotlib.style
 import numpy as np
 import pandas as pd
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 from tabulate import tabulate
 
 from bench.data import corruption_of
 from bench.errors import ConfigError
-from bench.metrics import METRIC_INFO, aurc, calibration_bins, ece, risk_coverage_curve
-from bench.store import atomic_write_text
+from bench.metrics import get_metric, selection
+from bench.registry import METRICS
 
 if TYPE_CHECKING:
     from bench.analysis import AnalysisResults
-
-__all__ = ["Column", "TableSpec", "TABLES", "FORMATS", "write_report", "sanitize", "tex_escape"]
-
 
 # --------------------------------------------------------------------------------------
 # Columns
@@ -92,10 +66,9 @@ class Column:
 
 
 def metric_column(name: str) -> Column:
-    """The display column of a registered metric, from :data:`METRIC_INFO`."""
-    info = METRIC_INFO[name]
-    return Column(name, info.label, info.unit_label, float(info.scale), bool(info.higher_is_better),
-                  info.convention)
+    """The display column of a registered metric, from its :class:`bench.metrics.Metric`."""
+    m = get_metric(name)
+    return Column(name, m.label, m.unit, float(m.scale), bool(m.higher_is_better), m.convention)
 
 
 CE_COLUMN = Column(
@@ -125,6 +98,8 @@ EFFICIENCY_COLUMNS: tuple[Column, ...] = (
 )
 
 
+
+
 # --------------------------------------------------------------------------------------
 # Tables: the one place that says which tables exist and what their columns are.
 # --------------------------------------------------------------------------------------
@@ -132,8 +107,10 @@ EFFICIENCY_COLUMNS: tuple[Column, ...] = (
 class TableSpec:
     """One table.
 
-    Rows are ``(Dataset, Method, *keys)``; value columns are the metric columns (``family``
-    of :data:`METRIC_INFO`; ``default`` unless the caller picks metrics), then ``extra``.
+    Rows are ``(Dataset, Method, *keys)``; value columns are metric columns, then ``extra``.
+    Metric columns are the registered metrics whose inputs fit the table (``on_scores``:
+    True = OOD metrics, False = labelled-split metrics, None = no metric columns): the
+    named ``selection`` (``bench.metrics.selection``) unless the caller picks metrics.
     ``source`` names the row builder (:data:`_SOURCES`), ``csv_stats`` the raw statistics
     written per metric column to the CSV, ``marks`` whether Markdown/LaTeX cells show the CI
     and the significance mark (and the reference method is tagged).
@@ -143,8 +120,8 @@ class TableSpec:
     title: str  # README heading; "{severity}" is filled in
     source: str
     keys: tuple[tuple[str, str], ...]  # (display header, CSV column) after Dataset, Method
-    family: str | None
-    default: tuple[str, ...]
+    on_scores: bool | None
+    selection: str
     csv_stats: tuple[str, ...] = ("mean", "std")
     extra: tuple[Column, ...] = ()
     marks: bool = False
@@ -154,35 +131,31 @@ class TableSpec:
 
 _SUMMARY_STATS = ("mean", "std", "ci_low", "ci_high", "p_holm", "verdict")
 _SEVERITY_STATS = ("mean", "std", "ci_low", "ci_high")
-_TABLE1 = ("accuracy", "aurc", "failure_auroc", "failure_fpr95", "ece", "nll", "brier", "eaurc")
-_SHIFT = ("accuracy", "ece", "nll", "brier", "aurc", "failure_auroc")
 
 TABLES: tuple[TableSpec, ...] = (
-    TableSpec("summary", "Summary (test split)", "test", (), "classification", _TABLE1,
+    TableSpec("summary", "Summary (test split)", "test", (), False, "paper",
               _SUMMARY_STATS, marks=True, empty="No test split was evaluated."),
     TableSpec("shift_severity", "Shift: metric vs. corruption severity (0 = clean test, "
               "all = every corruption split)", "severity", (("Severity", "severity"),),
-              "classification", _SHIFT, _SEVERITY_STATS, empty="No corruption split was evaluated."),
+              False, "shift", _SEVERITY_STATS, empty="No corruption split was evaluated."),
     TableSpec("shift_corruption", "Shift: per corruption at severity {severity}", "corruption",
-              (("Corruption", "corruption"),), "classification", _SHIFT, _SUMMARY_STATS,
+              (("Corruption", "corruption"),), False, "shift", _SUMMARY_STATS,
               extra=(CE_COLUMN,), empty="No corruption split at this severity was evaluated."),
     TableSpec("shift_other", "Shift: other shifts (no severity)", "other_shift",
-              (("Split", "split"),), "classification", _SHIFT, _SUMMARY_STATS,
+              (("Split", "split"),), False, "shift", _SUMMARY_STATS,
               empty="No shift split without a severity was evaluated."),
     TableSpec("shift_splits", "Shift: every shift split (the full corruption x severity grid)", "all_shift",
-              (("Split", "split"),), "classification", _SHIFT, ("mean", "std"),
+              (("Split", "split"),), False, "shift", ("mean", "std"),
               empty="No shift split was evaluated.", in_readme=False),
     TableSpec("ood", "OOD detection (test split = in-distribution)", "ood",
-              (("Split", "split"), ("Score", "score")), "ood",
-              ("ood_auroc", "ood_aupr_in", "ood_aupr_out", "ood_fpr95"), _SUMMARY_STATS,
+              (("Split", "split"), ("Score", "score")), True, "paper", _SUMMARY_STATS,
               marks=True, empty="No OOD split was evaluated."),
-    TableSpec("efficiency", "Efficiency", "efficiency", (), None, (), (),
+    TableSpec("efficiency", "Efficiency", "efficiency", (), None, "", (),
               extra=EFFICIENCY_COLUMNS, empty="No efficiency record (cell.json) was found."),
 )
 
 FORMATS = ("md", "tex", "csv")
 SCORE_ORDER = ("msp", "entropy", "mutual_info")  # OOD scores; others follow, sorted
-SEVERITY_PLOT_METRICS = ("accuracy", "ece", "nll")
 SEVERITIES = range(1, 6)
 
 NA = "n/a"  # no finite value for any seed
@@ -193,112 +166,25 @@ MD_MARKS = {"better": " ▲", "worse": " ▼"}
 TEX_MARKS = {"better": r"$^\uparrow$", "worse": r"$^\downarrow$"}
 CSV_FLOAT_FORMAT = "%.10g"
 
-N_BINS = 15  # reliability diagram, same (lo, hi] bins as the faithful ECE
-HIST_BINS = 40
-FIGSIZE = (4.8, 4.0)
-DPI = 100
-_PLOT_RC = {"font.size": 9.0, "axes.titlesize": 9.0, "legend.fontsize": 7.5}
 
-
-# --------------------------------------------------------------------------------------
-# Entry point
-# --------------------------------------------------------------------------------------
-NOTES = "NOTES.md"
-
-
-def write_report(
-    results: AnalysisResults,
-    out_dir: Path,
-    formats: Sequence[str] = FORMATS,
-    methods: Sequence[str] | None = None,
-    metrics: Sequence[str] | None = None,
-    severity: int = 5,
-) -> list[Path]:
-    """Write tables, plots and ``README.md`` under ``out_dir``; return the paths written.
-
-    ``formats`` picks the table files (any of ``md``, ``tex``, ``csv``); the README always
-    embeds the Markdown tables.  ``methods`` restricts the rendered methods (``None`` = all
-    of ``results.methods``); rows keep the results' display order either way.  ``metrics``
-    picks the metric columns of every table, in the given order (``None`` = each table's
-    paper default); a table none of whose metrics is picked and that has no fixed columns
-    is not written.  ``severity`` (1..5) is the severity of the per-corruption table.
-    Existing files in ``out_dir`` that this call does not write are left alone.
-    """
-    out_dir = Path(out_dir)
-    unknown_fmt = sorted(set(formats) - set(FORMATS))
-    if unknown_fmt:
-        raise ConfigError(f"unknown report format(s) {unknown_fmt}; known: {list(FORMATS)}")
-    if isinstance(severity, bool) or not isinstance(severity, (int, np.integer)) or severity not in SEVERITIES:
-        raise ConfigError(f"report severity must be one of {list(SEVERITIES)}, got {severity!r}")
-    shown = _select_methods(results, methods)
-    picked = _select_metrics(metrics)
-    _check_filenames(results.datasets, shown)
-
-    index = _Index.build(results, int(severity))
-    written: list[Path] = []
-    tables_dir = out_dir / "tables"
-    tables_dir.mkdir(parents=True, exist_ok=True)
-    built: list[_Table] = []
-    for spec in TABLES:
-        columns = _columns(spec, picked)
-        if not columns:
-            continue
-        table = _Table(spec, columns, _table_rows(results, shown, spec, index), results.reference)
-        built.append(table)
-        for fmt in FORMATS:  # fixed order, whatever order `formats` lists them in
-            if fmt in formats:
-                path = tables_dir / f"{spec.name}.{fmt}"
-                atomic_write_text(path, _RENDERERS[fmt](table))
-                written.append(path)
-
-    plot_metrics = [m for m in SEVERITY_PLOT_METRICS if picked is None or m in picked]
-    plots = _write_plots(results, shown, index, plot_metrics, out_dir / "plots")
-    written.extend(path for _, _, path in plots)
-
-    readme = out_dir / "README.md"
-    atomic_write_text(readme, _readme(results, shown, built, plots, out_dir, int(severity)))
-    written.append(readme)
-    return written
-
-
-def sanitize(name: str) -> str:
-    """A name usable in a file name: anything but ``[A-Za-z0-9_.-]`` becomes ``_``."""
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
-
-
-def _select_methods(results: AnalysisResults, methods: Sequence[str] | None) -> list[str]:
-    if methods is None:
-        return list(results.methods)
-    unknown = [m for m in methods if m not in results.methods]
-    if unknown:
-        raise ConfigError(f"unknown method(s) {unknown} for the report; known: {results.methods}")
-    wanted = set(methods)
-    return [m for m in results.methods if m in wanted]
-
-
-def _select_metrics(metrics: Sequence[str] | None) -> list[str] | None:
+def select_metrics(metrics: Sequence[str] | None) -> list[str] | None:
     if metrics is None:
         return None
-    unknown = [m for m in metrics if m not in METRIC_INFO]
+    unknown = [m for m in metrics if m not in METRICS]
     if unknown:
-        raise ConfigError(f"unknown metric(s) {unknown} for the report; known: {sorted(METRIC_INFO)}")
+        raise ConfigError(f"unknown metric(s) {unknown} for the report; known: {', '.join(METRICS.names())}")
     return list(dict.fromkeys(metrics))
 
 
 def _columns(spec: TableSpec, picked: list[str] | None) -> list[Column]:
-    names = spec.default if picked is None else [m for m in picked if METRIC_INFO[m].family == spec.family]
+    if spec.on_scores is None:
+        names = []
+    elif picked is None:
+        names = selection(spec.selection, spec.on_scores)
+    else:
+        names = [m for m in picked if get_metric(m).on_scores == spec.on_scores]
     return [metric_column(m) for m in names] + list(spec.extra)
 
-
-def _check_filenames(datasets: Iterable[str], methods: Iterable[str]) -> None:
-    for kind, names in (("dataset", list(datasets)), ("method", list(methods))):
-        seen: dict[str, str] = {}
-        for name in names:
-            other = seen.setdefault(sanitize(name), name)
-            if other != name:
-                raise ConfigError(
-                    f"{kind}s {other!r} and {name!r} map to the same file name {sanitize(name)!r}"
-                )
 
 
 # --------------------------------------------------------------------------------------
@@ -677,266 +563,20 @@ def _to_csv(table: _Table) -> str:
 _RENDERERS: dict[str, Callable[[_Table], str]] = {"md": _to_markdown, "tex": _to_latex, "csv": _to_csv}
 
 
-# --------------------------------------------------------------------------------------
-# Plots
-# --------------------------------------------------------------------------------------
-def _new_figure() -> Figure:
-    fig = Figure(figsize=FIGSIZE, dpi=DPI)
-    FigureCanvasAgg(fig)  # Agg canvas attached explicitly: no pyplot, no global backend
-    return fig
+def build_tables(results: AnalysisResults, methods: list[str], picked: list[str] | None,
+                 severity: int) -> list[_Table]:
+    """Every table that has columns for the picked metrics (``None`` = each table's
+    selection), rows in display order."""
+    index = _Index.build(results, severity)
+    built = []
+    for spec in TABLES:
+        columns = _columns(spec, picked)
+        if columns:
+            built.append(_Table(spec, columns, _table_rows(results, methods, spec, index), results.reference))
+    return built
 
 
-def _save(fig: Figure, path: Path) -> None:
-    fig.tight_layout()
-    fig.savefig(path, format="png", dpi=DPI, metadata={"Software": None})
-    fig.clear()
+def render(table: _Table, fmt: str) -> str:
+    """One table as ``md``, ``tex`` or ``csv`` text."""
+    return _RENDERERS[fmt](table)
 
-
-def _plot_reliability(probs: np.ndarray, labels: np.ndarray, title: str, path: Path) -> None:
-    stats = calibration_bins(probs, labels, n_bins=N_BINS)
-    edges, width = stats["edges"], 1.0 / N_BINS
-    filled = stats["count"] > 0
-    left = edges[:-1][filled]
-    acc, conf = stats["acc"][filled], stats["conf"][filled]
-    fig = _new_figure()
-    ax = fig.add_subplot()
-    ax.bar(left, acc, width=width, align="edge", color="#4C72B0", edgecolor="black",
-           linewidth=0.5, label="accuracy")
-    ax.bar(left, conf - acc, bottom=acc, width=width, align="edge", color="#DD8452",
-           alpha=0.45, edgecolor="#C44E52", hatch="//", linewidth=0.5, label="gap to confidence")
-    ax.plot([0, 1], [0, 1], "--", color="gray", linewidth=1.0, label="perfect calibration")
-    ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="confidence (max probability)", ylabel="accuracy")
-    ax.set_title(f"{title}\nECE = {100 * ece(probs, labels, n_bins=N_BINS):.2f}% ({N_BINS} bins)")
-    ax.legend(loc="upper left")
-    _save(fig, path)
-
-
-def _plot_risk_coverage(curves: list[tuple[str, np.ndarray, np.ndarray]], title: str,
-                        path: Path) -> None:
-    fig = _new_figure()
-    ax = fig.add_subplot()
-    for method, probs, labels in curves:
-        coverage, risk = risk_coverage_curve(probs, labels)
-        ax.plot(coverage, risk, linewidth=1.2, label=f"{method} (AURC x1000 = {1000 * aurc(probs, labels):.2f})")
-    ax.set(xlim=(0, 1), xlabel="coverage", ylabel="selective risk (error rate)")
-    ax.set_ylim(bottom=0)
-    ax.set_title(title)
-    ax.legend(loc="upper left")
-    _save(fig, path)
-
-
-def _plot_severity(lines: list[tuple[str, list[int], dict[int, _Stat]]], col: Column, title: str,
-                   path: Path) -> None:
-    """One line per method over severity (0 = clean), shaded band = the 95% CI."""
-    fig = _new_figure()
-    ax = fig.add_subplot()
-    for method, sevs, cells in lines:
-        x = np.asarray(sevs, dtype=float)
-        mean = np.array([cells[s].mean for s in sevs]) * col.scale
-        lo = np.array([cells[s].ci_low for s in sevs]) * col.scale
-        hi = np.array([cells[s].ci_high for s in sevs]) * col.scale
-        (line,) = ax.plot(x, mean, marker="o", markersize=3, linewidth=1.2, label=method)
-        ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
-    ax.set(xlabel="corruption severity (0 = clean test)", ylabel=col.header, xticks=list(range(0, 6)))
-    ax.set_title(title)
-    ax.legend(loc="best")
-    _save(fig, path)
-
-
-def _plot_ood_hist(test_conf: np.ndarray, ood: list[tuple[str, np.ndarray]], title: str,
-                   path: Path) -> None:
-    bins = np.linspace(0.0, 1.0, HIST_BINS + 1)
-    fig = _new_figure()
-    ax = fig.add_subplot()
-    ax.hist(test_conf, bins=bins, density=True, color="#4C72B0", alpha=0.5, label="test (ID)")
-    for split, conf in ood:
-        ax.hist(conf, bins=bins, density=True, histtype="step", linewidth=1.3, label=split)
-    ax.set(xlim=(0, 1), xlabel="max probability (MSP)", ylabel="density")
-    ax.set_title(title)
-    ax.legend(loc="upper left")
-    _save(fig, path)
-
-
-def _severity_lines(ix: _Index, methods: list[str], dataset: str,
-                    metric: str) -> list[tuple[str, list[int], dict[int, _Stat]]]:
-    """(method, severities 0..5 present, severity -> stat) for methods with >= 2 points."""
-    out = []
-    for method in methods:
-        by_sev = ix.by_severity.get((dataset, method), {})
-        cells = {sev: stats[metric] for sev, stats in by_sev.items() if sev >= 0 and metric in stats}
-        if len(cells) >= 2:
-            out.append((method, sorted(cells), cells))
-    return out
-
-
-def _write_plots(
-    results: AnalysisResults, methods: list[str], ix: _Index, severity_metrics: list[str], plot_dir: Path
-) -> list[tuple[str, str, Path]]:
-    """Write every plot; return (dataset, caption, path) in display order.
-
-    Per dataset: the reliability diagrams (methods in order), the risk-coverage plot, the
-    metric-vs-severity plots, then the OOD histograms.  A (dataset, method) without seeds
-    (e.g. every seed failed) is skipped; the first seed is the smallest available one.
-    """
-    plot_dir.mkdir(parents=True, exist_ok=True)
-    out: list[tuple[str, str, Path]] = []
-    with matplotlib.style.context("default"), matplotlib.rc_context(_PLOT_RC):
-        for dataset in results.datasets:
-            splits = results.splits.get(dataset, [])
-            ood_splits = [s for s in splits if s.startswith("ood/")]
-            reliability, hists, curves = [], [], []
-            for method in methods:
-                seeds = results.seeds.get((dataset, method), [])
-                if not seeds or "test" not in splits:
-                    continue
-                seed = min(seeds)
-                probs, labels = results.load_predictions(dataset, method, seed, "test")
-                name = f"{dataset} / {method} (seed {seed}, test)"
-                path = plot_dir / f"reliability_{sanitize(dataset)}_{sanitize(method)}.png"
-                _plot_reliability(probs, labels, f"Reliability: {name}", path)
-                reliability.append((dataset, f"Reliability diagram: {name}", path))
-                curves.append((method, probs, labels))
-                if ood_splits:
-                    ood = [(s, results.load_predictions(dataset, method, seed, s)[0].max(axis=1))
-                           for s in ood_splits]
-                    path = plot_dir / f"ood_hist_{sanitize(dataset)}_{sanitize(method)}.png"
-                    _plot_ood_hist(probs.max(axis=1), ood, f"MSP: {name} vs OOD", path)
-                    hists.append((dataset, f"MSP histograms, test vs OOD: {name}", path))
-            out += reliability
-            if curves:
-                path = plot_dir / f"risk_coverage_{sanitize(dataset)}.png"
-                _plot_risk_coverage(curves, f"Risk-coverage: {dataset} (test, first seed)", path)
-                out.append((dataset, f"Risk-coverage curves: {dataset}", path))
-            for metric in severity_metrics:
-                lines = _severity_lines(ix, methods, dataset, metric)
-                if lines:
-                    col = metric_column(metric)
-                    path = plot_dir / f"severity_{sanitize(dataset)}_{metric}.png"
-                    caption = f"{col.label} vs. corruption severity: {dataset} (mean over corruptions, 95% CI band)"
-                    title = f"{col.label} vs. corruption severity: {dataset}\n(mean over corruptions, band = 95% CI)"
-                    _plot_severity(lines, col, title, path)
-                    out.append((dataset, caption, path))
-            out += hists
-    return out
-
-
-# --------------------------------------------------------------------------------------
-# README
-# --------------------------------------------------------------------------------------
-def _note(reference: str) -> str:
-    ref = f"`{reference}`" if reference else "(none: no marks)"
-    return (
-        f"Reference method: {ref}. Cells are mean ± std over seeds (std with ddof=1; a single "
-        "seed shows the mean only) at the scale in each column header (see *Conventions*). "
-        "For ensembles the \"seeds\" are replicates (independent draws of member seeds). In "
-        "the summary and OOD tables, `[lo, hi]` is the 95% confidence interval of the "
-        f"seed-mean (paired percentile bootstrap over test samples, {CI_DECIMALS} decimal), "
-        "and a mark compares the method with the reference, tagged `(ref)`: `▲` "
-        "significantly better, `▼` significantly worse, in the metric's good direction "
-        "(higher or lower), no mark = no significant difference. The test is a paired "
-        "bootstrap z-test (the difference to the reference over the standard deviation of "
-        "its bootstrap distribution on the same resampled samples), Holm-corrected across "
-        "all comparisons of one dataset's table, significant when p_holm < 0.05. Percentile "
-        "intervals of biased statistics (notably ECE, which resampling inflates) can lie "
-        "beside the point estimate. The severity table averages each metric over the corruptions "
-        "evaluated at a severity; its CI (`ci_low`/`ci_high` in the CSV, the band of the "
-        "severity plots) is the analysis' 95% interval of that seed-mean. `n/a` means the metric is undefined for every "
-        "seed (e.g. failure AUROC when all predictions are correct) and `failed` that no "
-        "seed of the method finished (see *Failed cells*). LaTeX (`tables/*.tex`, "
-        "booktabs): best value per column in bold within each dataset and "
-        "split/score/severity/corruption group, marks as `$^\\uparrow$`/`$^\\downarrow$`. "
-        "Machine-readable raw (unscaled) values: `tables/*.csv`, with `<metric>_mean`, "
-        "`_std`, `_ci_low`, `_ci_high`, `_p_holm`, `_verdict` per metric (severity `-1` = "
-        "every corruption split)."
-    )
-
-
-_SCORES_NOTE = (
-    "OOD scores (column *Score*; higher = more in-distribution): `msp` = maximum "
-    "predictive probability; `entropy` = negative predictive entropy H[p̄]; `mutual_info` "
-    "= negative mutual information between prediction and model (epistemic part of the "
-    "entropy decomposition), only for methods with several samples or members."
-)
-
-
-def _conventions(tables: list[_Table]) -> list[str]:
-    """One line per shown column (metrics first seen order), with its convention."""
-    seen: dict[str, tuple[Column, list[str]]] = {}
-    for table in tables:
-        for col in table.columns:
-            seen.setdefault(col.key, (col, []))[1].append(table.spec.name)
-    body = [[_md_escape(col.header), f"`{key}`", ", ".join(names), _md_escape(col.convention)]
-            for key, (col, names) in seen.items()]
-    parts = ["## Conventions", ""]
-    if body:
-        parts.append(tabulate(body, headers=["Column", "Name", "Tables", "Convention"],
-                              tablefmt="pipe", disable_numparse=True) + "\n")
-    if any(t.spec.source == "ood" for t in tables):
-        parts += [_SCORES_NOTE, ""]
-    return parts
-
-
-def _readme(
-    results: AnalysisResults,
-    methods: list[str],
-    tables: list[_Table],
-    plots: list[tuple[str, str, Path]],
-    out_dir: Path,
-    severity: int,
-) -> str:
-    parts = [f"# uqbench report: {results.suite}", ""]
-    notes = out_dir / NOTES
-    if notes.is_file():  # the run's hand-written discussion (e.g. a comparison with a paper)
-        parts += [notes.read_text(encoding="utf-8").strip(), ""]
-    parts += [_note(results.reference), ""]
-    shown = {t.spec.name for t in tables}
-    skipped = [s.name for s in TABLES if s.name not in shown]
-    if skipped:
-        parts += [f"Not shown (none of the selected metrics belongs to them): {', '.join(skipped)}.", ""]
-    parts += _conventions(tables)
-    for dataset in results.datasets:
-        parts += [f"## {dataset}", ""]
-        for table in tables:
-            parts += [f"### {table.spec.title.format(severity=severity)}", ""]
-            if not table.spec.in_readme:
-                parts += [f"Too long to show here: see `tables/{table.spec.name}.md` / `.csv` / `.tex`.", ""]
-                continue
-            mine = _Table(table.spec, table.columns, [r for r in table.rows if r.dataset == dataset],
-                          table.reference)
-            parts.append(_to_markdown(mine, drop_dataset=True))
-
-    parts += ["## Failed cells", ""]
-    failures = _failures_in_order(results, methods)
-    if len(failures):
-        body = [[_md_escape(str(v)) for v in row] for row in failures.itertuples(index=False)]
-        parts.append(tabulate(body, headers=["dataset", "method", "seed", "reason"],
-                              tablefmt="pipe", disable_numparse=True) + "\n")
-    else:
-        parts += ["None.", ""]
-
-    parts += ["## Plots", ""]
-    if not plots:
-        parts += ["None.", ""]
-    for dataset in results.datasets:
-        mine = [(caption, path) for d, caption, path in plots if d == dataset]
-        if not mine:
-            continue
-        parts += [f"### {dataset}", ""]
-        for caption, path in mine:
-            parts += [f"![{caption}]({path.relative_to(out_dir).as_posix()})", ""]
-    return "\n".join(parts).rstrip("\n") + "\n"
-
-
-def _failures_in_order(results: AnalysisResults, methods: list[str]) -> pd.DataFrame:
-    """Failures of the shown methods, sorted by dataset/method display order, seed, reason."""
-    f = results.failures
-    cols = ["dataset", "method", "seed", "reason"]
-    if not len(f):
-        return pd.DataFrame(columns=cols)
-    d_rank = {d: i for i, d in enumerate(results.datasets)}
-    m_rank = {m: i for i, m in enumerate(methods)}
-    f = f.loc[f["method"].isin(m_rank), cols].copy()
-    f["_d"] = f["dataset"].map(lambda d: d_rank.get(d, len(d_rank)))
-    f["_m"] = f["method"].map(m_rank)
-    f = f.sort_values(["_d", "dataset", "_m", "seed", "reason"], kind="stable")
-    return f[cols].reset_index(drop=True)

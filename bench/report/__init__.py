@@ -1,0 +1,118 @@
+"""Report: the analysis files -> tables, plots and one README under ``reports/<suite>/``.
+
+Rendering only.  The report reads :class:`~bench.analysis.AnalysisResults` as
+``bench.analysis.load`` returns them from the analysis files (``analysis/`` beside the
+tables); no number of a table is computed here.  The plots read per-sample predictions
+through ``results.load_predictions`` (:meth:`bench.catalog.Catalog.predictions`), the
+one documented way back into the store.  One job per module:
+
+* :mod:`bench.report.tables` — which tables exist (:data:`TABLES`), their rows and
+  columns, and their Markdown / LaTeX / CSV renderings;
+* :mod:`bench.report.plots` — reliability diagrams, risk-coverage curves, metric vs.
+  severity with CI bands, OOD score histograms;
+* :mod:`bench.report.readme` — ``README.md`` (hand-written ``NOTES.md`` inlined at the top,
+  conventions from the registered metrics, tables, failures, plots).
+
+Layout written under ``out_dir``::
+
+    tables/{summary,shift_severity,shift_corruption,shift_other,shift_splits,ood,efficiency}.{md,tex,csv}
+    plots/reliability_<dataset>_<method>.png
+    plots/risk_coverage_<dataset>.png
+    plots/severity_<dataset>_<metric>.png      (the "severity" selection vs. severity, CI band)
+    plots/ood_hist_<dataset>_<method>.png
+    README.md
+    NOTES.md      (optional, written by hand, never by the report)
+
+Determinism: the same analysis files give byte-identical tables and README.  Imports:
+numpy, pandas, matplotlib (Agg canvas, no pyplot), tabulate and the stdlib only; never
+torch or ``methods/``.  Files are written atomically (``bench.store``).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterable, Sequence
+
+import numpy as np
+
+from bench.errors import ConfigError
+from bench.metrics import selection
+from bench.report.plots import sanitize, write_plots
+from bench.report.readme import NOTES, readme_text
+from bench.report.tables import FORMATS, SEVERITIES, TABLES, Column, TableSpec, _Index, build_tables, render, select_metrics, tex_escape
+from bench.store import atomic_write_text
+
+if TYPE_CHECKING:
+    from bench.analysis import AnalysisResults
+
+__all__ = ["Column", "TableSpec", "TABLES", "FORMATS", "NOTES", "write_report", "sanitize", "tex_escape"]
+
+
+def write_report(
+    results: AnalysisResults,
+    out_dir: Path,
+    formats: Sequence[str] = FORMATS,
+    methods: Sequence[str] | None = None,
+    metrics: Sequence[str] | None = None,
+    severity: int = 5,
+) -> list[Path]:
+    """Write tables, plots and ``README.md`` under ``out_dir``; return the paths written.
+
+    ``formats`` picks the table files (any of ``md``, ``tex``, ``csv``); the README always
+    embeds the Markdown tables.  ``methods`` restricts the rendered methods (``None`` = all
+    of ``results.methods``); rows keep the results' display order either way.  ``metrics``
+    picks the metric columns of every table, in the given order (``None`` = each table's
+    named selection); a table none of whose metrics is picked and that has no fixed
+    columns is not written.  ``severity`` (1..5) is the severity of the per-corruption
+    table (``--severity``).  Existing files in ``out_dir`` that this call does not write
+    are left alone.
+    """
+    out_dir = Path(out_dir)
+    unknown_fmt = sorted(set(formats) - set(FORMATS))
+    if unknown_fmt:
+        raise ConfigError(f"unknown report format(s) {unknown_fmt}; known: {list(FORMATS)}")
+    if isinstance(severity, bool) or not isinstance(severity, (int, np.integer)) or severity not in SEVERITIES:
+        raise ConfigError(f"report severity must be one of {list(SEVERITIES)}, got {severity!r}")
+    shown = _select_methods(results, methods)
+    picked = select_metrics(metrics)
+    _check_filenames(results.datasets, shown)
+
+    written: list[Path] = []
+    tables_dir = out_dir / "tables"
+    tables_dir.mkdir(parents=True, exist_ok=True)
+    built = build_tables(results, shown, picked, int(severity))
+    for table in built:
+        for fmt in FORMATS:  # fixed order, whatever order `formats` lists them in
+            if fmt in formats:
+                path = tables_dir / f"{table.spec.name}.{fmt}"
+                atomic_write_text(path, render(table, fmt))
+                written.append(path)
+
+    plot_metrics = [m for m in selection("severity") if picked is None or m in picked]
+    plots = write_plots(results, shown, _Index.build(results, int(severity)), plot_metrics, out_dir / "plots")
+    written.extend(path for _, _, path in plots)
+
+    readme = out_dir / "README.md"
+    atomic_write_text(readme, readme_text(results, shown, built, plots, out_dir, int(severity)))
+    written.append(readme)
+    return written
+
+
+def _select_methods(results: AnalysisResults, methods: Sequence[str] | None) -> list[str]:
+    if methods is None:
+        return list(results.methods)
+    unknown = [m for m in methods if m not in results.methods]
+    if unknown:
+        raise ConfigError(f"unknown method(s) {unknown} for the report; known: {results.methods}")
+    wanted = set(methods)
+    return [m for m in results.methods if m in wanted]
+
+
+def _check_filenames(datasets: Iterable[str], methods: Iterable[str]) -> None:
+    for kind, names in (("dataset", list(datasets)), ("method", list(methods))):
+        seen: dict[str, str] = {}
+        for name in names:
+            other = seen.setdefault(sanitize(name), name)
+            if other != name:
+                raise ConfigError(
+                    f"{kind}s {other!r} and {name!r} map to the same file name {sanitize(name)!r}"
+                )

@@ -1,0 +1,178 @@
+"""Report plots, drawn from per-sample predictions read through
+:meth:`bench.catalog.Catalog.predictions` (``results.load_predictions``) with the
+functions the metrics use (``calibration_bins``, ``risk_coverage_curve``), and from the
+severity table for the metric-vs-severity plots.
+
+PNGs are written without a software/date stamp from fixed-size figures on an explicit
+Agg canvas (no pyplot, no global backend).
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import matplotlib
+import matplotlib.style
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from bench.metrics import aurc, calibration_bins, ece, risk_coverage_curve
+from bench.report.tables import Column, _Index, _Stat, metric_column
+
+if TYPE_CHECKING:
+    from bench.analysis import AnalysisResults
+
+N_BINS = 15  # reliability diagram, same (lo, hi] bins as the faithful ECE
+HIST_BINS = 40
+FIGSIZE = (4.8, 4.0)
+DPI = 100
+_PLOT_RC = {"font.size": 9.0, "axes.titlesize": 9.0, "legend.fontsize": 7.5}
+
+
+def sanitize(name: str) -> str:
+    """A name usable in a file name: anything but ``[A-Za-z0-9_.-]`` becomes ``_``."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+
+
+def _new_figure() -> Figure:
+    fig = Figure(figsize=FIGSIZE, dpi=DPI)
+    FigureCanvasAgg(fig)  # Agg canvas attached explicitly: no pyplot, no global backend
+    return fig
+
+
+def _save(fig: Figure, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=DPI, metadata={"Software": None})
+    fig.clear()
+
+
+def _plot_reliability(probs: np.ndarray, labels: np.ndarray, title: str, path: Path) -> None:
+    stats = calibration_bins(probs, labels, n_bins=N_BINS)
+    edges, width = stats["edges"], 1.0 / N_BINS
+    filled = stats["count"] > 0
+    left = edges[:-1][filled]
+    acc, conf = stats["acc"][filled], stats["conf"][filled]
+    fig = _new_figure()
+    ax = fig.add_subplot()
+    ax.bar(left, acc, width=width, align="edge", color="#4C72B0", edgecolor="black",
+           linewidth=0.5, label="accuracy")
+    ax.bar(left, conf - acc, bottom=acc, width=width, align="edge", color="#DD8452",
+           alpha=0.45, edgecolor="#C44E52", hatch="//", linewidth=0.5, label="gap to confidence")
+    ax.plot([0, 1], [0, 1], "--", color="gray", linewidth=1.0, label="perfect calibration")
+    ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="confidence (max probability)", ylabel="accuracy")
+    ax.set_title(f"{title}\nECE = {100 * ece(probs, labels, n_bins=N_BINS):.2f}% ({N_BINS} bins)")
+    ax.legend(loc="upper left")
+    _save(fig, path)
+
+
+def _plot_risk_coverage(curves: list[tuple[str, np.ndarray, np.ndarray]], title: str,
+                        path: Path) -> None:
+    fig = _new_figure()
+    ax = fig.add_subplot()
+    for method, probs, labels in curves:
+        coverage, risk = risk_coverage_curve(probs, labels)
+        ax.plot(coverage, risk, linewidth=1.2, label=f"{method} (AURC x1000 = {1000 * aurc(probs, labels):.2f})")
+    ax.set(xlim=(0, 1), xlabel="coverage", ylabel="selective risk (error rate)")
+    ax.set_ylim(bottom=0)
+    ax.set_title(title)
+    ax.legend(loc="upper left")
+    _save(fig, path)
+
+
+def _plot_severity(lines: list[tuple[str, list[int], dict[int, _Stat]]], col: Column, title: str,
+                   path: Path) -> None:
+    """One line per method over severity (0 = clean), shaded band = the 95% CI."""
+    fig = _new_figure()
+    ax = fig.add_subplot()
+    for method, sevs, cells in lines:
+        x = np.asarray(sevs, dtype=float)
+        mean = np.array([cells[s].mean for s in sevs]) * col.scale
+        lo = np.array([cells[s].ci_low for s in sevs]) * col.scale
+        hi = np.array([cells[s].ci_high for s in sevs]) * col.scale
+        (line,) = ax.plot(x, mean, marker="o", markersize=3, linewidth=1.2, label=method)
+        ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
+    ax.set(xlabel="corruption severity (0 = clean test)", ylabel=col.header, xticks=list(range(0, 6)))
+    ax.set_title(title)
+    ax.legend(loc="best")
+    _save(fig, path)
+
+
+def _plot_ood_hist(test_conf: np.ndarray, ood: list[tuple[str, np.ndarray]], title: str,
+                   path: Path) -> None:
+    bins = np.linspace(0.0, 1.0, HIST_BINS + 1)
+    fig = _new_figure()
+    ax = fig.add_subplot()
+    ax.hist(test_conf, bins=bins, density=True, color="#4C72B0", alpha=0.5, label="test (ID)")
+    for split, conf in ood:
+        ax.hist(conf, bins=bins, density=True, histtype="step", linewidth=1.3, label=split)
+    ax.set(xlim=(0, 1), xlabel="max probability (MSP)", ylabel="density")
+    ax.set_title(title)
+    ax.legend(loc="upper left")
+    _save(fig, path)
+
+
+def _severity_lines(ix: _Index, methods: list[str], dataset: str,
+                    metric: str) -> list[tuple[str, list[int], dict[int, _Stat]]]:
+    """(method, severities 0..5 present, severity -> stat) for methods with >= 2 points."""
+    out = []
+    for method in methods:
+        by_sev = ix.by_severity.get((dataset, method), {})
+        cells = {sev: stats[metric] for sev, stats in by_sev.items() if sev >= 0 and metric in stats}
+        if len(cells) >= 2:
+            out.append((method, sorted(cells), cells))
+    return out
+
+
+def write_plots(
+    results: AnalysisResults, methods: list[str], ix: _Index, severity_metrics: list[str], plot_dir: Path
+) -> list[tuple[str, str, Path]]:
+    """Write every plot; return (dataset, caption, path) in display order.
+
+    Per dataset: the reliability diagrams (methods in order), the risk-coverage plot, the
+    metric-vs-severity plots, then the OOD histograms.  A (dataset, method) without seeds
+    (e.g. every seed failed) is skipped; the first seed is the smallest available one.
+    """
+    plot_dir.mkdir(parents=True, exist_ok=True)
+    out: list[tuple[str, str, Path]] = []
+    with matplotlib.style.context("default"), matplotlib.rc_context(_PLOT_RC):
+        for dataset in results.datasets:
+            splits = results.splits.get(dataset, [])
+            ood_splits = [s for s in splits if s.startswith("ood/")]
+            reliability, hists, curves = [], [], []
+            for method in methods:
+                seeds = results.seeds.get((dataset, method), [])
+                if not seeds or "test" not in splits:
+                    continue
+                seed = min(seeds)
+                probs, labels = results.load_predictions(dataset, method, seed, "test")
+                name = f"{dataset} / {method} (seed {seed}, test)"
+                path = plot_dir / f"reliability_{sanitize(dataset)}_{sanitize(method)}.png"
+                _plot_reliability(probs, labels, f"Reliability: {name}", path)
+                reliability.append((dataset, f"Reliability diagram: {name}", path))
+                curves.append((method, probs, labels))
+                if ood_splits:
+                    ood = [(s, results.load_predictions(dataset, method, seed, s)[0].max(axis=1))
+                           for s in ood_splits]
+                    path = plot_dir / f"ood_hist_{sanitize(dataset)}_{sanitize(method)}.png"
+                    _plot_ood_hist(probs.max(axis=1), ood, f"MSP: {name} vs OOD", path)
+                    hists.append((dataset, f"MSP histograms, test vs OOD: {name}", path))
+            out += reliability
+            if curves:
+                path = plot_dir / f"risk_coverage_{sanitize(dataset)}.png"
+                _plot_risk_coverage(curves, f"Risk-coverage: {dataset} (test, first seed)", path)
+                out.append((dataset, f"Risk-coverage curves: {dataset}", path))
+            for metric in severity_metrics:
+                lines = _severity_lines(ix, methods, dataset, metric)
+                if lines:
+                    col = metric_column(metric)
+                    path = plot_dir / f"severity_{sanitize(dataset)}_{metric}.png"
+                    caption = f"{col.label} vs. corruption severity: {dataset} (mean over corruptions, 95% CI band)"
+                    title = f"{col.label} vs. corruption severity: {dataset}\n(mean over corruptions, band = 95% CI)"
+                    _plot_severity(lines, col, title, path)
+                    out.append((dataset, caption, path))
+            out += hists
+    return out
+
+

@@ -1,0 +1,139 @@
+"""The report's ``README.md``: notes, conventions (from the registered metrics), every
+table of each dataset, failed cells and the plots."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pandas as pd
+from tabulate import tabulate
+
+from bench.report.tables import CI_DECIMALS, TABLES, Column, _md_escape, _Table, _to_markdown
+
+if TYPE_CHECKING:
+    from bench.analysis import AnalysisResults
+
+NOTES = "NOTES.md"  # written by hand, never by the report: inlined at the top of README.md
+
+
+def _note(reference: str) -> str:
+    ref = f"`{reference}`" if reference else "(none: no marks)"
+    return (
+        f"Reference method: {ref}. Cells are mean ± std over seeds (std with ddof=1; a single "
+        "seed shows the mean only) at the scale in each column header (see *Conventions*). "
+        "For ensembles the \"seeds\" are replicates (independent draws of member seeds). In "
+        "the summary and OOD tables, `[lo, hi]` is the 95% confidence interval of the "
+        f"seed-mean (paired percentile bootstrap over test samples, {CI_DECIMALS} decimal), "
+        "and a mark compares the method with the reference, tagged `(ref)`: `▲` "
+        "significantly better, `▼` significantly worse, in the metric's good direction "
+        "(higher or lower), no mark = no significant difference. The test is a paired "
+        "bootstrap z-test (the difference to the reference over the standard deviation of "
+        "its bootstrap distribution on the same resampled samples), Holm-corrected across "
+        "all comparisons of one dataset's table, significant when p_holm < 0.05. Percentile "
+        "intervals of biased statistics (notably ECE, which resampling inflates) can lie "
+        "beside the point estimate. The severity table averages each metric over the corruptions "
+        "evaluated at a severity; its CI (`ci_low`/`ci_high` in the CSV, the band of the "
+        "severity plots) is the analysis' 95% interval of that seed-mean. `n/a` means the metric is undefined for every "
+        "seed (e.g. failure AUROC when all predictions are correct) and `failed` that no "
+        "seed of the method finished (see *Failed cells*). LaTeX (`tables/*.tex`, "
+        "booktabs): best value per column in bold within each dataset and "
+        "split/score/severity/corruption group, marks as `$^\\uparrow$`/`$^\\downarrow$`. "
+        "Machine-readable raw (unscaled) values: `tables/*.csv`, with `<metric>_mean`, "
+        "`_std`, `_ci_low`, `_ci_high`, `_p_holm`, `_verdict` per metric (severity `-1` = "
+        "every corruption split). Every number of these tables comes from the analysis files "
+        "in `analysis/` (tidy CSV: `metrics.csv.gz` per dataset, method, seed, split, metric "
+        "and score; `summary.csv` with mean, std, CI and p-values; `analysis.json` with the "
+        "options and the store fingerprint they were computed from)."
+    )
+
+
+_SCORES_NOTE = (
+    "OOD scores (column *Score*; higher = more in-distribution): `msp` = maximum "
+    "predictive probability; `entropy` = negative predictive entropy H[p̄]; `mutual_info` "
+    "= negative mutual information between prediction and model (epistemic part of the "
+    "entropy decomposition), only for methods with several samples or members."
+)
+
+
+def _conventions(tables: list[_Table]) -> list[str]:
+    """One line per shown column (metrics first seen order), with its convention."""
+    seen: dict[str, tuple[Column, list[str]]] = {}
+    for table in tables:
+        for col in table.columns:
+            seen.setdefault(col.key, (col, []))[1].append(table.spec.name)
+    body = [[_md_escape(col.header), f"`{key}`", ", ".join(names), _md_escape(col.convention)]
+            for key, (col, names) in seen.items()]
+    parts = ["## Conventions", ""]
+    if body:
+        parts.append(tabulate(body, headers=["Column", "Name", "Tables", "Convention"],
+                              tablefmt="pipe", disable_numparse=True) + "\n")
+    if any(t.spec.source == "ood" for t in tables):
+        parts += [_SCORES_NOTE, ""]
+    return parts
+
+
+def readme_text(
+    results: AnalysisResults,
+    methods: list[str],
+    tables: list[_Table],
+    plots: list[tuple[str, str, Path]],
+    out_dir: Path,
+    severity: int,
+) -> str:
+    parts = [f"# uqbench report: {results.suite}", ""]
+    notes = out_dir / NOTES
+    if notes.is_file():  # the run's hand-written discussion (e.g. a comparison with a paper)
+        parts += [notes.read_text(encoding="utf-8").strip(), ""]
+    parts += [_note(results.reference), ""]
+    shown = {t.spec.name for t in tables}
+    skipped = [s.name for s in TABLES if s.name not in shown]
+    if skipped:
+        parts += [f"Not shown (none of the selected metrics belongs to them): {', '.join(skipped)}.", ""]
+    parts += _conventions(tables)
+    for dataset in results.datasets:
+        parts += [f"## {dataset}", ""]
+        for table in tables:
+            parts += [f"### {table.spec.title.format(severity=severity)}", ""]
+            if not table.spec.in_readme:
+                parts += [f"Too long to show here: see `tables/{table.spec.name}.md` / `.csv` / `.tex`.", ""]
+                continue
+            mine = _Table(table.spec, table.columns, [r for r in table.rows if r.dataset == dataset],
+                          table.reference)
+            parts.append(_to_markdown(mine, drop_dataset=True))
+
+    parts += ["## Failed cells", ""]
+    failures = _failures_in_order(results, methods)
+    if len(failures):
+        body = [[_md_escape(str(v)) for v in row] for row in failures.itertuples(index=False)]
+        parts.append(tabulate(body, headers=["dataset", "method", "seed", "reason"],
+                              tablefmt="pipe", disable_numparse=True) + "\n")
+    else:
+        parts += ["None.", ""]
+
+    parts += ["## Plots", ""]
+    if not plots:
+        parts += ["None.", ""]
+    for dataset in results.datasets:
+        mine = [(caption, path) for d, caption, path in plots if d == dataset]
+        if not mine:
+            continue
+        parts += [f"### {dataset}", ""]
+        for caption, path in mine:
+            parts += [f"![{caption}]({path.relative_to(out_dir).as_posix()})", ""]
+    return "\n".join(parts).rstrip("\n") + "\n"
+
+
+def _failures_in_order(results: AnalysisResults, methods: list[str]) -> pd.DataFrame:
+    """Failures of the shown methods, sorted by dataset/method display order, seed, reason."""
+    f = results.failures
+    cols = ["dataset", "method", "seed", "reason"]
+    if not len(f):
+        return pd.DataFrame(columns=cols)
+    d_rank = {d: i for i, d in enumerate(results.datasets)}
+    m_rank = {m: i for i, m in enumerate(methods)}
+    f = f.loc[f["method"].isin(m_rank), cols].copy()
+    f["_d"] = f["dataset"].map(lambda d: d_rank.get(d, len(d_rank)))
+    f["_m"] = f["method"].map(m_rank)
+    f = f.sort_values(["_d", "dataset", "_m", "seed", "reason"], kind="stable")
+    return f[cols].reset_index(drop=True)
+
