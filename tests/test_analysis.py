@@ -152,3 +152,45 @@ def test_analysis_is_deterministic(analysed, tmp_path):
     results, _ = analysed
     again = results.summary.copy()
     assert results.summary.equals(again)
+
+
+def _write_cell(store, key: str, dataset: str, method: str, seed: int, finished: str, quality: float,
+                seal: bool = True) -> None:
+    cd = store.cell(key)
+    cd.reset()
+    rng = np.random.default_rng(seed)
+    for split in ("val", "test"):
+        arrays = fake_preds(rng, split, quality)
+        cd.write_preds(split, arrays["log_probs"], arrays["labels"])
+    info = {"key": key, "dataset": dataset, "method": method, "seed": seed, "finished": finished}
+    if seal:
+        cd.seal(info)
+    else:
+        cd.write_cell({**info, "status": "running"})
+
+
+def test_catalog_picks_the_planned_cell_else_the_newest_and_names_incomplete_ones(tmp_path):
+    from bench.catalog import open_store, write_store_description
+
+    suite = build_suite({"name": "pick", "seeds": [0, 1], "datasets": {"mnist5k": {}},
+                         "methods": {"msp": {}, "ens": "ensemble(msp, 2)"}})
+    store = Store(tmp_path / "pick")
+    _write_cell(store, "old0", "mnist5k", "msp", 0, "2026-01-01T00:00:00+00:00", 1.0)
+    _write_cell(store, "new0", "mnist5k", "msp", 0, "2026-02-01T00:00:00+00:00", 2.0)
+    _write_cell(store, "half1", "mnist5k", "msp", 1, "", 2.0, seal=False)  # killed mid-cell
+    write_store_description(store.root, suite)
+
+    alone = open_store(store.root)  # no suite: everything found, the newest complete cell
+    assert alone.cells[("mnist5k", "msp", 0)].key == "new0"
+    assert [m.name for m in alone.methods] == ["msp", "ens"] and alone.seeds == (0, 1)
+    assert "incomplete" in alone.problems[("mnist5k", "msp", 1)]
+    planned = open_store(store.root, suite, {"old0"})  # the plan's key wins over the newer one
+    assert planned.cells[("mnist5k", "msp", 0)].key == "old0"
+
+    results = analyse(alone, resamples=20)
+    reasons = dict(zip(zip(results.failures["method"], results.failures["seed"]), results.failures["reason"]))
+    assert "incomplete" in reasons[("msp", 1)]
+    assert "member msp seed(s) [1]" in reasons[("ens", 0)]  # the ensemble cannot be formed
+    probs, labels = alone.predictions("mnist5k", "msp", 0, "test")
+    np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-5)
+    assert labels.dtype == np.int64

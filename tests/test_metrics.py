@@ -16,6 +16,7 @@ from sklearn.metrics import (
     average_precision_score,
     brier_score_loss,
     log_loss,
+    matthews_corrcoef,
     precision_recall_curve,
     roc_auc_score,
     roc_curve,
@@ -126,6 +127,17 @@ def test_classification_metrics_match_sklearn(n, c, seed, decimals):
     assert M.failure_aupr_error(p, y) == pytest.approx(
         average_precision_score(~correct, -conf), abs=1e-12
     )
+    assert M.mcc(p, y) == pytest.approx(matthews_corrcoef(y, p.argmax(axis=1)), abs=1e-12)
+
+
+def test_mcc_degenerate_cases_match_sklearn():
+    """One predicted class (denominator 0) gives 0, as sklearn; perfect and inverted
+    binary predictions give +1 and -1."""
+    y = np.array([0, 1, 1, 0, 1])
+    one_class = np.tile([0.9, 0.1], (5, 1))
+    assert M.mcc(one_class, y) == matthews_corrcoef(y, np.zeros(5, int)) == 0.0
+    perfect = np.eye(2)[y]
+    assert M.mcc(perfect, y) == pytest.approx(1.0) and M.mcc(perfect[:, ::-1], y) == pytest.approx(-1.0)
 
 
 @pytest.mark.parametrize("n,c,seed", [(20, 3, 0), (137, 5, 1), (2000, 10, 2)])
