@@ -2,7 +2,9 @@
 
 **Trained** methods (:class:`TrainedMethod`) are "a ViT whose attention is X, trained
 with loss L, predicting with S Monte-Carlo passes"; a subclass overrides only what
-differs (``Options``, ``attention_layers``, ``eval_mode``, ``training_loss``).  Each
+differs (``Options``, ``attention_layers``, ``eval_mode``, ``training_loss``).  Two
+explicit contracts: options deriving from :class:`MonteCarlo` declare the passes and
+their averaging; layers deriving from :class:`LossTerm` add a term to the loss.  Each
 (dataset, method, seed) is one cell of the plan, trained by the one loop in
 ``bench.train``.
 
@@ -13,13 +15,45 @@ predictions of several seeds).  They are plain numpy, so analysis needs no model
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
 
 import numpy as np
 
 from bench.data import DataBundle
 from bench.spec import ModelConfig
+
+
+@dataclass(frozen=True)
+class MonteCarlo:
+    """Options of a method that predicts with several stochastic passes: a method declares
+    them by deriving its ``Options`` from this class (``class Options(MonteCarlo)``), and
+    may redeclare a field to change its default.  ``samples`` passes are combined by
+    ``average``: ``"probs"`` = the mean predictive probability, ``"logits"`` = softmax of
+    the mean logit.  Methods whose options do not derive from it predict with one pass."""
+
+    samples: int = field(default=10, metadata={"min": 1})  # stochastic passes at test
+    average: Literal["probs", "logits"] = "probs"
+
+
+class LossTerm:
+    """The protocol of a layer that adds a term to the training loss (KL, KSVD, ...).
+
+    Derive the layer from this class as well as ``nn.Module`` and implement
+    :meth:`extra_loss`; :func:`extra_losses` (used by the one training loop) adds the terms
+    of every such module of a model.
+    """
+
+    def extra_loss(self):
+        """The term from the layer's last forward pass (a scalar tensor), or ``None`` when
+        it has none (e.g. that pass ran in eval mode)."""
+        raise NotImplementedError
+
+
+def extra_losses(model) -> list:
+    """The non-``None`` ``extra_loss()`` terms of every :class:`LossTerm` module of ``model``."""
+    terms = (m.extra_loss() for m in model.modules() if isinstance(m, LossTerm))
+    return [t for t in terms if t is not None]
 
 
 class TrainedMethod:
@@ -52,14 +86,12 @@ class TrainedMethod:
 
     # --- training ----------------------------------------------------------------------
     def training_loss(self, model, logits, labels):
-        """Cross-entropy plus every ``extra_loss()`` that a layer reports (KL, KSVD, ...)."""
+        """Cross-entropy plus the term of every :class:`LossTerm` layer (KL, KSVD, ...)."""
         import torch.nn.functional as F
 
         loss = F.cross_entropy(logits.float(), labels)
-        for module in model.modules():
-            extra = getattr(module, "extra_loss", None)
-            if extra is not None and (term := extra()) is not None:
-                loss = loss + term
+        for term in extra_losses(model):
+            loss = loss + term
         return loss
 
     def on_train_step(self, model, step: int, total_steps: int) -> None:
@@ -69,13 +101,14 @@ class TrainedMethod:
     # --- prediction --------------------------------------------------------------------
     @property
     def samples(self) -> int:
-        """Stochastic forward passes per prediction."""
-        return getattr(self.options, "samples", 1)
+        """Stochastic forward passes per prediction: ``options.samples`` when the method's
+        options derive from :class:`MonteCarlo`, else 1."""
+        return self.options.samples if isinstance(self.options, MonteCarlo) else 1
 
     @property
     def average(self) -> str:
         """How passes are combined: ``"logits"`` (then softmax) or ``"probs"``."""
-        return getattr(self.options, "average", "probs")
+        return self.options.average if isinstance(self.options, MonteCarlo) else "probs"
 
     def eval_mode(self, model) -> None:
         """Put the model in its prediction mode (MC Dropout keeps dropout on)."""

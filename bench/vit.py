@@ -22,8 +22,8 @@ inducing keys.  Block l hands them to its layer as ``attn(norm1(x), tokens=t)`` 
 i.e. they pass through the previous block's MLP with residual and then the block's
 LayerNorm (official SGPA ViT, ``vit.py``; the MLP sees the raw tokens, as there).
 
-A layer may also define ``extra_loss() -> Tensor | None``: a regulariser (KL, KSVD) from
-its last forward pass, which the training loop adds to the loss.
+A layer may also add a regulariser (KL, KSVD) from its last forward pass to the loss: it
+derives from ``bench.method.LossTerm`` and implements ``extra_loss() -> Tensor | None``.
 """
 from __future__ import annotations
 

@@ -39,6 +39,7 @@ def measure(layer: str, n: int) -> dict:
     import torch
 
     import methods  # noqa: F401  (registers sgpa, kep_svgp)
+    from bench.method import extra_losses
     from bench.spec import ModelConfig
     from bench.vit import make_attention
 
@@ -51,8 +52,7 @@ def measure(layer: str, n: int) -> dict:
     def step() -> None:
         out = module(x)
         loss = out.float().square().mean()
-        extra_loss = getattr(module, "extra_loss", None)
-        if extra_loss is not None and (term := extra_loss()) is not None:
+        for term in extra_losses(module):
             loss = loss + term
         loss.backward()
 

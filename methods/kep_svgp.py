@@ -102,7 +102,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench.errors import ConfigError
-from bench.method import TrainedMethod
+from bench.method import LossTerm, MonteCarlo, TrainedMethod
 from bench.registry import ATTENTIONS, METHODS
 from bench.spec import ModelConfig
 from methods.deep_ensemble import Ensemble, EnsembleOptions
@@ -120,7 +120,7 @@ def subsample_index(n_tokens: int, n_keep: int) -> torch.Tensor:
 
 
 @ATTENTIONS.register("kep_svgp")
-class KEPSVGPAttention(nn.Module):
+class KEPSVGPAttention(LossTerm, nn.Module):
     """KEP-SVGP attention layer, ``[B, N, dim] -> [B, N, dim]`` (see the module docstring).
 
     ``n_tokens`` (N) is fixed at construction: it sets N' = min(N, rank·rank_multi), the
@@ -287,7 +287,7 @@ class KEPSVGP(TrainedMethod):
     """
 
     @dataclass(frozen=True)
-    class Options:
+    class Options(MonteCarlo):
         rank: int = field(default=10, metadata={"min": 1})  # s: singular directions / inducing features
         rank_multi: int = field(default=10, metadata={"min": 1})  # N' = rank·rank_multi tokens form W_e, W_r
         layers: int = field(default=1, metadata={"min": 1})  # the LAST `layers` blocks use KEP-SVGP (<= depth)
@@ -295,8 +295,7 @@ class KEPSVGP(TrainedMethod):
         mode: Literal["faithful", "clean"] = "faithful"  # see the module docstring
         eta_ksvd: float | None = field(default=None, metadata={"min": 0.0})  # None: 1 (add) or 10 (concat)
         eta_kl: float = field(default=1.0, metadata={"min": 0.0})  # KL weight (not ÷ data-set size)
-        samples: int = field(default=10, metadata={"min": 1})  # stochastic passes at test
-        average: Literal["logits", "probs"] = "logits"
+        average: Literal["logits", "probs"] = "logits"  # the paper averages logits
 
     def attention_layers(self, cfg: ModelConfig) -> dict:
         """KEP-SVGP in the last ``layers`` blocks; the others keep the backbone's attention

@@ -2,12 +2,11 @@
 kept on at test time; the predictive is the average of S stochastic passes."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass
 
 from torch import nn
 
-from bench.method import TrainedMethod
+from bench.method import MonteCarlo, TrainedMethod
 from bench.registry import METHODS
 
 
@@ -16,9 +15,8 @@ class MCDropout(TrainedMethod):
     """Softmax ViT with dropout kept on at test; averages ``samples`` stochastic passes."""
 
     @dataclass(frozen=True)
-    class Options:
-        samples: int = field(default=10, metadata={"min": 1})  # stochastic passes at test
-        average: Literal["probs", "logits"] = "probs"
+    class Options(MonteCarlo):
+        """``samples`` passes with dropout on, probabilities averaged."""
 
     @classmethod
     def model_defaults(cls) -> dict:

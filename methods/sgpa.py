@@ -120,7 +120,7 @@ from typing import Literal, NamedTuple
 import torch
 from torch import nn
 
-from bench.method import TrainedMethod
+from bench.method import LossTerm, MonteCarlo, TrainedMethod
 from bench.registry import ATTENTIONS, METHODS
 from bench.spec import ModelConfig
 
@@ -205,7 +205,7 @@ class _GP(NamedTuple):
 
 
 @ATTENTIONS.register("sgpa")
-class SGPAAttention(nn.Module):
+class SGPAAttention(LossTerm, nn.Module):
     """Sparse-GP attention ``[B, T, C] -> [B, T, C]`` (see the module docstring).
 
     ``forward(x, tokens=None, eps=None)``: ``x`` is the LayerNorm output.  Decoupled SGPA
@@ -413,7 +413,7 @@ class SGPA(TrainedMethod):
     """ViT with SGPA in every block; CE + weighted KL; averages ``samples`` passes."""
 
     @dataclass(frozen=True)
-    class Options:
+    class Options(MonteCarlo):
         kernel: Literal["ard", "exponential"] = "ard"
         keys_len: int = field(default=16, metadata={"min": 1})  # M global keys per layer (decoupled)
         variant: Literal["decoupled", "standard"] = "decoupled"
@@ -424,8 +424,6 @@ class SGPA(TrainedMethod):
         jitter: float = field(default=1e-6, metadata={"exclusive_min": 0.0})
         kl_weight: float = field(default=1.0, metadata={"min": 0.0})  # η_kl; KL not ÷ N_data
         kl_anneal: bool = False  # linear 0 → 1 over the first half of training (HEAD)
-        samples: int = field(default=10, metadata={"min": 1})  # stochastic passes at test
-        average: Literal["probs", "logits"] = "probs"
 
     def attention_layers(self, cfg: ModelConfig) -> dict:
         """SGPA replaces the attention of every block."""

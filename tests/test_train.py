@@ -18,7 +18,7 @@ from torch import nn
 
 from bench.data import DataBundle, Split
 from bench.errors import ConfigError, NonFiniteLoss
-from bench.method import TrainedMethod
+from bench.method import LossTerm, TrainedMethod
 from bench.spec import ModelConfig, TrainConfig
 from bench.train import augment, fit, lr_factor, predict, seed_everything
 from bench.vit import ViT
@@ -284,7 +284,7 @@ def test_fit_nan_on_first_step_names_epoch_1(data):
 # ----------------------------------------------------------------------------- training_loss
 
 
-class Regulariser(nn.Module):
+class Regulariser(LossTerm, nn.Module):
     def __init__(self, value):
         super().__init__()
         self.value = value
@@ -528,3 +528,31 @@ def test_predict_stores_the_decomposition_terms(average):
     single: dict = {}
     predict(MSP(MSP.Options()), Scripted(table[:1]), data.get("val"), data, CPU, 4, single)
     assert single == {}
+
+
+def test_only_declared_loss_terms_and_monte_carlo_options_count():
+    """The two method contracts are explicit: a module with an ``extra_loss`` attribute that
+    does not derive from LossTerm adds nothing, and passes come only from MonteCarlo options
+    (a misspelt option in a suite is a validation error, not a silent single pass)."""
+    from dataclasses import dataclass
+
+    from bench.method import MonteCarlo
+    from bench.spec import build_suite
+
+    class Lookalike(nn.Module):
+        def extra_loss(self):
+            return torch.tensor(100.0)
+
+    logits, labels = torch.zeros(2, 3), torch.tensor([0, 1])
+    method = MSP(MSP.Options())
+    assert method.training_loss(nn.Sequential(Lookalike()), logits, labels).item() == pytest.approx(math.log(3))
+
+    class Stochastic(TrainedMethod):
+        @dataclass(frozen=True)
+        class Options(MonteCarlo):
+            samples: int = 4
+
+    assert (Stochastic(Stochastic.Options()).samples, Stochastic(Stochastic.Options()).average) == (4, "probs")
+    assert MSP(MSP.Options()).samples == 1
+    with pytest.raises(ConfigError, match="sampels"):
+        build_suite({"name": "x", "datasets": {"mnist5k": {}}, "methods": {"mc_dropout": {"sampels": 5}}})
