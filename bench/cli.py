@@ -150,8 +150,10 @@ def _main(args: argparse.Namespace) -> int:
     for fmt in args.format:
         if fmt not in ("md", "tex", "csv"):
             raise ConfigError(f"--format: unknown table format {fmt!r}; known: md, tex, csv")
-    if args.severity not in range(1, 6):
-        raise ConfigError(f"--severity must be one of 1, 2, 3, 4, 5, got {args.severity}")
+    from bench.data import SEVERITIES
+
+    if args.severity not in SEVERITIES:
+        raise ConfigError(f"--severity must be one of {', '.join(map(str, SEVERITIES))}, got {args.severity}")
     if args.metrics:
         from bench.report.tables import select_metrics
 

@@ -24,6 +24,19 @@ from bench.errors import ConfigError
 
 OOD_LABEL = -1
 
+#: The corruption types of ``shift/<corruption>/<severity>`` splits, defined once for the
+#: engine, the official CIFAR-C readers, the planner and the report: CIFAR-10-C's 15
+#: (Hendrycks & Dietterich, 2019) in their canonical order, then its 4 extras.
+CORRUPTIONS: tuple[str, ...] = (
+    "gaussian_noise", "shot_noise", "impulse_noise",
+    "defocus_blur", "glass_blur", "motion_blur", "zoom_blur",
+    "snow", "frost", "fog", "brightness", "contrast",
+    "elastic_transform", "pixelate", "jpeg_compression",
+    "speckle_noise", "gaussian_blur", "spatter", "saturate",
+)
+BENCHMARK_CORRUPTIONS: tuple[str, ...] = CORRUPTIONS[:15]  # the 15 of CIFAR-10-C
+SEVERITIES: tuple[int, ...] = (1, 2, 3, 4, 5)
+
 
 @dataclass(frozen=True)
 class Split:
@@ -100,6 +113,12 @@ def corruption_of(split: str) -> tuple[str, int] | None:
         return parts[1], int(parts[2])
     return None
 
+
+def holdout_size(n: int, fraction: float) -> int:
+    """How many of a class's ``n`` items a validation (or other) hold-out takes:
+    ``fraction * n`` rounded half up, at least 1 and at most ``n - 1`` (so both sides keep
+    every class).  The one rule every data family's class-balanced split uses."""
+    return min(max(int(np.floor(fraction * n + 0.5)), 1), n - 1)
 
 
 DATA_ROOT_ENV = "UQBENCH_DATA_ROOT"

@@ -32,7 +32,7 @@ from bench.plan import make_plan  # noqa: E402
 from bench.report import write_report  # noqa: E402
 from bench.spec import load_suite, select  # noqa: E402
 from bench.store import Store  # noqa: E402
-from datasets.corruptions import BENCHMARK_CORRUPTIONS  # noqa: E402
+from bench.data import BENCHMARK_CORRUPTIONS  # noqa: E402
 from machine import provenance  # noqa: E402
 
 CLASSES = 10

@@ -34,7 +34,8 @@ import PIL  # noqa: E402
 import scipy  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from datasets.corruptions import BENCHMARK_CORRUPTIONS, CORRUPTIONS, SEVERITIES, VERSION, corrupt  # noqa: E402
+from bench.data import BENCHMARK_CORRUPTIONS, CORRUPTIONS, SEVERITIES  # noqa: E402
+from datasets.corruptions import VERSION, corrupt  # noqa: E402
 from machine import cpu_model  # noqa: E402
 
 

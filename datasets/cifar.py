@@ -44,11 +44,12 @@ from typing import ClassVar
 
 import numpy as np
 
-from bench.data import OOD_LABEL, DataBundle, Split, data_root, data_settings, uniform_noise_split
+from bench.data import (CORRUPTIONS, OOD_LABEL, SEVERITIES, DataBundle, Split, data_root, data_settings,
+                        holdout_size, uniform_noise_split)
 from bench.errors import ConfigError
 from bench.registry import DATASETS
 from datasets import formats
-from datasets.corruptions import ShiftOptions, add_corruption_splits
+from datasets.shift import ShiftOptions, add_corruption_splits
 
 SIDE = 32
 SVHN_FILE = "svhn/test_32x32.mat"
@@ -262,7 +263,7 @@ def val_split_indices(labels: np.ndarray, val_fraction: float) -> tuple[np.ndarr
         n = len(members)
         if n < 2:
             continue
-        n_val = min(max(int(np.floor(val_fraction * n + 0.5)), 1), n - 1)
+        n_val = holdout_size(n, val_fraction)
         is_val[members[formats.evenly_spaced(n, n_val)]] = True
     return np.flatnonzero(~is_val), np.flatnonzero(is_val)
 
@@ -414,12 +415,12 @@ def _shift_loaders(fam: Family, directory: Path, limit: int | None) -> dict[str,
             formats.DataFileWarning, stacklevel=3,
         )
         return {}
-    known = [c for c in formats.CIFAR_C_CORRUPTIONS if c in present]
+    known = [c for c in CORRUPTIONS if c in present]
     ordered = known + [c for c in present if c not in known]
     return {
         f"shift/{c}/{s}": functools.partial(_shift_split, str(directory), c, s, fam.num_classes, limit)
         for c in ordered
-        for s in range(1, formats.SEVERITIES + 1)
+        for s in SEVERITIES
     }
 
 

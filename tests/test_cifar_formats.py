@@ -21,7 +21,7 @@ from bench.data import OOD_LABEL, configure_data, data_root, set_data_root
 from bench.errors import ConfigError
 from bench.options import parse
 from bench.registry import DATASETS
-from datasets.corruptions import CORRUPTIONS
+from bench.data import CORRUPTIONS
 from datasets import cifar, formats  # importing cifar registers cifar10 and cifar100
 from py2pickle_fixture import py2_dumps
 
@@ -646,3 +646,10 @@ def test_cifar10_download_option_fetches_the_missing_archive(tmp_path, use_root,
     bundle, _ = load("cifar10", ood=[], download=True)
     assert bundle.split_names() == ["train", "val", "test", *generated_shifts(())]
     assert (root / "cifar-10-batches-py/test_batch").is_file()
+
+
+def test_holdout_size_is_the_one_rounding_rule_of_every_family():
+    from bench.data import holdout_size
+
+    assert [holdout_size(n, 0.1) for n in (10, 14, 15, 25)] == [1, 1, 2, 3]  # half up: 1.5 -> 2, 2.5 -> 3
+    assert holdout_size(100, 0.001) == 1 and holdout_size(3, 0.99) == 2  # both sides keep the class

@@ -14,13 +14,9 @@ from PIL import Image
 from sklearn.datasets import load_digits, load_sample_images
 
 from datasets import corruptions as C
-from datasets.corruptions import (
-    BENCHMARK_CORRUPTIONS,
-    CORRUPTIONS,
-    CorruptionCache,
-    corrupt,
-    images_fingerprint,
-)
+from bench.data import BENCHMARK_CORRUPTIONS, CORRUPTIONS
+from datasets.corruption_cache import CorruptionCache, images_fingerprint
+from datasets.corruptions import corrupt
 
 # Corruptions that draw nothing at random: the seed cannot change them.
 SEED_FREE = {"defocus_blur", "zoom_blur", "brightness", "contrast", "pixelate", "jpeg_compression",

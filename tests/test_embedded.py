@@ -17,7 +17,7 @@ from bench.data import OOD_LABEL
 from bench.errors import ConfigError
 from bench.options import parse
 from bench.registry import DATASETS
-from datasets.corruptions import CORRUPTIONS
+from bench.data import CORRUPTIONS
 from datasets import embedded, safe_pickle
 
 MNIST5K = DATASETS.get("mnist5k")

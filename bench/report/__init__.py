@@ -38,7 +38,8 @@ from bench.errors import ConfigError
 from bench.metrics import selection
 from bench.report.plots import sanitize, write_plots
 from bench.report.readme import NOTES, readme_text
-from bench.report.tables import FORMATS, SEVERITIES, TABLES, Column, TableSpec, _Index, build_tables, render, select_metrics, tex_escape
+from bench.data import SEVERITIES
+from bench.report.tables import FORMATS, TABLES, Column, TableSpec, _Index, build_tables, render, select_metrics, tex_escape
 from bench.store import atomic_write_text
 
 if TYPE_CHECKING:

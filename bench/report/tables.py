@@ -156,7 +156,6 @@ TABLES: tuple[TableSpec, ...] = (
 
 FORMATS = ("md", "tex", "csv")
 SCORE_ORDER = ("msp", "entropy", "mutual_info")  # OOD scores; others follow, sorted
-SEVERITIES = range(1, 6)
 
 NA = "n/a"  # no finite value for any seed
 FAILED = "failed"  # every seed of the (dataset, method) failed
