@@ -184,8 +184,13 @@ def _main(args: argparse.Namespace) -> int:
     else:
         shown = list(args.methods) if args.methods else None
     from bench.plan import make_plan
+    from bench.store import STORE_SUITE
 
     reported = select(suite, None, args.datasets, to_run=False)
+    if args.command == "report" and store_root.is_dir() and not (store_root / STORE_SUITE).is_file():
+        from bench.catalog import write_store_description
+
+        write_store_description(store_root, suite)  # a store made before stores described themselves
     planned = {c.key for c in make_plan(reported).cells}
     _report(reported, store_root, args.reports / suite.name, args, shown, planned)
     return status
@@ -198,10 +203,11 @@ def _store_only(args: argparse.Namespace) -> bool:
     try:
         resolve_suite_path(args.suite)
         return False
-    except ConfigError:
+    except ConfigError as exc:
         if (args.results / args.suite).is_dir() and "/" not in args.suite and not args.suite.endswith(".toml"):
             return True
-        raise
+        raise ConfigError(f"{exc}, nor a store folder {args.results / args.suite} (report a store with "
+                          "--results DIR --suite NAME)") from None
 
 
 def _report(suite, store_root: Path, out_dir: Path, args: argparse.Namespace, shown, planned: set[str]) -> int:
