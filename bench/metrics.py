@@ -21,9 +21,12 @@ Notation
 Conventions
     * ECE: top-label, ``n_bins`` equal-width bins with edges ``linspace(0, 1, n_bins + 1)``;
       a sample is in bin m when ``lo < c <= hi`` (``(lo, hi]``), so ``c = 1.0`` is in the
-      last bin and ``c = 0`` goes to the first.  Bins are assigned in the input's float
-      precision (a float32 confidence equal to float32(0.2) is on the edge 0.2, as in the
-      float32 torch reference); the sums are float64.  Empty bins contribute 0.
+      last bin and ``c = 0`` goes to the first.  The edges are the float32 values of
+      ``torch.linspace(0, 1, 16)`` that the reference's ``calc_ece`` uses, compared with the
+      confidence in float64 (as torch promotes), so float32 softmax outputs -- and float64
+      ones -- fall into exactly the reference's bins, also at 8/15, 0.6 and 2/3, where
+      torch's edges sit one float32 step below ``float32(k/15)``; the sums are float64.
+      Empty bins contribute 0.
     * NLL: probabilities are clamped below at ``np.finfo(np.float64).tiny`` so a zero
       probability on the true class gives a large finite value (about 708.4), not inf.
     * Brier: squared error summed over classes, averaged over samples (range [0, 2]).
@@ -62,6 +65,7 @@ Uncertainty decomposition
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Callable, Iterator, Mapping
 
 import numpy as np
@@ -247,12 +251,19 @@ class _BinaryCurve:
         the first one reaching full recall; the one with |TPR - target| smallest is taken,
         ties going to the *lowest* threshold (the reference scans the reversed list and
         takes the first minimum).  FPR = negatives accepted there / all negatives.  NaN if
-        undefined.
+        undefined.  The distances are compared exactly, in integers (target = a/b as a
+        fraction: |b TP - a P|), so two recalls equally far from the target always tie,
+        whatever the float type.  TorchUncertainty divides int counts in float32, where such
+        recalls usually tie too (e.g. 18/20 and 20/20 around 0.95); Hendrycks' float64
+        ``fpr_and_fdr_at_recall`` sees |0.9 - 0.95| < |1 - 0.95| and keeps the higher
+        threshold there, so it can differ from this on exact ties.
         """
         if not self.defined():
             return float("nan")
         last = int(np.argmax(self.tps == self.n_pos))  # first threshold with full recall
-        distance = np.abs(self.tps[: last + 1] / self.n_pos - target)
+        frac = Fraction(target).limit_denominator(10**6)
+        tps = self.tps[: last + 1].astype(np.int64)
+        distance = np.abs(frac.denominator * tps - frac.numerator * np.int64(self.n_pos))
         j = last - int(np.argmin(distance[::-1]))
         return float(self.fps[j] / self.n_neg)
 
@@ -478,15 +489,12 @@ def _boot_brier(probs, labels, w):
 
 
 def _boot_ece(probs, labels, w, n_bins: int = 15):
-    """Top-label ECE on ``(lo, hi]`` bins, bins assigned as ``bench.metrics.calibration_bins``."""
-    bin_dtype = np.result_type(probs.dtype, np.float32)
-    conf_native = probs.astype(bin_dtype, copy=False).max(axis=1)
-    edges = np.linspace(0.0, 1.0, n_bins + 1)
-    bins = np.clip(np.searchsorted(edges.astype(bin_dtype), conf_native, side="left") - 1, 0, n_bins - 1)
-    correct = probs.argmax(axis=1) == labels
+    """Top-label ECE on the KEP-SVGP bins of :func:`ece`, per resample."""
+    conf, correct = _calibration_pairs(probs, labels, "top_label")
+    bins, conf64, _, _ = _assign_bins(conf, n_bins, "kepsvgp")
     # D[i, bin_i] = correct_i - conf_i, so (w @ D)[b, m] = sum_acc - sum_conf of bin m
     gap = np.zeros((labels.shape[0], n_bins))
-    gap[np.arange(labels.shape[0]), bins] = correct - conf_native.astype(np.float64)
+    gap[np.arange(labels.shape[0]), bins] = correct - conf64
     out = np.empty(w.shape[0])
     for rows in _chunks(w.shape[0], w.shape[1]):
         wr = w[rows].astype(np.float64)
@@ -526,13 +534,19 @@ def _boot_aurc(probs, labels, w):
     return _boot_aurc_parts(probs, labels, w)[0]
 
 
-def _boot_eaurc(probs, labels, w):
-    """AURC - AURC*, AURC* = r + (1 - r) ln(1 - r) (limit 1 at r = 1), per resample."""
-    aurc, r = _boot_aurc_parts(probs, labels, w)
-    optimum = np.ones_like(r)
+def _optimal_aurc(r: np.ndarray) -> np.ndarray:
+    """AURC* = r + (1 - r) ln(1 - r) of error rates ``r`` (its limit 1 at r = 1): the area
+    of a perfect ranking with error rate r (KEP-SVGP, fd-shifts)."""
+    r = np.asarray(r, dtype=np.float64)
     below = r < 1.0
-    optimum[below] = r[below] + (1.0 - r[below]) * np.log1p(-r[below])
-    return aurc - optimum
+    safe = np.where(below, r, 0.0)
+    return np.where(below, safe + (1.0 - safe) * np.log1p(-safe), 1.0)
+
+
+def _boot_eaurc(probs, labels, w):
+    """AURC - AURC* per resample."""
+    aurc, r = _boot_aurc_parts(probs, labels, w)
+    return aurc - _optimal_aurc(r)
 
 
 def _failure_groups(probs, labels, errors_positive: bool) -> _Groups:
@@ -751,7 +765,23 @@ def mcc(probs: np.ndarray, labels: np.ndarray) -> float:
 # ------------------------------------------------------------------ calibration machinery
 
 #: Binning schemes of :func:`calibration_bins` (``reference/metrics.md`` section 2).
-BINNINGS: tuple[str, ...] = ("upper_closed", "torchmetrics", "fdshifts", "equal_mass")
+BINNINGS: tuple[str, ...] = ("kepsvgp", "upper_closed", "torchmetrics", "fdshifts", "equal_mass")
+
+
+def torch_linspace_float32(n: int) -> np.ndarray:
+    """``torch.linspace(0, 1, n)`` in float32, bit for bit, as a float32 array [n].
+
+    torch's CPU and CUDA kernels compute the lower half as ``start + step * i`` and the
+    upper half (``i >= n // 2``) as ``end - step * (n - 1 - i)``, with ``step`` =
+    float32(1 / (n - 1)) and one rounding to float32 per value (a fused multiply-add).  In
+    float64 the products of float32 ``step`` and small integers, and 1 minus them, are
+    exact, so rounding once to float32 reproduces it.  For n = 16 it differs from
+    ``float32(np.linspace(0, 1, 16))`` in the last bit at edges 3, 6, 7 (above) and 8, 9,
+    10 (below 8/15, 0.6 and 2/3).
+    """
+    step = float(np.float32(1.0) / np.float32(n - 1))
+    i = np.arange(n, dtype=np.float64)
+    return np.where(i < n // 2, step * i, 1.0 - step * (n - 1 - i)).astype(np.float32)
 #: What :func:`calibration_bins` bins: the top label, or every class probability.
 CALIBRATION_TARGETS: tuple[str, ...] = ("top_label", "all_class")
 
@@ -796,8 +826,12 @@ def _assign_bins(
     """``(bins, values64, n_slots, edges)``: bin index per value, the float64 values to sum,
     the number of bin slots and the equal-width edges (None for ``equal_mass``).
 
-    * ``upper_closed``: edges linspace(0, 1, B+1) in the values' precision, ``(lo, hi]``,
-      c = 0 in bin 0 (KEP-SVGP).
+    * ``kepsvgp``: ``(lo, hi]`` bins against the float32 edges of ``torch.linspace(0, 1,
+      B+1)`` (:func:`torch_linspace_float32`), compared in float64, c = 0 in bin 0: the
+      KEP-SVGP reference (``calc_ece`` bins float32 softmax outputs against float32 torch
+      edges; a float64 confidence is compared with those float32 edges, as torch promotes).
+    * ``upper_closed``: edges ``np.linspace(0, 1, B+1)`` in the values' precision,
+      ``(lo, hi]``, c = 0 in bin 0 (a numpy reference in float64, e.g. SGPA's).
     * ``torchmetrics``: values cast to float32 (torchmetrics' ``.float()``), float32 edges,
       ``[lo, hi)`` (``bucketize(right=True) - 1``), so c = 1.0 lands in a hidden slot B.
     * ``fdshifts``: float64 edges linspace(0, 1 + 1e-8, B+1), ``[lo, hi)``
@@ -805,6 +839,11 @@ def _assign_bins(
     * ``equal_mass``: B bins of equal count (the first N mod B bins one larger, as
       ``np.array_split`` / ``torch.tensor_split``) after a stable sort by (value, index).
     """
+    if binning == "kepsvgp":
+        edges = torch_linspace_float32(n_bins + 1).astype(np.float64)
+        v64 = values.astype(np.float64)
+        bins = np.clip(np.searchsorted(edges, v64, side="left") - 1, 0, n_bins - 1)
+        return bins, v64, n_bins, np.linspace(0.0, 1.0, n_bins + 1)
     if binning == "upper_closed":
         edges = np.linspace(0.0, 1.0, n_bins + 1)
         # first edge >= c is the upper edge of c's (lo, hi] bin; c = 0 -> index 0 -> bin 0
@@ -858,19 +897,19 @@ def calibration_bins(
     labels: np.ndarray,
     *,
     n_bins: int = 15,
-    binning: str = "upper_closed",
+    binning: str = "kepsvgp",
     targets: str = "top_label",
 ) -> dict[str, np.ndarray]:
     """Reliability statistics; by default top-label on ``n_bins`` equal-width ``(lo, hi]`` bins.
 
     Returns ``count``, ``sum_conf``, ``sum_acc`` and the per-bin means ``conf``, ``acc``
-    (NaN in empty bins), plus ``edges`` [B+1] (float64 linspace) for the equal-width
-    schemes.  Default: confidence c = max prob; bin m holds ``lo < c <= hi`` (c = 1.0 in
-    the last bin, c = 0 in the first); membership is decided in the input's float
-    precision (float32 inputs compare against float32 edges), sums in float64.  Shared by
-    :func:`ece` and the reliability diagram.
+    (NaN in empty bins), plus ``edges`` [B+1] (float64 linspace, for display) for the
+    equal-width schemes.  Default: confidence c = max prob; bin m holds ``lo < c <= hi``
+    (c = 1.0 in the last bin, c = 0 in the first) on the KEP-SVGP reference's float32
+    torch edges; sums in float64.  Shared by :func:`ece` and the reliability diagram.
 
-    ``binning`` (see :data:`BINNINGS`): ``"upper_closed"`` (default, KEP-SVGP),
+    ``binning`` (see :data:`BINNINGS`): ``"kepsvgp"`` (default), ``"upper_closed"``
+    (numpy edges in the input's precision),
     ``"torchmetrics"`` (float32 confidences, ``[lo, hi)`` bins; the arrays get a hidden
     (B+1)-th slot holding c = 1.0, as torchmetrics' ``CalibrationError``), ``"fdshifts"``
     (``[lo, hi)`` on float64 edges linspace(0, 1 + 1e-8, B+1)) or ``"equal_mass"`` (B bins
@@ -892,15 +931,17 @@ def calibration_bins(
 
 @metric(
     'calibration', 'ECE', '%', False,
-    'Top-label ECE, 15 equal-width (lo, hi] bins, confidence 1.0 in the last bin '
-    '(KEP-SVGP).',
+    'Top-label ECE, 15 (lo, hi] bins on the float32 edges of torch.linspace(0, 1, 16), '
+    'compared in float64, confidence 1.0 in the last bin: KEP-SVGP calc_ece bin for bin, '
+    'for float32 and float64 inputs.',
     bootstrap=_boot_ece, selections={"paper": 4, "shift": 1, "severity": 1},
 )
 def ece(probs: np.ndarray, labels: np.ndarray, *, n_bins: int = 15) -> float:
     """Top-label expected calibration error as a fraction in [0, 1] (not %).
 
     ``probs`` [N, C], ``labels`` [N] int; bins as in :func:`calibration_bins` (15
-    equal-width ``(lo, hi]`` bins, the KEP-SVGP convention).
+    ``(lo, hi]`` bins on torch's float32 edges: the KEP-SVGP reference, bin for bin; feed
+    it the float32 softmax of the paper's logits to reproduce the paper's numbers).
     ECE = sum_m (n_m / N) |acc_m - conf_m|; empty bins contribute 0.
     """
     # n_m/N * |acc_m - conf_m| = |sum_acc_m - sum_conf_m| / N; empty bins give 0
@@ -982,7 +1023,8 @@ def risk_coverage_curve(probs: np.ndarray, labels: np.ndarray) -> tuple[np.ndarr
 
 @metric(
     'failure', 'E-AURC', 'x1000', False,
-    'AURC minus the analytic optimum r + (1 - r) ln(1 - r) (KEP-SVGP, fd-shifts).',
+    "AURC (Riemann mean) minus the analytic optimum r + (1 - r) ln(1 - r) (KEP-SVGP; fd-shifts "
+    "subtracts the same optimum from its unique-threshold AURC: eaurc_fdshifts).",
     bootstrap=_boot_eaurc, selections={"paper": 7},
 )
 def eaurc(probs: np.ndarray, labels: np.ndarray) -> float:
@@ -992,9 +1034,7 @@ def eaurc(probs: np.ndarray, labels: np.ndarray) -> float:
     fd-shifts); at r = 1 it takes its limit 1 (0 ln 0 = 0).  Raw (not x1000).
     """
     conf, correct = _confidence_correct(probs, labels)
-    r = float(np.mean(~correct))
-    optimum = 1.0 if r >= 1.0 else r + (1.0 - r) * float(np.log1p(-r))
-    return _aurc(conf, correct) - optimum
+    return _aurc(conf, correct) - float(_optimal_aurc(np.mean(~correct)))
 
 
 @metric(
@@ -1183,7 +1223,7 @@ def ece_all_class(probs: np.ndarray, labels: np.ndarray, *, n_bins: int = 15) ->
     conf_m|.  Not comparable with top-label ECE.  SGPA computed it with an external
     notebook that is not available; the bin count and edge rule here are uqbench's.
     """
-    stats = calibration_bins(probs, labels, n_bins=n_bins, targets="all_class")
+    stats = calibration_bins(probs, labels, n_bins=n_bins, binning="upper_closed", targets="all_class")
     return _calibration_error(stats, "l1")
 
 
@@ -1197,7 +1237,7 @@ def mce_all_class(probs: np.ndarray, labels: np.ndarray, *, n_bins: int = 15) ->
 
     ``probs`` [N, C], ``labels`` [N] int; the bins of :func:`ece_all_class`.
     """
-    stats = calibration_bins(probs, labels, n_bins=n_bins, targets="all_class")
+    stats = calibration_bins(probs, labels, n_bins=n_bins, binning="upper_closed", targets="all_class")
     return _calibration_error(stats, "max")
 
 
@@ -1227,8 +1267,9 @@ def ece_classwise(probs: np.ndarray, labels: np.ndarray, *, n_bins: int = 15) ->
 
 @metric(
     'calibration', 'aECE', '%', False,
-    'Top-label ECE on 15 equal-mass bins, stable sort by (confidence, index) '
-    '(TorchUncertainty aECE).',
+    "Top-label ECE on 15 equal-mass bins, stable sort by (float64 confidence, index) "
+    "(TorchUncertainty aECE, which casts confidences to float32 first: float64 confidences "
+    "equal in float32 can fall into other bins there; N < 15 gives NaN there, 0 here).",
 )
 def ece_adaptive(probs: np.ndarray, labels: np.ndarray, *, n_bins: int = 15) -> float:
     """Adaptive (equal-mass) top-label ECE, TorchUncertainty's aECE with 15 bins.
@@ -1237,7 +1278,9 @@ def ece_adaptive(probs: np.ndarray, labels: np.ndarray, *, n_bins: int = 15) -> 
     index) (stable, so ties at a bin boundary split by input order) and cut into B bins of
     equal count, the first N mod B one larger (``torch.tensor_split``); ECE formula as
     :func:`ece`.  With N < B the empty bins contribute 0 (TorchUncertainty gives NaN).
-    TorchUncertainty also casts confidences to float32, which only reorders float64 ties.
+    TorchUncertainty casts confidences to float32 before sorting, so *distinct* float64
+    confidences that round to the same float32 value become ties there and may be ordered
+    (and binned) differently; float32 inputs are binned identically.
     """
     stats = calibration_bins(probs, labels, n_bins=n_bins, binning="equal_mass")
     return _calibration_error(stats, "l1")
@@ -1245,7 +1288,7 @@ def ece_adaptive(probs: np.ndarray, labels: np.ndarray, *, n_bins: int = 15) -> 
 
 @metric(
     'calibration', 'MCE', '%', False,
-    'Top-label max |acc - conf| over non-empty 15 (lo, hi] bins.',
+    'Top-label max |acc - conf| over non-empty 15 (lo, hi] bins (the bins of ECE).',
 )
 def mce(probs: np.ndarray, labels: np.ndarray, *, n_bins: int = 15) -> float:
     """Maximum calibration error: max over non-empty bins of |acc_m - conf_m|.
@@ -1258,7 +1301,7 @@ def mce(probs: np.ndarray, labels: np.ndarray, *, n_bins: int = 15) -> float:
 
 @metric(
     'calibration', 'RMSCE', '%', False,
-    'Top-label sqrt(sum (n_m/N)(acc_m - conf_m)^2), 15 (lo, hi] bins.',
+    'Top-label sqrt(sum (n_m/N)(acc_m - conf_m)^2), 15 (lo, hi] bins (the bins of ECE).',
 )
 def rms_ce(probs: np.ndarray, labels: np.ndarray, *, n_bins: int = 15) -> float:
     """RMS (L2) calibration error: sqrt(sum_m (n_m/N)(acc_m - conf_m)^2).
@@ -1271,17 +1314,19 @@ def rms_ce(probs: np.ndarray, labels: np.ndarray, *, n_bins: int = 15) -> float:
 
 @metric(
     'calibration', 'RMSCE-100', '%', False,
-    'Top-label RMS calibration error on sorted bins of 100 samples, last bin skipped '
-    '(RPC, Hendrycks calib_err).',
+    "Top-label RMS calibration error on sorted bins of 100 samples, last bin skipped (RPC's "
+    "and Hendrycks' calib_err; their unstable np.argsort may split tied confidences at a bin "
+    "boundary differently from this stable sort).",
 )
 def rms_ce_adaptive100(probs: np.ndarray, labels: np.ndarray, *, bin_size: int = 100) -> float:
     """RPC's RMS calibration error: adaptive bins of 100 samples (Hendrycks ``calib_err``).
 
     ``probs`` [N, C], ``labels`` [N] int.  Reproduces ``calib_err(conf, correct, p='2',
-    beta=100)`` of Hendrycks' ``calibration_tools.py``, which RPC's
-    ``Robust/calibration_tools.py`` is taken to copy (RPC's file itself was not available
-    to compare), quirk included: confidences sorted
-    ascending (stable by (confidence, index)), m = N // 100 bins of 100 samples, the last
+    beta=100)`` of Hendrycks' ``calibration_tools.py`` and of RPC's own copy
+    (rachtsy/KPCA_code ``Robust/calibration_tools.py``, ``calib_err``, the same code), quirk
+    included: confidences sorted ascending, here stable by (confidence, index) where the
+    references' ``np.argsort`` (quicksort, unstable) may order tied confidences otherwise,
+    which moves ties across a bin boundary (the only difference); m = N // 100 bins of 100 samples, the last
     one absorbing the remainder (100 to 199 samples); the loop then *skips the last bin*
     while still dividing by N: RMS = sqrt(sum_{m < last} (n_m/N)(acc_m - conf_m)^2).  So
     100 <= N < 200 gives 0.0 and N < 100 (where the reference crashes) gives NaN.
@@ -1326,8 +1371,8 @@ def _unique_threshold_counts(conf: np.ndarray, correct: np.ndarray) -> tuple[np.
 
 @metric(
     'failure', 'AURC-trap', 'x1000', False,
-    'Trapezoid of selective risk over coverage [1/N, 1] divided by (1 - 1/N), MSP '
-    '(TorchUncertainty).',
+    "Trapezoid of selective risk over coverage [1/N, 1] divided by (1 - 1/N), MSP "
+    "(TorchUncertainty; stable sort: TorchUncertainty's unstable argsort may order tied confidences, e.g. saturated 1.0, differently).",
 )
 def aurc_trapezoid(probs: np.ndarray, labels: np.ndarray) -> float:
     """TorchUncertainty's AURC: trapezoid of selective risk over coverage [1/N, 1], / (1 - 1/N).
@@ -1364,6 +1409,23 @@ def aurc_unique(probs: np.ndarray, labels: np.ndarray) -> float:
     risk = errors / accepted
     coverage = np.concatenate(([0.0], accepted / conf.shape[0]))
     return float(np.trapezoid(np.concatenate((risk[:1], risk)), coverage))
+
+
+@metric(
+    "failure", "E-AURC-fds", "x1000", False,
+    "fd-shifts' E-AURC: its unique-threshold AURC (aurc_unique) minus the analytic optimum "
+    "r + (1 - r) ln(1 - r).",
+)
+def eaurc_fdshifts(probs: np.ndarray, labels: np.ndarray) -> float:
+    """fd-shifts' excess AURC: :func:`aurc_unique` - AURC*, AURC* = r + (1 - r) ln(1 - r).
+
+    ``probs`` [N, C], ``labels`` [N] int.  Only the AURC* term is shared with
+    :func:`eaurc` (KEP-SVGP subtracts it from the Riemann-mean AURC).  fd-shifts writes
+    AURC* with ``ln(1 - r + eps)``, which differs from the exact value by < 3e-16 (and gives
+    the same limit 1 at r = 1).  Raw (fd-shifts reports x1000).
+    """
+    conf, correct = _confidence_correct(probs, labels)
+    return aurc_unique(probs, labels) - float(_optimal_aurc(np.mean(~correct)))
 
 
 @metric(
@@ -1422,7 +1484,8 @@ def augrc_trapezoid(probs: np.ndarray, labels: np.ndarray) -> float:
 
 @metric(
     'failure', 'Risk@80Cov', '%', False,
-    'Selective risk E_k/k of the k = ceil(0.8 N) most confident (TorchUncertainty).',
+    "Selective risk E_k/k of the k = ceil(0.8 N) most confident (TorchUncertainty; "
+    "stable sort: TorchUncertainty's unstable argsort may order tied confidences, e.g. saturated 1.0, differently).",
 )
 def risk_at_80_coverage(probs: np.ndarray, labels: np.ndarray) -> float:
     """Selective risk at 80% coverage (TorchUncertainty ``RiskAt80Cov``): R_k = E_k / k.
@@ -1438,8 +1501,8 @@ def risk_at_80_coverage(probs: np.ndarray, labels: np.ndarray) -> float:
 
 @metric(
     'failure', 'Cov@5Risk', '%', True,
-    'Largest coverage i/N with selective risk E_i/i <= 5%, NaN if none '
-    '(TorchUncertainty).',
+    "Largest coverage i/N with selective risk E_i/i <= 5%, NaN if none (TorchUncertainty; "
+    "stable sort: TorchUncertainty's unstable argsort may order tied confidences, e.g. saturated 1.0, differently).",
 )
 def coverage_at_5_risk(probs: np.ndarray, labels: np.ndarray) -> float:
     """Largest coverage with selective risk <= 5% (TorchUncertainty ``CovAt5Risk``).
@@ -1525,16 +1588,19 @@ def ood_fpr95_openood(scores_id: np.ndarray, scores_ood: np.ndarray) -> float:
 
 @metric(
     'ood', 'FPR95-TU', '%', False,
-    'ID flagged as OOD at the threshold with OOD recall nearest 0.95, ties to the '
-    'lowest threshold; OOD = positive, score -s (TorchUncertainty).',
+    "ID flagged as OOD at the threshold with OOD recall nearest 0.95 (distances compared "
+    "exactly, ties to the lowest threshold, as TorchUncertainty's float32 recalls tie; "
+    "Hendrycks' float64 code keeps the higher one on exact ties); OOD = positive, score -s.",
 )
 def ood_fpr95_tu(scores_id: np.ndarray, scores_ood: np.ndarray) -> float:
     """TorchUncertainty ``FPR95`` (Hendrycks' ``fpr_and_fdr_at_recall``): OOD positive.
 
     ``scores_id`` [N1], ``scores_ood`` [N2]; higher score = more ID; OOD = positive with
     score -s (TorchUncertainty's ``-MSP``).  Over every distinct threshold down to the
-    first reaching full OOD recall, the one with recall nearest 0.95 (ties to the lowest
-    threshold); returns the fraction of ID samples flagged as OOD there.
+    first reaching full OOD recall, the one with recall nearest 0.95, distances compared
+    exactly (ties to the lowest threshold, as TorchUncertainty's float32 recalls tie); returns
+    the fraction of ID samples flagged as OOD there.  Hendrycks' float64 version breaks exact
+    ties towards the higher threshold (see ``_BinaryCurve.fpr_at_tpr_hendrycks``).
     """
     return _ood_curve(scores_id, scores_ood, ood_positive=True).fpr_at_tpr_hendrycks(0.95)
 

@@ -78,6 +78,18 @@ def upper_closed_bin(c, n_bins=15):
     raise AssertionError(c)
 
 
+def kepsvgp_bin(c, n_bins=15):
+    """(lo, hi] bin of c against the float32 edges torch.linspace itself returns, compared in
+    float64 (the KEP-SVGP reference's bins; c = 0 -> bin 0)."""
+    import torch
+
+    edges = [float(e) for e in torch.linspace(0, 1, n_bins + 1)]
+    for m in range(n_bins):
+        if c <= edges[m + 1]:
+            return m
+    raise AssertionError(c)
+
+
 RANDOM_CASES = [(40, 3, 0, None), (600, 5, 1, None), (1500, 10, 2, None), (500, 4, 3, 1), (800, 3, 4, 2)]
 TIE_FREE = [(40, 3, 0, None), (600, 5, 1, None), (1500, 10, 2, None)]
 
@@ -254,7 +266,7 @@ def test_rms_adaptive100_ties_and_small_n():
 def test_calibration_variants_match_loops(n, c, seed, decimals):
     p, y = make_case(n, c, seed, decimals)
     conf, correct = conf_correct(p, y)
-    top_bin = [upper_closed_bin(float(v)) for v in conf]
+    top_bin = [kepsvgp_bin(float(v)) for v in conf]  # MCE and RMSCE use ECE's bins
     assert M.mce(p, y) == pytest.approx(binned_loop(conf, correct, lambda i: top_bin[i], "max"), abs=1e-12)
     assert M.rms_ce(p, y) == pytest.approx(binned_loop(conf, correct, lambda i: top_bin[i], "l2"), abs=1e-12)
 
@@ -615,7 +627,9 @@ def openood_metrics(s_id, s_ood):
 
 
 def tu_fprx(s_id, s_ood, recall_level=0.95):
-    """numpy port of TorchUncertainty FPRx.compute with conf = -s (OOD-ness), OOD = 1."""
+    """numpy port of TorchUncertainty FPRx.compute with conf = -s (OOD-ness), OOD = 1; the
+    recall is int / int in float32 and compared with the float32 recall level, as torch
+    does with its default dtype."""
     conf = -np.concatenate([s_id, s_ood])
     targets = np.concatenate([np.zeros(len(s_id)), np.ones(len(s_ood))])
     indx = np.argsort(-targets, kind="stable")  # OOD first
@@ -627,11 +641,11 @@ def tu_fprx(s_id, s_ood, recall_level=0.95):
     threshold_idxs = np.concatenate([np.where(np.diff(examples))[0], [labels.shape[0] - 1]])
     true_pos = np.cumsum(labels)[threshold_idxs]
     false_pos = 1 + threshold_idxs - true_pos
-    recall = true_pos / true_pos[-1]
+    recall = (true_pos / true_pos[-1]).astype(np.float32)  # exact quotient, rounded once
     last_ind = np.searchsorted(true_pos, true_pos[-1])
-    recall = np.concatenate([recall[: last_ind + 1][::-1], [1.0]])
+    recall = np.concatenate([recall[: last_ind + 1][::-1], np.ones(1, np.float32)])
     false_pos = np.concatenate([false_pos[: last_ind + 1][::-1], [0.0]])
-    cutoff = np.argmin(np.abs(recall - recall_level))
+    cutoff = np.argmin(np.abs(recall - np.float32(recall_level)))
     return false_pos[cutoff] / (~labels).sum()
 
 
@@ -653,8 +667,13 @@ def test_ood_fpr95_ties_at_threshold():
     # OpenOOD: -s thresholds: -0: (tps 18, fps 0) TPR .9;  -1: (20, 1) TPR 1 -> first >= .95
     # -> the tied ID sample is flagged with them: FPR 1/4
     assert M.ood_fpr95_openood(s_id, s_ood) == 0.25
-    # TU: candidates TPR .9 (fp 0) and 1 (fp 1); |.9 - .95| < |1 - .95| in floats -> 0
-    assert M.ood_fpr95_tu(s_id, s_ood) == 0.0
+    # TU: candidates TPR 18/20 (fp 0) and 20/20 (fp 1) are equally far from 19/20
+    # (|20*18 - 19*20| = |20*20 - 19*20| = 20): an exact tie, which goes to the lowest
+    # threshold (TPR 1, fp 1) -> 1/4.  TorchUncertainty's float32 recalls tie here too;
+    # float64 (Hendrycks) has |0.9 - 0.95| < |1 - 0.95| and would give 0.
+    assert M.ood_fpr95_tu(s_id, s_ood) == 0.25
+    assert abs(np.float32(0.9) - np.float32(0.95)) == abs(np.float32(1.0) - np.float32(0.95))
+    assert abs(0.9 - 0.95) < abs(1.0 - 0.95)
     # default: k = ceil(3.8) = 4 -> tau = 1; OOD >= 1: the two ties -> 2/20
     assert M.ood_fpr95(s_id, s_ood) == pytest.approx(0.1)
 
@@ -905,3 +924,65 @@ def test_variants_reject_bad_n_bins(name, n_bins):
 def test_rms_adaptive100_rejects_bad_bin_size(bin_size):
     with pytest.raises(ValueError):
         M.rms_ce_adaptive100(DEG_P, np.array([0, 0, 1]), bin_size=bin_size)
+
+
+# ---- ECE at the exact inputs where float edges disagree (issue: peer conformance)
+
+
+@pytest.mark.parametrize("k,partner", [(8, 0.56), (9, 0.62), (10, 0.70)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_ece_bins_confidences_at_k_over_15_as_kepsvgp(k, partner, dtype):
+    """KEP-SVGP's calc_ece bins against torch.linspace(0, 1, 16) in float32, whose edges 8,
+    9, 10 lie one float32 step below float32(k/15): a confidence of exactly k/15 (float32
+    or float64) is in the bin *above* the edge, together with a partner in (k/15, (k+1)/15].
+    Hand computation: one bin holding a correct sample (c1) and a wrong one (c2) gives
+    ECE = |1/2 - (c1 + c2)/2| (with separate bins it would be ((1 - c1) + c2)/2)."""
+    c = dtype(k / 15)
+    p = np.array([[c, 1 - c], [partner, 1 - partner]], dtype=dtype)
+    y = np.array([0, 1])  # first correct, second wrong (both predict class 0)
+    c1, c2 = float(p[0, 0]), float(p[1, 0])
+    assert M.ece(p, y) == pytest.approx(abs(0.5 - (c1 + c2) / 2), abs=1e-15)
+    assert M.ece(p, y) != pytest.approx(((1 - c1) + c2) / 2, abs=1e-6)
+
+
+def test_ece_float64_confidence_just_above_a_low_edge_stays_below_torchs_edge():
+    """torch's edge 3 is float32 0.2000000030 (above 0.2): a float64 confidence 0.2 + 1e-9
+    shares bin (e2, e3] with 0.195, as in the reference (numpy edges would split them)."""
+    c = 0.2 + 1e-9
+    p = np.array([[c] + [(1 - c) / 5] * 5, [0.195] + [0.161] * 5])
+    y = np.array([0, 1])
+    assert M.ece(p, y) == pytest.approx(abs(0.5 - (c + 0.195) / 2), abs=1e-15)
+
+
+def test_torch_linspace_float32_is_torchs_bit_for_bit():
+    import torch
+
+    for n in (2, 3, 11, 16, 21, 101):
+        np.testing.assert_array_equal(M.torch_linspace_float32(n), torch.linspace(0, 1, n).numpy())
+
+
+def test_eaurc_fdshifts_hand():
+    """conf .9 (right), .8 (wrong), .8 (right), .6 (wrong).  fd-shifts' unique-threshold
+    AURC: points (coverage, risk) (0, 0) [top group's risk], (1/4, 0), (3/4, 1/3),
+    (1, 1/2): trapezoids 0 + 1/2 * (1/3)/2 + 1/4 * (1/3 + 1/2)/2 = 1/12 + 5/48 = 9/48.
+    r = 1/2: AURC* = 1/2 + 1/2 ln(1/2).  KEP-SVGP's E-AURC uses the Riemann-mean AURC
+    (1/4)(0/1 + 1/2 + 1/3 + 2/4) (stable order: the wrong .8 first) = 1/3 instead."""
+    c = np.array([0.9, 0.8, 0.8, 0.6])
+    p, y = np.stack([c, 1 - c], axis=1), np.array([0, 1, 0, 1])
+    optimum = 0.5 + 0.5 * math.log(0.5)
+    assert M.eaurc_fdshifts(p, y) == pytest.approx(9 / 48 - optimum, abs=1e-15)
+    assert M.eaurc(p, y) == pytest.approx((0 + 1 / 2 + 1 / 3 + 2 / 4) / 4 - optimum, abs=1e-15)
+
+
+def test_saturated_confidences_are_ranked_in_input_order():
+    """Five predictions saturated at 1.0, one of them wrong: Risk@80Cov takes the k = 4 first
+    in input order (stable sort), so the error counts only when it is among them.
+    (TorchUncertainty's unstable argsort may pick any 4 of the tied 5.)"""
+    p = np.tile([1.0, 0.0], (5, 1))
+    assert M.risk_at_80_coverage(p, np.array([1, 0, 0, 0, 0])) == 0.25
+    assert M.risk_at_80_coverage(p, np.array([0, 0, 0, 0, 1])) == 0.0
+    # AURC-trap: risks E_i/i over coverage i/5 = [1, 1/2, 1/3, 1/4, 1/5] (error first) or
+    # [0, 0, 0, 0, 1/5] (error last); trapezoid over [1/5, 1] / (1 - 1/5)
+    first = (0.2 * ((1 + 1 / 2) + (1 / 2 + 1 / 3) + (1 / 3 + 1 / 4) + (1 / 4 + 1 / 5)) / 2) / 0.8
+    assert M.aurc_trapezoid(p, np.array([1, 0, 0, 0, 0])) == pytest.approx(first, abs=1e-15)
+    assert M.aurc_trapezoid(p, np.array([0, 0, 0, 0, 1])) == pytest.approx(0.2 * (0 + 1 / 5) / 2 / 0.8, abs=1e-15)

@@ -37,18 +37,26 @@ def conf_correct(p: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def ece_loop(p: np.ndarray, y: np.ndarray, n_bins: int = 15) -> float:
-    """Brute-force top-label ECE: explicit loop over (lo, hi] bins, c = 0 in the first bin."""
-    conf, correct = conf_correct(p, y)
-    edges = np.linspace(0.0, 1.0, n_bins + 1)
+    """Brute-force top-label ECE as KEP-SVGP's ``calc_ece`` computes it, in torch: an explicit
+    loop over ``torch.linspace(0, 1, B+1)`` (float32) bins, ``conf.gt(lo) * conf.le(hi)`` in
+    torch's promotion (float64 confidences against float32 edges); c = 0 in the first bin
+    (our documented addition; the reference drops it)."""
+    import torch
+
+    conf_np, correct = conf_correct(p, y)
+    conf = torch.from_numpy(np.asarray(p).max(axis=1))  # keeps the input dtype
+    bounds = torch.linspace(0, 1, n_bins + 1)
     total = 0.0
     for m in range(n_bins):
-        lo, hi = edges[m], edges[m + 1]
-        members = [i for i in range(len(conf)) if lo < conf[i] <= hi or (m == 0 and conf[i] == 0.0)]
-        if not members:
+        in_bin = (conf.gt(bounds[m]) & conf.le(bounds[m + 1])).numpy()
+        if m == 0:
+            in_bin |= conf_np == 0.0
+        members = np.flatnonzero(in_bin)
+        if not len(members):
             continue  # empty bin contributes 0
         acc_m = sum(bool(correct[i]) for i in members) / len(members)
-        conf_m = sum(float(conf[i]) for i in members) / len(members)
-        total += len(members) / len(conf) * abs(acc_m - conf_m)
+        conf_m = sum(float(conf_np[i]) for i in members) / len(members)
+        total += len(members) / len(conf_np) * abs(acc_m - conf_m)
     return total
 
 

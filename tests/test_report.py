@@ -382,7 +382,8 @@ def test_conventions_section_lists_each_shown_metric(report):
         info = get_metric(metric)
         assert f"`{metric}`" in conventions and info.convention.replace("|", r"\|") in conventions, metric
     assert "ece_adaptive" not in conventions  # registered, but not in the default selection
-    for words in ("CE (%)", "Parameters", "Peak memory (MiB)", "`mutual_info`", "`entropy`"):
+    for words in ("CE (%)", "Parameters", "Peak memory (MiB)", "`mutual_info`", "`entropy`",
+                  "Degenerate splits"):
         assert words in conventions, words
 
 
@@ -676,7 +677,9 @@ def test_every_header_states_its_scale(report):
 # ------------------------------------------------------------------------------------ curves
 def test_reliability_bins_are_lo_exclusive_hi_inclusive():
     edges = np.linspace(0.0, 1.0, 16)
-    conf = np.array([edges[2], edges[2] + 1e-9, 1.0, 0.5])  # on an edge, just above, at 1
+    # on an edge, just above its float32 value (the KEP-SVGP edges are torch's float32
+    # linspace; 2/15 + 1e-9 would still be below float32(2/15) = 0.13333334), at 1
+    conf = np.array([edges[2], edges[2] + 1e-7, 1.0, 0.5])
     k = 10
     probs = np.stack([conf] + [(1 - conf) / (k - 1)] * (k - 1), axis=1)  # class 0 is top
     labels = np.array([0, 1, 0, 0])  # only the second prediction is wrong

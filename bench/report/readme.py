@@ -55,6 +55,22 @@ _SCORES_NOTE = (
 )
 
 
+DEGENERATE_NOTE = (
+    "Degenerate splits, where peers disagree. Here an undefined value is NaN (`n/a`): with "
+    "no error, failure AUROC, FPR95 and AUPR-E (AUPR-S = 1); with no correct prediction, "
+    "failure AUROC, FPR95 and AUPR-S (AUPR-E = 1, AURC = 1, E-AURC = 0), Cov@5Risk = NaN; "
+    "`rms_ce_adaptive100` below 100 samples. The peers: KEP-SVGP/OpenMix give AUROC and FPR95 "
+    "NaN without errors, but with every prediction wrong FPR95 0.0, AUPR-S 0.5 and E-AURC NaN "
+    "(log 0); fd-shifts turns undefined values into NaN, and with every prediction correct its "
+    "ECE uses the wrong class (mean confidence instead of 1 - mean confidence); "
+    "TorchUncertainty gives AURC 0 / 1 and Cov@5Risk NaN (all wrong), FPR95 NaN without OOD "
+    "samples and aECE NaN for N < 15 (0 here); torchmetrics' AUROC gives 0.0 for one class; "
+    "scikit-learn >= 1.6 `roc_auc_score` gives NaN (earlier versions raise); Hendrycks' "
+    "`calib_err` crashes below 100 samples. OOD scores all tied: AUROC 0.5, FPR95 1.0 here and "
+    "in OpenOOD, TorchUncertainty and Hendrycks' code."
+)
+
+
 def _conventions(tables: list[_Table]) -> list[str]:
     """One line per shown column (metrics first seen order), with its convention."""
     seen: dict[str, tuple[Column, list[str]]] = {}
@@ -69,6 +85,8 @@ def _conventions(tables: list[_Table]) -> list[str]:
                               tablefmt="pipe", disable_numparse=True) + "\n")
     if any(t.spec.source == "ood" for t in tables):
         parts += [_SCORES_NOTE, ""]
+    if any(t.metric_columns for t in tables):
+        parts += [DEGENERATE_NOTE, ""]
     return parts
 
 
