@@ -44,7 +44,7 @@ from bench.data import corruption_of, is_ood
 from bench.metrics import entropy, get_metric, selection
 from bench.store import atomic_write_bytes, atomic_write_json
 
-ANALYSIS_SCHEMA = 1  # bump when the files' columns or meaning change
+ANALYSIS_SCHEMA = 2  # bump when the files' columns or meaning change
 ANALYSIS_DIR = "analysis"
 BOOTSTRAP_RESAMPLES = 1000
 BOOTSTRAP_SEED = 0
@@ -60,6 +60,7 @@ CE_COLUMNS = ["dataset", "method", "corruption", "ce"]
 EFFICIENCY_COLUMNS = ["dataset", "method", "parameters", "train_seconds", "predict_seconds_per_1000",
                       "peak_memory_mb", "passes"]
 FAILURE_COLUMNS = ["dataset", "method", "seed", "reason"]
+DAMAGED_COLUMNS = ["cell", "dataset", "method", "seed", "reason"]
 
 #: file -> (AnalysisResults field, columns, string columns)
 FILES: dict[str, tuple[str, list[str], tuple[str, ...]]] = {
@@ -69,6 +70,7 @@ FILES: dict[str, tuple[str, list[str], tuple[str, ...]]] = {
     "corruption_errors.csv": ("corruption_errors", CE_COLUMNS, ("dataset", "method", "corruption")),
     "efficiency.csv": ("efficiency", EFFICIENCY_COLUMNS, ("dataset", "method")),
     "failures.csv": ("failures", FAILURE_COLUMNS, ("dataset", "method", "reason")),
+    "damaged.csv": ("damaged", DAMAGED_COLUMNS, ("cell", "dataset", "method", "reason")),
 }
 _CODE = ("metrics.py", "stats.py", "analysis.py", "catalog.py", "method.py")  # their text is in the fingerprint
 
@@ -101,7 +103,9 @@ class AnalysisResults:
     ``corruption_errors``: per corruption the method's summed error over the reference's,
     and ``corruption == "mCE"`` their mean.  ``efficiency``: costs from ``cell.json``
     (means over seeds; combinators add up their members').  ``failures``: cells that
-    failed or are unusable, and derived replicates that could not be formed.
+    failed or were interrupted, and derived replicates that could not be formed.
+    ``damaged``: cells whose files no longer match their manifest, hold a stray prediction
+    file or unusable arrays, and directories that name no cell (``cell`` = directory).
 
     ``load_predictions(dataset, method, seed, split)`` returns ``(probs [N, C] float64,
     labels [N] int64)`` for plots (:meth:`bench.catalog.Catalog.predictions`).
@@ -121,6 +125,7 @@ class AnalysisResults:
     corruption_errors: pd.DataFrame = field(default_factory=pd.DataFrame)
     efficiency: pd.DataFrame = field(default_factory=pd.DataFrame)
     analysed_metrics: list[str] = field(default_factory=list)  # the metrics the files hold
+    damaged: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=DAMAGED_COLUMNS))
 
 
 def split_order(split: str) -> tuple:
@@ -185,8 +190,14 @@ def analyse(catalog: Catalog, metrics: list[str] | None = None, resamples: int =
     ``metrics``: the metrics to compute (default :func:`analysed_metrics`)."""
     names = list(metrics) if metrics is not None else analysed_metrics()
     cache: dict[tuple[str, str, int], Preds] = {}
+    for d, m, s in list(catalog.cells):
+        catalog.stored(d, m, s)  # loads and checks every array; damaged cells leave catalog.cells
     failures: list[dict] = [{"dataset": d, "method": m, "seed": s, "reason": why}
-                            for (d, m, s), why in catalog.problems.items()]
+                            for (d, m, s), why in catalog.problems.items() if (d, m, s) not in catalog.damaged]
+    damaged: list[dict] = [{"cell": cell, "dataset": d, "method": m, "seed": s, "reason": why}
+                           for (d, m, s), (cell, why) in catalog.damaged.items()]
+    damaged += [{"cell": key, "dataset": "", "method": "", "seed": -1, "reason": why}
+                for key, why in catalog.unnamed.items()]
     for d in catalog.datasets:
         for entry in catalog.methods:
             for rid, members in catalog.replicates(d, entry):
@@ -222,6 +233,7 @@ def analyse(catalog: Catalog, metrics: list[str] | None = None, resamples: int =
         splits=splits,
         seeds={k: sorted(v) for k, v in seeds.items()},
         failures=failures_df,
+        damaged=pd.DataFrame(damaged, columns=DAMAGED_COLUMNS),
         load_predictions=catalog.predictions,
         reference=catalog.reference,
         summary=_summary(metrics_df, cache, seeds, catalog.reference, names, resamples, seed),

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,7 +30,7 @@ import numpy as np
 from bench.errors import ConfigError
 from bench.options import Problems, parse, to_dict
 from bench.registry import METHODS
-from bench.store import CELL, CHECKPOINT, MANIFEST, STORE_SUITE, CellDir, atomic_write_json
+from bench.store import CELL, CHECKPOINT, DAMAGED_MARK, MANIFEST, STORE_SUITE, CellDir, atomic_write_json
 
 Preds = dict[str, dict[str, np.ndarray]]  # split -> {"log_probs", "labels", optional decomposition terms}
 
@@ -67,17 +68,28 @@ class Catalog:
     reference: str
     cells: dict[tuple[str, str, int], CellDir] = field(default_factory=dict)
     problems: dict[tuple[str, str, int], str] = field(default_factory=dict)
+    damaged: dict[tuple[str, str, int], tuple[str, str]] = field(default_factory=dict)  # -> (directory, reason)
+    unnamed: dict[str, str] = field(default_factory=dict)  # directory -> why it names no cell
     _preds: dict[tuple[str, str, int], Preds] = field(default_factory=dict, repr=False)
 
     # --- predictions ---------------------------------------------------------------------
     def stored(self, dataset: str, method: str, seed: int) -> Preds | None:
-        """Every stored split of a trained cell (cached), or None when it has none."""
+        """Every stored split of a trained cell (cached), or None when it has none.  Arrays
+        of the wrong kind (objects, wrong dtype or shape) make the cell damaged: it moves
+        from :attr:`cells` to :attr:`problems` and None is returned."""
         key = (dataset, method, seed)
         if key not in self._preds:
             cd = self.cells.get(key)
             if cd is None:
                 return None
-            self._preds[key] = {split: cd.read_arrays(split) for split in cd.splits()}
+            try:
+                self._preds[key] = {split: _checked(cd.read_arrays(split), split) for split in cd.splits()}
+            except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+                del self.cells[key]
+                why = f"damaged cell {cd.key}: {exc}; `run` moves it aside and redoes it"
+                self.problems[key] = why
+                self.damaged[key] = (cd.key, why)
+                return None
         return self._preds[key]
 
     def replicates(self, dataset: str, entry: MethodEntry) -> list[tuple[int, tuple[int, ...]]]:
@@ -134,6 +146,17 @@ class Catalog:
                 "reference": self.reference, "cells": cells, "problems": problems}
 
 
+def _checked(arrays: dict[str, np.ndarray], split: str) -> dict[str, np.ndarray]:
+    """A split's arrays as analysis needs them, or ValueError naming what is wrong."""
+    lp, labels = arrays.get("log_probs"), arrays.get("labels")
+    if lp is None or labels is None:
+        raise ValueError(f"preds/{split}.npz lacks log_probs or labels")
+    if lp.dtype.kind != "f" or lp.ndim != 2 or labels.dtype.kind != "i" or labels.shape != (lp.shape[0],):
+        raise ValueError(f"preds/{split}.npz holds log_probs {lp.dtype}{list(lp.shape)} and labels "
+                         f"{labels.dtype}{list(labels.shape)}, not float [N, C] and int [N]")
+    return arrays
+
+
 # ------------------------------------------------------------------------ the store side
 
 
@@ -170,38 +193,63 @@ def _read_description(root: Path) -> dict | None:
     return obj if isinstance(obj, dict) else None
 
 
-def _scan(root: Path) -> dict[tuple[str, str, int], list[CellDir]]:
+def _scan(root: Path) -> tuple[dict[tuple[str, str, int], list[CellDir]], dict[str, str]]:
     """Every cell directory of the store, grouped by the (dataset, method, seed) its
-    ``cell.json`` names; directories without a readable ``cell.json`` are skipped."""
+    ``cell.json`` names, and the directories that cannot be attributed (unreadable, or no
+    usable ``cell.json``) with the reason.  Damaged cells moved aside by ``run`` are skipped."""
     found: dict[tuple[str, str, int], list[CellDir]] = {}
+    unnamed: dict[str, str] = {}
     for path in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        if DAMAGED_MARK in path.name:
+            continue
         cd = CellDir(path)
-        info = cd.read_cell()
+        try:
+            info = cd.read_cell()
+            has_manifest = cd.sealed()
+        except OSError as exc:
+            unnamed[path.name] = f"unreadable directory: {exc.strerror or exc}"
+            continue
         if info is None or not {"dataset", "method", "seed"} <= set(info):
+            if info is not None or has_manifest or (path / CELL).exists():
+                unnamed[path.name] = "its cell.json is missing, truncated or not a cell record"
             continue
         try:
             key = (str(info["dataset"]), str(info["method"]), int(info["seed"]))
         except (TypeError, ValueError):
+            unnamed[path.name] = "its cell.json names no valid dataset, method and seed"
             continue
         found.setdefault(key, []).append(cd)
-    return found
+    return found, unnamed
 
 
-def _choose(candidates: list[CellDir], planned: set[str]) -> tuple[CellDir | None, str]:
-    """The cell to use among directories naming one (dataset, method, seed), or the problem."""
-    complete = [cd for cd in candidates if cd.status(skip=(CHECKPOINT,)) == "complete"]
+def _choose(candidates: list[CellDir], planned: set[str]) -> tuple[CellDir | None, str, str]:
+    """``(cell to use, problem, directory)`` among directories naming one (dataset, method,
+    seed); ``directory`` is set when the problem is damage (not a failure or interruption)."""
+    problems = {cd.key: cd.problem(skip=(CHECKPOINT,)) for cd in candidates}
+    complete = [cd for cd in candidates if problems[cd.key] is None]
     if complete:
         mine = [cd for cd in complete if cd.key in planned]
         if mine:
-            return mine[0], ""
-        return max(complete, key=lambda cd: (str((cd.read_cell() or {}).get("finished", "")), cd.key)), ""
-    infos = [(cd, cd.read_cell() or {}) for cd in candidates]
-    failed = [(cd, i) for cd, i in infos if i.get("status") == "failed"]
-    if failed:
-        return None, f"failed: {failed[0][1].get('reason', 'failed')}"
-    keys = ", ".join(cd.key for cd in candidates)
-    return None, (f"incomplete (cell {keys}: running, interrupted or damaged, its manifest does not "
-                  "verify); run the suite again to redo it")
+            return mine[0], "", ""
+        return max(complete, key=lambda cd: (str((cd.read_cell() or {}).get("finished", "")), cd.key)), "", ""
+    for kind in ("damaged", "failed", "incomplete"):
+        for cd in candidates:
+            why = problems[cd.key]
+            if _kind(why) == kind:
+                if kind == "damaged":
+                    return None, f"damaged cell {cd.key}: {why}; `run` moves it aside and redoes it", cd.key
+                if kind == "failed":
+                    return None, why, ""
+                return None, f"{why}; cell {cd.key}; run the suite again to redo it", ""
+    return None, "no usable cell", ""
+
+
+def _kind(problem: str) -> str:
+    if problem.startswith("failed:"):
+        return "failed"
+    if problem.startswith("incomplete"):
+        return "incomplete"
+    return "damaged"
 
 
 def open_store(root: Path, suite=None, planned: set[str] = frozenset()) -> Catalog:
@@ -217,7 +265,7 @@ def open_store(root: Path, suite=None, planned: set[str] = frozenset()) -> Catal
     if not root.is_dir():
         raise ConfigError(f"no store at {root}: run the suite first, or pass --results DIR and --suite NAME "
                           "for a store under DIR/NAME")
-    found = _scan(root)
+    found, unnamed = _scan(root)
     if suite is not None:
         datasets = [d.name for d in suite.datasets]
         entries = [_entry(m.name, m.type, m.kind, m.options) for m in suite.methods]
@@ -237,7 +285,7 @@ def open_store(root: Path, suite=None, planned: set[str] = frozenset()) -> Catal
         reference = str(desc.get("reference", ""))
         if reference not in {e.name for e in entries}:
             reference = entries[0].name if entries else ""
-    catalog = Catalog(name, root, datasets, entries, seeds, reference)
+    catalog = Catalog(name, root, datasets, entries, seeds, reference, unnamed=unnamed)
     for d in datasets:
         for e in entries:
             if e.kind != "trained":
@@ -246,11 +294,13 @@ def open_store(root: Path, suite=None, planned: set[str] = frozenset()) -> Catal
                 candidates = found.get((d, e.name, s))
                 if not candidates:
                     continue
-                cd, problem = _choose(candidates, set(planned))
+                cd, problem, damaged_dir = _choose(candidates, set(planned))
                 if cd is not None:
                     catalog.cells[(d, e.name, s)] = cd
                 else:
                     catalog.problems[(d, e.name, s)] = problem
+                    if damaged_dir:
+                        catalog.damaged[(d, e.name, s)] = (damaged_dir, problem)
     return catalog
 
 

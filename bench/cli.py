@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from bench.errors import ConfigError
+from bench.registry import DuplicateName
 
 # modules whose import registers the built-in attention layers, metrics, methods and datasets
 BUILTIN_PLUGINS = ("bench.vit", "bench.metrics", "methods", "datasets")
@@ -57,8 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="run_suite.py",
         description="uqbench: train, evaluate and report uncertainty methods for Transformers.",
     )
-    p.add_argument("command", nargs="?", default="run", choices=("run", "report", "list"),
-                   help="run (default): train+predict+report; report: tables and plots from the store; list: registries")
+    p.add_argument("command", nargs="?", default="run", choices=("run", "report", "list", "verify"),
+                   help="run (default): train+predict+report; report: tables and plots from the store; "
+                        "list: registries; verify: check every cell of a store against its manifest")
     p.add_argument("--suite", default="default", help="built-in suite name or path to a suite .toml (default: default)")
     p.add_argument("--methods", type=_csv("methods"), help="comma-separated method names to run (or, with report, to show)")
     p.add_argument("--datasets", type=_csv("datasets"), help="comma-separated dataset names of the suite to use")
@@ -81,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--severity", type=_positive_int, default=5,
                    help="corruption severity of the per-corruption table, 1..5 (default: 5)")
     p.add_argument("--quiet", action="store_true", help="no progress bars or per-cell lines")
+    p.add_argument("--debug", action="store_true", help="show the full traceback of any error")
     return p
 
 
@@ -92,11 +95,20 @@ def import_plugins(names: list[str]) -> None:
     for name in names:
         try:
             importlib.import_module(name)
-        except ImportError as exc:
-            raise ConfigError(
-                f"--plugin {name}: cannot import it ({exc}); give an importable module name "
-                "(a .py file or package in the current directory or on PYTHONPATH)"
-            ) from None
+        except ModuleNotFoundError as exc:
+            if exc.name and name.startswith(exc.name):
+                raise ConfigError(
+                    f"--plugin {name}: no such module ({exc}); give an importable module name "
+                    "(a .py file or package in the current directory or on PYTHONPATH)"
+                ) from None
+            raise ConfigError(f"--plugin {name}: importing it failed: {type(exc).__name__}: {exc}") from None
+        except SyntaxError as exc:
+            raise ConfigError(f"--plugin {name}: syntax error in {exc.filename}, line {exc.lineno}: {exc.msg}") from None
+        except DuplicateName as exc:
+            raise ConfigError(f"--plugin {name}: {exc}") from None
+        except Exception as exc:  # noqa: BLE001  (a plugin's own error, reported in one line)
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise ConfigError(f"--plugin {name}: importing it raised {type(exc).__name__}: {first}") from None
 
 
 def cmd_list() -> int:
@@ -128,24 +140,89 @@ def cmd_list() -> int:
     return 0
 
 
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Check every cell directory of the store ``<results>/<suite>``: print one line per
+    cell that is not complete; exit 0 when nothing is damaged, 1 otherwise (failed and
+    interrupted cells are listed but are not damage)."""
+    from bench.store import DAMAGED_MARK, CellDir
+
+    name = Path(args.suite).stem if args.suite.endswith(".toml") else args.suite
+    root = args.results / name
+    if not root.is_dir():
+        raise ConfigError(f"verify: no store at {root}; pass --results DIR and --suite NAME")
+    counts = {"complete": 0, "failed": 0, "interrupted": 0, "damaged": 0}
+    for path in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        if DAMAGED_MARK in path.name:
+            print(f"{path.name}: moved aside earlier (damaged), not used")
+            continue
+        problem = CellDir(path).problem()
+        kind = ("complete" if problem is None else "failed" if problem.startswith("failed:")
+                else "interrupted" if problem.startswith("incomplete") else "damaged")
+        counts[kind] += 1
+        if problem is not None:
+            print(f"{path.name}: {kind}: {problem}")
+    print(f"{root}: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
+    return 1 if counts["damaged"] else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return _main(args)
     except ConfigError as exc:
+        if args.debug:
+            raise
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # disk full, permissions, ... outside a cell: one line naming the path
+        if args.debug:
+            raise
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"error: {exc.strerror or exc}{where}; complete cells in the store are intact "
+              "(run again once the problem is fixed; --debug shows the traceback)", file=sys.stderr)
+        return 1
+
+
+def check_directories(args: argparse.Namespace) -> None:
+    """``--reports`` (and for ``run`` also ``--results`` and the data root) must be, or be
+    creatable as, writable directories; every problem is reported at once, before any work."""
+    from bench.data import data_root
+
+    targets = [("--reports", args.reports)]
+    if args.command == "run":
+        targets += [("--results", args.results), ("--data-root", data_root())]
+    elif args.results.exists() and not args.results.is_dir():
+        targets.append(("--results", args.results))
+    problems = [msg for flag, path in targets if (msg := _directory_problem(flag, Path(path)))]
+    if problems:
+        raise ConfigError("unusable directories:\n  " + "\n  ".join(problems))
+
+
+def _directory_problem(flag: str, path: Path) -> str | None:
+    if path.exists() and not path.is_dir():
+        return f"{flag} {path}: exists and is not a directory; give a directory"
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{flag} {path}: {probe} is a file, so the directory cannot be created there"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"{flag} {path}: {probe} is not writable (read-only filesystem or permissions); choose another"
+    return None
 
 
 def _main(args: argparse.Namespace) -> int:
     import_plugins(args.plugin)
     if args.command == "list":
         return cmd_list()
+    if args.command == "verify":
+        return cmd_verify(args)
 
     from bench.data import configure_data
     from bench.spec import Overrides, load_suite, select
 
     configure_data(args.data_root, download=args.download, strict=args.strict_data)
+    check_directories(args)
 
     for fmt in args.format:
         if fmt not in ("md", "tex", "csv"):
@@ -166,7 +243,6 @@ def _main(args: argparse.Namespace) -> int:
     store_root = args.results / suite.name
     status = 0
     if args.command == "run":
-        from bench.catalog import write_store_description
         from bench.plan import make_plan
         from bench.runner import Console, run_plan
         from bench.store import Store
@@ -176,8 +252,7 @@ def _main(args: argparse.Namespace) -> int:
         console = Console(args.quiet)
         plan = make_plan(select(suite, args.methods, args.datasets))
         console.log(f"suite {suite.name!r}: {len(plan.cells)} cells on {device}, store {store_root}")
-        write_store_description(store_root, suite)
-        summary = run_plan(plan, Store(store_root), device, console)
+        summary = run_plan(plan, Store(store_root), device, console, describe=suite)
         console.log(f"done: {len(summary.done)} trained, {len(summary.skipped)} skipped, {len(summary.failed)} failed")
         status = 1 if summary.failed else 0
         shown = None  # after a run, the report covers the whole suite
@@ -192,8 +267,8 @@ def _main(args: argparse.Namespace) -> int:
 
         write_store_description(store_root, suite)  # a store made before stores described themselves
     planned = {c.key for c in make_plan(reported).cells}
-    _report(reported, store_root, args.reports / suite.name, args, shown, planned)
-    return status
+    report_status = _report(reported, store_root, args.reports / suite.name, args, shown, planned)
+    return status if args.command == "run" else report_status
 
 
 def _store_only(args: argparse.Namespace) -> bool:
@@ -213,19 +288,24 @@ def _store_only(args: argparse.Namespace) -> bool:
 def _report(suite, store_root: Path, out_dir: Path, args: argparse.Namespace, shown, planned: set[str]) -> int:
     """Analyse the store (or reuse its analysis files) and write the report."""
     started = time.perf_counter()
-    readme, reused = write_suite_report(suite, store_root, out_dir, args.format, shown, args.datasets,
-                                        args.metrics, args.severity, planned)
+    readme, reused, troubles = write_suite_report(suite, store_root, out_dir, args.format, shown, args.datasets,
+                                                  args.metrics, args.severity, planned)
     if not args.quiet:
         how = "reused the analysis files" if reused else "analysed the store"
         print(f"report: {readme} ({how}; {time.perf_counter() - started:.1f} s)", file=sys.stderr)
+    if troubles:
+        print(f"report: {troubles} failed, interrupted or damaged cell(s) left out, named in {readme}",
+              file=sys.stderr)
+        return 1
     return 0
 
 
 def write_suite_report(suite, store_root: Path, out_dir: Path, formats, methods, datasets, metrics=None,
-                       severity: int = 5, planned: set[str] = frozenset()) -> tuple[Path, bool]:
+                       severity: int = 5, planned: set[str] = frozenset()) -> tuple[Path, bool, int]:
     """Analyse the store (``suite`` selects and orders; ``None`` = the store alone), write
-    the analysis files and the report; returns the README path and whether the analysis
-    files were reused."""
+    the analysis files and the report; returns the README path, whether the analysis files
+    were reused, and how many failed/interrupted/damaged cells the report names.  A
+    selection that matches no cell of the store is an error before anything is written."""
     from bench.analysis import ANALYSIS_DIR, analyse_store
     from bench.catalog import open_store
     from bench.report import write_report
@@ -240,7 +320,12 @@ def write_suite_report(suite, store_root: Path, out_dir: Path, formats, methods,
         if unknown:
             raise ConfigError(f"--datasets: the store has no dataset(s) {unknown}; it has: {', '.join(catalog.datasets)}")
         catalog.datasets = [d for d in catalog.datasets if d in datasets]
+    if not catalog.cells and not catalog.problems and not catalog.unnamed:
+        raise ConfigError(f"the store {store_root} has no cell for this selection (datasets "
+                          f"{catalog.datasets}, methods {[m.name for m in catalog.methods]}, seeds "
+                          f"{list(catalog.seeds)}); check --seeds/--datasets/--methods or run the suite first. "
+                          "Nothing was written.")
     picked = list(metrics) if metrics else None
     results, reused = analyse_store(catalog, Path(out_dir) / ANALYSIS_DIR, picked)
     write_report(results, out_dir, tuple(formats), methods, picked, severity)
-    return Path(out_dir) / "README.md", reused
+    return Path(out_dir) / "README.md", reused, len(results.failures) + len(results.damaged)

@@ -6,11 +6,15 @@ options) is a frozen dataclass.  :func:`parse` builds one from a plain dict and 
 
 Ranges are declared in field metadata: ``field(default=1, metadata={"min": 1})``,
 ``{"min": 0.0, "max": 1.0}``, ``{"exclusive_min": 0.0}`` or ``{"choices": ("a", "b")}``.
+``{"soft_max": N}`` is a sanity limit against typos (``epochs = 1000000000000``, ``dim =
+100000``) that ``UQBENCH_ALLOW_LARGE=1`` lifts on purpose.  Every float must be finite.
 """
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
+import os
 import types
 import typing
 from typing import Any, Literal, TypeVar, Union
@@ -18,6 +22,7 @@ from typing import Any, Literal, TypeVar, Union
 from bench.errors import ConfigError
 
 T = TypeVar("T")
+ALLOW_LARGE_ENV = "UQBENCH_ALLOW_LARGE"  # lifts every "soft_max" sanity limit
 
 
 class Problems(list):
@@ -82,7 +87,13 @@ def _convert(value: Any, tp: Any, path: str, problems: Problems) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             problems.add(path, f"expected a number, got {value!r}")
             return value
-        return float(value)
+        try:
+            out = float(value)
+        except OverflowError:  # an integer beyond float range
+            out = math.inf
+        if not math.isfinite(out):
+            problems.add(path, f"expected a finite number, got {value!r}")
+        return out
     if tp is str:
         if not isinstance(value, str):
             problems.add(path, f"expected a string, got {value!r}")
@@ -113,6 +124,9 @@ def _check_range(value: Any, meta: typing.Mapping, path: str, problems: Problems
             problems.add(path, f"must be >= {meta['min']}, got {v!r}")
         if "max" in meta and v > meta["max"]:
             problems.add(path, f"must be <= {meta['max']}, got {v!r}")
+        if "soft_max" in meta and v > meta["soft_max"] and not os.environ.get(ALLOW_LARGE_ENV):
+            problems.add(path, f"must be <= {meta['soft_max']}, got {v!r} (a sanity limit against typos; "
+                               f"set {ALLOW_LARGE_ENV}=1 to allow larger values on purpose)")
         if "exclusive_min" in meta and v <= meta["exclusive_min"]:
             problems.add(path, f"must be > {meta['exclusive_min']}, got {v!r}")
 

@@ -13,6 +13,15 @@ from bench.errors import ConfigError
 T = TypeVar("T")
 
 
+class DuplicateName(ValueError):
+    """A name registered twice (e.g. a plugin reusing a built-in method's name)."""
+
+
+def _module_of(obj: object) -> str:
+    """The module that defined a registered object (a metric's function, a class, ...)."""
+    return str(getattr(getattr(obj, "fn", obj), "__module__", "?"))
+
+
 class Registry(Generic[T]):
     """A name -> object map with decorator registration and helpful lookup errors."""
 
@@ -25,7 +34,10 @@ class Registry(Generic[T]):
 
         def deco(obj: T) -> T:
             if name in self._items and self._items[name] is not obj:
-                raise ValueError(f"{self.kind} {name!r} is registered twice")
+                raise DuplicateName(
+                    f"{self.kind} {name!r} is already registered by module {_module_of(self._items[name])!r}; "
+                    f"the new one comes from {_module_of(obj)!r}: choose another name"
+                )
             self._items[name] = obj
             return obj
 

@@ -63,11 +63,24 @@ def load_data(spec: DatasetSpec) -> DataBundle:
     return DATASETS.get(spec.type).load(spec.options)
 
 
-def preflight(plan: Plan, datasets: dict[str, DataBundle]) -> None:
+def preflight(plan: Plan, datasets: dict[str, DataBundle], to_run: set[str] | None = None) -> None:
     """Raise ConfigError for anything that would make a cell fail for config reasons:
-    split patterns matching nothing, or a model that cannot be built for the data."""
+    split patterns matching nothing, a model that cannot be built for the data, or a data
+    file that cannot be read.  Every split a cell still ``to_run`` (dataset names; None =
+    all) needs -- train, val, test, shift and OOD -- is loaded once and released, so a broken
+    file is an error before the first cell trains (generated corruptions land in their cache)."""
     for d in plan.suite.datasets:
         data = datasets[d.name]
+        if to_run is None or d.name in to_run:
+            for split in ["train", *data.eval_splits(d.splits)]:
+                try:
+                    data.get(split)
+                except ConfigError:
+                    raise
+                except Exception as exc:  # noqa: BLE001  (any reader error: named, exit 2, nothing trained)
+                    raise ConfigError(f"datasets.{d.name}: split {split!r} cannot be read: "
+                                      f"{type(exc).__name__}: {exc}") from None
+                data.release(split)
         for pattern in d.splits:
             if not data.eval_splits((pattern,))[1:] and pattern != "val":
                 raise ConfigError(
@@ -90,20 +103,33 @@ class RunSummary:
     failed: list[str] = field(default_factory=list)
 
 
-def run_plan(plan: Plan, store: Store, device: torch.device, console: Console) -> RunSummary:
+def run_plan(plan: Plan, store: Store, device: torch.device, console: Console, describe=None) -> RunSummary:
+    """Run every incomplete cell.  ``describe`` (the full suite) is recorded in the store's
+    ``suite.json`` once the data loaded and the preflight checks passed, before any cell."""
     datasets = {d.name: load_data(d) for d in plan.suite.datasets}
-    preflight(plan, datasets)
+    to_run = {c.dataset.name for c in plan.cells if store.cell(c.key).problem() is not None}
+    preflight(plan, datasets, to_run)
+    if describe is not None:
+        from bench.catalog import write_store_description
+
+        write_store_description(store.root, describe)
     summary = RunSummary()
     bar = console.bar(len(plan.cells), "cells")
     for i, cell in enumerate(plan.cells, 1):
         cd = store.cell(cell.key)
         prefix = f"[{i}/{len(plan.cells)}] {cell.label}"
-        if cd.status() == "complete":
+        problem = cd.problem() if cd.path.exists() else "missing"
+        if problem is None:
             console.log(f"{prefix}: complete, skipped ({cell.key})")
             summary.skipped.append(cell.key)
         else:
+            if _is_damage(problem, cd):
+                console.warn(f"{prefix}: damaged ({problem}); moving it aside to {cell.key}.damaged-<time>/ and redoing it")
             t0 = time.perf_counter()
-            status, detail = run_cell(cell, datasets[cell.dataset.name], cd, device, console)
+            try:
+                status, detail = run_cell(cell, datasets[cell.dataset.name], cd, device, console)
+            except OSError as exc:  # the cell's directory cannot be cleared or written
+                status, detail = "failed", f"cell directory {cd.path} unusable: {exc.strerror or exc} ({exc.filename})"
             secs = time.perf_counter() - t0
             if status == "complete":
                 console.log(f"{prefix}: complete in {secs:.1f} s, {detail}")
@@ -116,6 +142,14 @@ def run_plan(plan: Plan, store: Store, device: torch.device, console: Console) -
     if bar is not None:
         bar.close()
     return summary
+
+
+def _is_damage(problem: str, cd: CellDir) -> bool:
+    """A sealed cell that no longer verifies (not merely interrupted or failed)."""
+    try:
+        return cd.sealed() and not problem.startswith(("failed:", "incomplete"))
+    except OSError:
+        return True
 
 
 def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, console: Console) -> tuple[str, str]:
@@ -170,6 +204,12 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
         return _fail(cd, info, str(exc))
     except ConfigError:
         raise
+    except (MemoryError, torch.OutOfMemoryError) as exc:  # this cell is too big; the grid goes on
+        m, t = cell.method.model, cell.method.train
+        return _fail(cd, info, (
+            f"out of memory ({type(exc).__name__}) with model dim {m.dim}, depth {m.depth}, heads {m.heads}, "
+            f"batch_size {t.batch_size}, eval_batch_size {t.eval_batch_size}: lower batch_size / "
+            "eval_batch_size or the model size, or use a machine with more memory"))
     except Exception as exc:  # a bug or resource error inside one cell must not stop the grid
         console.warn(traceback.format_exc())
         return _fail(cd, info, f"{type(exc).__name__}: {exc}")

@@ -42,8 +42,8 @@ SUITES_DIR = Path(__file__).resolve().parent / "suites"
 class TrainConfig:
     """One training loop's budget and optimiser (``[train]``)."""
 
-    epochs: int = field(default=15, metadata={"min": 1})
-    batch_size: int = field(default=128, metadata={"min": 1})
+    epochs: int = field(default=15, metadata={"min": 1, "soft_max": 100_000})
+    batch_size: int = field(default=128, metadata={"min": 1, "soft_max": 1 << 20})
     optimizer: Literal["adam", "adamw"] = "adamw"
     lr: float = field(default=1e-3, metadata={"exclusive_min": 0.0})
     weight_decay: float = field(default=5e-5, metadata={"min": 0.0})
@@ -51,7 +51,7 @@ class TrainConfig:
     min_lr: float = field(default=1e-5, metadata={"min": 0.0})
     grad_clip: float = field(default=1.0, metadata={"min": 0.0})  # max grad norm; 0 = off
     augment: tuple[str, ...] = field(default=(), metadata={"choices": ("crop", "flip")})
-    eval_batch_size: int = field(default=1000, metadata={"min": 1})
+    eval_batch_size: int = field(default=1000, metadata={"min": 1, "soft_max": 1 << 20})
     compile: bool = False  # torch.compile on CUDA
 
     def __post_init__(self) -> None:
@@ -68,11 +68,11 @@ class ModelConfig:
     defaults from :data:`MODEL_PRESETS` that the other keys override."""
 
     preset: str = ""
-    patch_size: int = field(default=7, metadata={"min": 1})
-    dim: int = field(default=64, metadata={"min": 1})
-    depth: int = field(default=2, metadata={"min": 1})
-    heads: int = field(default=4, metadata={"min": 1})
-    mlp_ratio: float = field(default=2.0, metadata={"exclusive_min": 0.0})
+    patch_size: int = field(default=7, metadata={"min": 1, "soft_max": 1024})
+    dim: int = field(default=64, metadata={"min": 1, "soft_max": 8192})
+    depth: int = field(default=2, metadata={"min": 1, "soft_max": 256})
+    heads: int = field(default=4, metadata={"min": 1, "soft_max": 256})
+    mlp_ratio: float = field(default=2.0, metadata={"exclusive_min": 0.0, "soft_max": 64.0})
     dropout: float = field(default=0.1, metadata={"min": 0.0, "max": 0.95})
     attention: str = "softmax"
     attention_options: dict = field(default_factory=dict, hash=False)
@@ -157,7 +157,7 @@ class _Top:
     name: str = ""
     description: str = ""
     reference: str = ""
-    seeds: tuple[int, ...] = field(default=(0,), metadata={"min": 0})
+    seeds: tuple[int, ...] = field(default=(0,), metadata={"min": 0, "max": 2**32 - 1})  # numpy's seed range
     train: dict = field(default_factory=dict)
     model: dict = field(default_factory=dict)
     datasets: dict = field(default_factory=dict)

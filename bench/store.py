@@ -28,6 +28,7 @@ import json
 import os
 import shutil
 import tempfile
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,15 @@ STORE_SCHEMA = 2  # 2: decomposition terms stored for multi-pass methods
 MANIFEST = "manifest.json"
 CELL = "cell.json"
 CHECKPOINT = "checkpoint.pt"
+DAMAGED_MARK = ".damaged-"  # <key>.damaged-<time>/: a damaged cell moved aside by reset()
 STORE_SUITE = "suite.json"  # <results>/<suite>/suite.json: the suite's description (bench.catalog)
+
+
+def _umask() -> int:
+    """The process umask (read by setting and restoring it; the runner is single-threaded)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -45,6 +54,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; files honour the umask like open()
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -122,26 +132,68 @@ class CellDir:
         return "incomplete"
 
     def verify(self, skip: tuple[str, ...] = ()) -> bool:
-        manifest = _read_json_object(self.path / MANIFEST)
-        files = manifest.get("files") if manifest is not None else None
-        if not isinstance(files, dict):
-            return False
-        for rel, digest in files.items():
-            if rel in skip:
-                continue
-            f = self.path / rel
-            if not f.is_file() or sha256_file(f) != digest:
-                return False
-        cell = self.read_cell()
-        return cell is not None and cell.get("status") == "complete"
+        return self.problem(skip) is None
 
-    def reset(self) -> None:
-        """Clear an incomplete or failed cell before redoing it (never a complete one)."""
+    def sealed(self) -> bool:
+        """The cell was completed once (it has a manifest), whether or not it still verifies."""
+        return (self.path / MANIFEST).exists()
+
+    def problem(self, skip: tuple[str, ...] = ()) -> str | None:
+        """Why the cell is not complete, in one sentence; None when it is (its manifest
+        lists every file, each file matches its sha256, nothing else is there and
+        ``cell.json`` says complete).  ``skip`` names manifest entries not to check."""
+        try:
+            manifest = _read_json_object(self.path / MANIFEST)
+            files = manifest.get("files") if manifest is not None else None
+            if not isinstance(files, dict):
+                cell = self.read_cell()
+                if cell is not None and cell.get("status") == "failed":
+                    return f"failed: {cell.get('reason', 'failed')}"
+                if self.sealed():
+                    return "its manifest.json is unreadable or truncated"
+                return "incomplete: no manifest (the run was interrupted in this cell, or its manifest was deleted)"
+            for rel, digest in sorted(files.items()):
+                if rel in skip:
+                    continue
+                f = self.path / rel
+                if not f.is_file():
+                    return f"{rel} is listed in its manifest but missing"
+                if sha256_file(f) != digest:
+                    return f"{rel} does not match the sha256 in its manifest (changed or corrupted)"
+            extra = sorted(r for r in set(self._files()) - set(files) if r.startswith("preds/"))
+            if extra:
+                return f"{extra[0]} is not in its manifest (a prediction file added after the cell was sealed)"
+            cell = self.read_cell()
+            if cell is None:
+                return "its cell.json is unreadable or truncated"
+            if cell.get("status") != "complete":
+                return f"its cell.json says status {cell.get('status')!r}, not 'complete'"
+        except OSError as exc:  # an unreadable directory or file
+            return f"unreadable: {exc.strerror or exc} ({exc.filename or self.path})"
+        return None
+
+    def _files(self) -> list[str]:
+        """Relative paths of every non-hidden file of the cell (temporary files are hidden)."""
+        return [p.relative_to(self.path).as_posix() for p in self.path.rglob("*")
+                if p.is_file() and not any(part.startswith(".") for part in p.relative_to(self.path).parts)]
+
+    def reset(self) -> Path | None:
+        """Prepare the directory for (re)doing the cell; never deletes a complete cell.
+
+        An interrupted or failed cell is cleared.  A cell that was sealed once but no longer
+        verifies (damaged: a changed, missing or extra file) is moved aside to
+        ``<key>.damaged-<UTC time>/`` for inspection; that path is returned."""
         if self.verify():
             raise RuntimeError(f"refusing to clear complete cell {self.path}")
-        if self.path.exists():
+        moved = None
+        if self.sealed():
+            stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+            moved = self.path.with_name(f"{self.path.name}{DAMAGED_MARK}{stamp}")
+            os.replace(self.path, moved)
+        elif self.path.exists():
             shutil.rmtree(self.path)
         self.path.mkdir(parents=True)
+        return moved
 
     # --- writes ------------------------------------------------------------------------
     def write_cell(self, info: dict) -> None:
@@ -183,8 +235,15 @@ class CellDir:
             return {k: z[k] for k in z.files}
 
     def splits(self) -> list[str]:
-        root = self.path / "preds"
-        return sorted(p.relative_to(root).with_suffix("").as_posix() for p in root.rglob("*.npz"))
+        """The stored splits: those of the manifest for a sealed cell (a stray file is never
+        read), else every ``preds/**/*.npz`` written so far."""
+        manifest = _read_json_object(self.path / MANIFEST)
+        files = manifest.get("files") if manifest is not None else None
+        if isinstance(files, dict):
+            rels = [r for r in files if r.startswith("preds/") and r.endswith(".npz")]
+        else:
+            rels = [p.relative_to(self.path).as_posix() for p in (self.path / "preds").rglob("*.npz")]
+        return sorted(r[len("preds/"):-len(".npz")] for r in rels)
 
 
 class Store:

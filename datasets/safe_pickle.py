@@ -96,12 +96,55 @@ def _resolve(module: str, name: str) -> Any:
     raise pickle.UnpicklingError(f"allowed global {module}.{name} cannot be found in this environment")
 
 
-class RestrictedUnpickler(pickle.Unpickler):
-    """An :class:`pickle.Unpickler` that resolves only the globals in ``allowed``."""
+class _ArrayBudget:
+    """Refuses numpy arrays larger than the pickle itself: a pickle holds its arrays' bytes,
+    so an array that declares more (e.g. ``ndarray((1000000, 3072), 'B')`` in 82 bytes)
+    would only allocate memory from nothing."""
 
-    def __init__(self, file: BinaryIO, *, encoding: str = "bytes", allowed: frozenset[Global] = DEFAULT_ALLOWED):
+    def __init__(self, budget: int | None) -> None:
+        self.budget = budget
+
+    def check(self, shape: object, dtype: object) -> None:
+        import numpy as np
+
+        try:
+            dims = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(d) for d in shape)
+            itemsize = np.dtype(dtype).itemsize
+        except (TypeError, ValueError) as exc:
+            raise pickle.UnpicklingError(f"pickle declares an array with an unusable shape or dtype ({exc})") from None
+        if any(d < 0 for d in dims):
+            raise pickle.UnpicklingError(f"pickle declares an array of negative shape {dims}")
+        nbytes = int(np.prod(dims, dtype=object)) * itemsize
+        if self.budget is not None and nbytes > max(self.budget, 1 << 16):
+            raise pickle.UnpicklingError(
+                f"pickle declares an array of shape {dims} ({nbytes:,} bytes), more than the file's "
+                f"{self.budget:,} bytes can hold; refusing to allocate it (damaged or malicious file)"
+            )
+
+    def ndarray(self, shape: object = (0,), dtype: object = float, *args: object, **kwargs: object) -> Any:
+        import numpy as np
+
+        self.check(shape, dtype)
+        return np.ndarray(shape, dtype, *args, **kwargs)
+
+    def reconstruct(self, subtype: object, shape: object, dtype: object) -> Any:
+        import numpy as np
+
+        if subtype != self.ndarray and subtype is not np.ndarray:
+            raise pickle.UnpicklingError("numpy _reconstruct is allowed only for numpy.ndarray")
+        self.check(shape, dtype)
+        return _resolve("numpy._core.multiarray", "_reconstruct")(np.ndarray, shape, dtype)
+
+
+class RestrictedUnpickler(pickle.Unpickler):
+    """An :class:`pickle.Unpickler` that resolves only the globals in ``allowed``, and
+    bounds the arrays a pickle may declare by ``budget`` bytes (its own size)."""
+
+    def __init__(self, file: BinaryIO, *, encoding: str = "bytes", allowed: frozenset[Global] = DEFAULT_ALLOWED,
+                 budget: int | None = None):
         super().__init__(file, encoding=encoding)
         self.allowed = frozenset(allowed)
+        self.arrays = _ArrayBudget(budget)
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) not in self.allowed:
@@ -112,6 +155,10 @@ class RestrictedUnpickler(pickle.Unpickler):
             )
         if (module, name) in _STAND_INS:
             return _STAND_INS[(module, name)]
+        if (module, name) == ("numpy", "ndarray"):
+            return self.arrays.ndarray
+        if name == "_reconstruct":
+            return self.arrays.reconstruct
         return _resolve(module, name)
 
 
@@ -129,4 +176,16 @@ def load(
     """
     if isinstance(fileobj_or_bytes, (bytes, bytearray, memoryview)):
         fileobj_or_bytes = io.BytesIO(fileobj_or_bytes)
-    return RestrictedUnpickler(fileobj_or_bytes, encoding=encoding, allowed=allowed).load()
+    return RestrictedUnpickler(fileobj_or_bytes, encoding=encoding, allowed=allowed,
+                               budget=_size(fileobj_or_bytes)).load()
+
+
+def _size(f: BinaryIO) -> int | None:
+    """Bytes from the current position to the end of ``f`` (None if it cannot seek)."""
+    try:
+        here = f.tell()
+        end = f.seek(0, io.SEEK_END)
+        f.seek(here)
+        return end - here
+    except (OSError, AttributeError, ValueError):
+        return None

@@ -64,8 +64,8 @@ def write_report(
     picks the metric columns of every table, in the given order (``None`` = each table's
     named selection); a table none of whose metrics is picked and that has no fixed
     columns is not written.  ``severity`` (1..5) is the severity of the per-corruption
-    table (``--severity``).  Existing files in ``out_dir`` that this call does not write
-    are left alone.
+    table (``--severity``).  Plots of an earlier report that this call does not draw are
+    removed; other files in ``out_dir`` that it does not write are left alone.
     """
     out_dir = Path(out_dir)
     unknown_fmt = sorted(set(formats) - set(FORMATS))
@@ -91,6 +91,10 @@ def write_report(
     plot_metrics = [m for m in selection("severity") if picked is None or m in picked]
     plots = write_plots(results, shown, _Index.build(results, int(severity)), plot_metrics, out_dir / "plots")
     written.extend(path for _, _, path in plots)
+    fresh = {path for _, _, path in plots}
+    for stale in (out_dir / "plots").glob("*.png"):  # an earlier report's plots no longer shown
+        if stale not in fresh:
+            stale.unlink()
 
     readme = out_dir / "README.md"
     atomic_write_text(readme, readme_text(results, shown, built, plots, out_dir, int(severity)))

@@ -128,6 +128,19 @@ def readme_text(
     else:
         parts += ["None.", ""]
 
+    parts += ["## Damaged cells", ""]
+    damaged = results.damaged
+    if len(damaged):
+        body = [[_md_escape(str(v)) for v in row] for row in damaged[["cell", "dataset", "method", "seed", "reason"]]
+                .itertuples(index=False)]
+        parts += ["Cells whose files no longer match their manifest (changed, missing or extra prediction "
+                  "files, unusable arrays), and directories that name no cell. They are left out of every "
+                  "table; `run` moves a damaged cell aside to `<cell>.damaged-<time>/` and recomputes it.", ""]
+        parts.append(tabulate(body, headers=["cell", "dataset", "method", "seed", "reason"],
+                              tablefmt="pipe", disable_numparse=True) + "\n")
+    else:
+        parts += ["None.", ""]
+
     parts += ["## Plots", ""]
     if not plots:
         parts += ["None.", ""]

@@ -1,0 +1,343 @@
+"""Hostile but realistic input: every bad value is exit 2 with one message and nothing
+written; a damaged store is named (report exit 1), never fatal, and ``run`` moves a
+damaged cell aside and redoes it.  One test per row of the hardening issue that is covered
+here; the store rows use a synthetic store in the real on-disk format."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench.cli import main
+
+SUITE = """
+name = "hard"
+seeds = [0]
+[train]
+epochs = 1
+batch_size = 64
+warmup_epochs = 0
+[model]
+patch_size = 7
+dim = 16
+depth = 1
+heads = 2
+[datasets.mnist5k]
+train_limit = 200
+eval_limit = 50
+splits = ["test"]
+[methods.msp]
+"""
+
+
+def run(tmp_path: Path, *args: str, suite: str = SUITE, capsys=None) -> tuple[int, str]:
+    path = tmp_path / "hard.toml"
+    path.write_text(suite)
+    code = main(["--suite", str(path), "--results", str(tmp_path / "results"),
+                 "--reports", str(tmp_path / "reports"), "--data-root", str(tmp_path / "data"), "--quiet", *args])
+    err = capsys.readouterr().err if capsys is not None else ""
+    return code, err
+
+
+def nothing_written(tmp_path: Path) -> bool:
+    return not any((tmp_path / d).exists() for d in ("results", "reports", "data"))
+
+
+@pytest.mark.parametrize("key,value", [
+    ("train.lr", "nan"), ("train.weight_decay", "nan"), ("train.lr", "inf"), ("model.dropout", "nan"),
+    ("model.mlp_ratio", "nan"), ("train.epochs", "1000000000000"), ("model.dim", "100000"),
+    ("seeds", "[99999999999999999999]"),
+])
+def test_bad_numbers_are_exit_2_before_anything_is_written(tmp_path, capsys, key, value):
+    section, _, name = key.rpartition(".")
+    if section:
+        suite = SUITE.replace(f"[{section}]\n", f"[{section}]\n{name} = {value}\n", 1)
+        suite = "\n".join(ln for ln in suite.splitlines()
+                          if not (ln.startswith(f"{name} = ") and ln != f"{name} = {value}"))
+    else:
+        suite = SUITE.replace("seeds = [0]", f"seeds = {value}")
+    code, err = run(tmp_path, suite=suite, capsys=capsys)
+    assert code == 2 and name in err and "Traceback" not in err, err
+    assert nothing_written(tmp_path)
+
+
+def test_huge_cli_seed_and_epochs_are_exit_2(tmp_path, capsys):
+    code, err = run(tmp_path, "--seeds", "99999999999999999999", capsys=capsys)
+    assert code == 2 and "seeds" in err and nothing_written(tmp_path)
+    code, err = run(tmp_path, "--epochs", "1000000000000", capsys=capsys)
+    assert code == 2 and "epochs" in err and "UQBENCH_ALLOW_LARGE" in err and nothing_written(tmp_path)
+
+
+@pytest.mark.parametrize("body,expect", [
+    ("raise RuntimeError('plugin exploded')", "RuntimeError: plugin exploded"),
+    ("def broken(:\n    pass", "syntax error"),
+    ("from bench.registry import METHODS\nfrom methods.msp import MSP\n"
+     "@METHODS.register('msp')\nclass Again(MSP):\n    pass", "already registered by module 'methods.msp'"),
+])
+def test_plugin_errors_are_one_line_exit_2(tmp_path, capsys, monkeypatch, body, expect):
+    name = f"badplugin_{abs(hash(body)) % 10**8}"
+    (tmp_path / f"{name}.py").write_text(body + "\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, err = run(tmp_path, "--plugin", name, capsys=capsys)
+    assert code == 2 and f"--plugin {name}" in err and expect in err and "Traceback" not in err, err
+    assert nothing_written(tmp_path)
+
+
+@pytest.mark.parametrize("flag", ["--results", "--reports", "--data-root"])
+def test_a_file_where_a_directory_is_needed_is_exit_2(tmp_path, capsys, flag):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    path = tmp_path / "hard.toml"
+    path.write_text(SUITE)
+    args = {"--results": str(tmp_path / "results"), "--reports": str(tmp_path / "reports"),
+            "--data-root": str(tmp_path / "data")}
+    args[flag] = str(blocker)
+    code = main(["--suite", str(path), "--quiet", *[x for kv in args.items() for x in kv]])
+    err = capsys.readouterr().err
+    assert code == 2 and flag in err and "not a directory" in err, err
+    assert nothing_written(tmp_path)
+
+
+def test_unknown_metric_is_exit_2_before_training(tmp_path, capsys):
+    code, err = run(tmp_path, "--metrics", "accuracy,nope", capsys=capsys)
+    assert code == 2 and "nope" in err and nothing_written(tmp_path)
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    from bench.errors import ConfigError
+
+    with pytest.raises(ConfigError):
+        run(tmp_path, "--metrics", "nope", "--debug")
+
+
+# ------------------------------------------------------------------------ damaged stores
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """One real run of the tiny suite (2 seeds of msp), reused by the store tests."""
+    root = tmp_path_factory.mktemp("hard")
+    (root / "hard.toml").write_text(SUITE.replace("seeds = [0]", "seeds = [0, 1]"))
+    code = main(["--suite", str(root / "hard.toml"), "--results", str(root / "results"),
+                 "--reports", str(root / "reports"), "--data-root", str(root / "data"), "--quiet"])
+    assert code == 0
+    return root
+
+
+def copy_store(trained: Path, tmp_path: Path) -> tuple[Path, list[Path]]:
+    import shutil
+
+    shutil.copytree(trained / "results", tmp_path / "results")
+    (tmp_path / "hard.toml").write_text((trained / "hard.toml").read_text())
+    cells = sorted(c for c in (tmp_path / "results" / "hard").iterdir() if c.is_dir())
+    return tmp_path / "results" / "hard", cells
+
+
+def report(tmp_path: Path, capsys, *extra: str) -> tuple[int, str, str]:
+    code = main(["report", "--suite", str(tmp_path / "hard.toml"), "--results", str(tmp_path / "results"),
+                 "--reports", str(tmp_path / "reports"), "--data-root", str(tmp_path / "data"), *extra])
+    err = capsys.readouterr().err
+    readme = tmp_path / "reports" / "hard" / "README.md"
+    return code, err, readme.read_text() if readme.exists() else ""
+
+
+def section(readme: str, title: str) -> str:
+    return readme.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def flip_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", ["flipped byte", "stray file", "object array", "truncated cell.json"])
+def test_report_names_every_damaged_cell_and_exits_1(trained, tmp_path, capsys, damage):
+    store, cells = copy_store(trained, tmp_path)
+    cell = cells[0]
+    if damage == "flipped byte":
+        flip_byte(cell / "preds" / "test.npz")
+    elif damage == "stray file":
+        np.savez(cell / "preds" / "injected.npz", log_probs=np.zeros((2, 10), np.float32), labels=np.zeros(2, np.int64))
+    elif damage == "object array":  # a forged file whose new hash was written into the manifest
+        from bench.store import sha256_file
+
+        np.save(tmp_path / "x.npy", np.array([{"evil": 1}], dtype=object), allow_pickle=True)
+        import zipfile
+
+        with zipfile.ZipFile(cell / "preds" / "test.npz", "w") as z:
+            z.write(tmp_path / "x.npy", "log_probs.npy")
+            z.write(tmp_path / "x.npy", "labels.npy")
+        manifest = json.loads((cell / "manifest.json").read_text())
+        manifest["files"]["preds/test.npz"] = sha256_file(cell / "preds" / "test.npz")
+        (cell / "manifest.json").write_text(json.dumps(manifest))
+    else:
+        (cell / "cell.json").write_text((cell / "cell.json").read_text()[:40])
+    code, err, readme = report(tmp_path, capsys)
+    assert code == 1 and "Traceback" not in err, err
+    damaged = section(readme, "Damaged cells")
+    assert cell.name in damaged and "None." not in damaged, damaged
+    # the other cell is still reported
+    assert "| msp" in section(readme, "mnist5k")
+
+
+def test_deleted_manifest_is_named_as_incomplete(trained, tmp_path, capsys):
+    store, cells = copy_store(trained, tmp_path)
+    (cells[1] / "manifest.json").unlink()
+    code, _, readme = report(tmp_path, capsys)
+    assert code == 1 and "no manifest" in section(readme, "Failed cells")
+
+
+def test_run_moves_a_damaged_cell_aside_and_redoes_it(trained, tmp_path, capsys):
+    store, cells = copy_store(trained, tmp_path)
+    flip_byte(cells[0] / "preds" / "test.npz")
+    code = main(["--suite", str(tmp_path / "hard.toml"), "--results", str(tmp_path / "results"),
+                 "--reports", str(tmp_path / "reports"), "--data-root", str(tmp_path / "data")])
+    err = capsys.readouterr().err
+    assert code == 0 and "damaged" in err, err
+    aside = [p for p in store.iterdir() if ".damaged-" in p.name]
+    assert len(aside) == 1 and aside[0].name.startswith(cells[0].name)
+    from bench.store import CellDir
+
+    assert CellDir(cells[0]).verify() and CellDir(cells[1]).verify()  # redone; the other untouched
+
+
+def test_report_matching_nothing_is_exit_2_and_keeps_the_old_report(trained, tmp_path, capsys):
+    store, _ = copy_store(trained, tmp_path)
+    code, _, readme = report(tmp_path, capsys)
+    assert code == 0
+    before = {p: p.read_bytes() for p in (tmp_path / "reports").rglob("*") if p.is_file()}
+    code, err, _ = report(tmp_path, capsys, "--seeds", "7")
+    assert code == 2 and "no cell for this selection" in err
+    assert {p: p.read_bytes() for p in (tmp_path / "reports").rglob("*") if p.is_file()} == before
+    # other --epochs than the run: the store's cells are still found (the suite only selects)
+    code, _, again = report(tmp_path, capsys, "--epochs", "3")
+    assert code == 0 and section(again, "mnist5k") == section(readme, "mnist5k")
+
+
+def test_files_honour_the_umask(tmp_path):
+    from bench.store import atomic_write_text
+
+    old = os.umask(0o027)
+    try:
+        atomic_write_text(tmp_path / "f.txt", "x")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "f.txt").stat().st_mode & 0o777 == 0o640
+
+
+# ----------------------------------------------------------------- data, pickles, disk
+
+
+BREAKAGES = ["svhn text", "corruption npy shape", "corruption npy truncated", "corruption npy objects",
+             "text named .png", "zero-byte .jpg", "empty OOD folder", "decompression bomb"]
+
+
+def png_declaring(width: int, height: int) -> bytes:
+    """A valid, tiny PNG whose header declares width x height 1-bit pixels."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b"")
+
+
+@pytest.mark.filterwarnings("ignore:.*differs from the official file's md5")  # fixture-sized copies
+@pytest.mark.parametrize("breakage", BREAKAGES)
+def test_a_broken_data_file_is_exit_2_before_the_first_cell(tmp_path, capsys, breakage):
+    from test_cifar_formats import write_cifar10, write_cifar100, write_corruptions, write_image_folder, write_svhn
+
+    root = tmp_path / "data"
+    c10 = write_cifar10(root)
+    write_cifar100(root)
+    write_corruptions(root / "CIFAR-10-C", c10["x_test"], c10["y_test"])
+    write_svhn(root / "svhn" / "test_32x32.mat")
+    textures = root / "ood" / "textures"
+    write_image_folder(textures)
+    npy = root / "CIFAR-10-C" / "brightness.npy"
+    if breakage == "svhn text":
+        (root / "svhn" / "test_32x32.mat").write_text("this is not a MATLAB file\n")
+    elif breakage == "corruption npy shape":
+        np.save(npy, np.zeros((7, 32, 32, 3), np.uint8))
+    elif breakage == "corruption npy truncated":
+        npy.write_bytes(npy.read_bytes()[:200])
+    elif breakage == "corruption npy objects":
+        np.save(npy, np.array([{"x": 1}] * 5, dtype=object), allow_pickle=True)
+    elif breakage == "text named .png":
+        (textures / "a.png").write_text("not a PNG")
+    elif breakage == "decompression bomb":
+        (textures / "a.png").write_bytes(png_declaring(40000, 40000))  # 1.6e9 pixels in ~60 bytes
+    elif breakage == "zero-byte .jpg":
+        (textures / "b_sub" / "e.jpg").write_bytes(b"")
+    else:
+        import shutil
+
+        shutil.rmtree(textures)
+        textures.mkdir()
+    code = main(["--suite", "cifar10", "--data-root", str(root), "--epochs", "1", "--seeds", "0",
+                 "--methods", "msp", "--results", str(tmp_path / "results"),
+                 "--reports", str(tmp_path / "reports"), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    store = tmp_path / "results" / "cifar10"
+    assert not store.exists() or not any(p.is_dir() for p in store.iterdir())  # no cell started
+    assert not (tmp_path / "reports").exists()
+
+
+def test_a_tiny_pickle_cannot_declare_a_huge_array():
+    import pickle
+
+    from datasets import safe_pickle
+
+    # protocol 2: numpy.ndarray((1000000, 3072), 'B') through the allowed ndarray global
+    payload = b"\x80\x02cnumpy\nndarray\nq\x00J@B\x0f\x00M\x00\x0c\x86q\x01X\x01\x00\x00\x00Bq\x02\x86q\x03Rq\x04."
+    assert len(payload) < 100
+    with pytest.raises(pickle.UnpicklingError, match="more than the file"):
+        safe_pickle.load(payload)
+    real = {b"data": np.arange(3 * 3072, dtype=np.uint8).reshape(3, 3072)}
+    for protocol in (2, 4, 5):  # honest arrays of any protocol still load
+        np.testing.assert_array_equal(safe_pickle.load(pickle.dumps(real, protocol=protocol))[b"data"], real[b"data"])
+
+
+def test_disk_full_while_reporting_is_one_line_naming_the_path(trained, tmp_path, capsys, monkeypatch):
+    import errno
+
+    import bench.report
+
+    copy_store(trained, tmp_path)
+
+    def full(path, text):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(bench.report, "atomic_write_text", full)
+    code, err, _ = report(tmp_path, capsys)
+    assert code == 1 and "No space left on device" in err and "reports" in err and "Traceback" not in err, err
+
+
+def test_verify_names_damage_and_exits_1(trained, tmp_path, capsys):
+    store, cells = copy_store(trained, tmp_path)
+    assert main(["verify", "--suite", "hard", "--results", str(tmp_path / "results")]) == 0
+    flip_byte(cells[1] / "preds" / "test.npz")
+    assert main(["verify", "--suite", "hard", "--results", str(tmp_path / "results")]) == 1
+    out = capsys.readouterr().out
+    assert f"{cells[1].name}: damaged: preds/test.npz does not match" in out and "1 complete" in out
+
+
+def test_out_of_memory_fails_only_its_cell_with_a_hint(tmp_path, capsys, monkeypatch):
+    import bench.runner
+
+    def oom(*_a, **_k):
+        raise MemoryError("cannot allocate 120 GB")
+
+    monkeypatch.setattr(bench.runner, "fit", oom)
+    code, err = run(tmp_path, capsys=capsys)
+    assert code == 1 and "Traceback" not in err, err  # the run finished, with a failed cell
+    cells = [p for p in (tmp_path / "results" / "hard").iterdir() if p.is_dir()]
+    info = json.loads((cells[0] / "cell.json").read_text())
+    assert info["status"] == "failed" and "out of memory" in info["reason"] and "batch_size 64" in info["reason"]
