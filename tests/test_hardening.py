@@ -341,3 +341,31 @@ def test_out_of_memory_fails_only_its_cell_with_a_hint(tmp_path, capsys, monkeyp
     cells = [p for p in (tmp_path / "results" / "hard").iterdir() if p.is_dir()]
     info = json.loads((cells[0] / "cell.json").read_text())
     assert info["status"] == "failed" and "out of memory" in info["reason"] and "batch_size 64" in info["reason"]
+
+
+def test_read_only_directories_are_exit_2(tmp_path, capsys, monkeypatch):
+    """A read-only filesystem (simulated: os.access denies writing; the tests run as root,
+    for whom permissions do not apply) is found before any work."""
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if mode & os.W_OK else real_access(p, mode, **kw))
+    code, err = run(tmp_path, capsys=capsys)
+    assert code == 2 and "not writable" in err and "--results" in err and nothing_written(tmp_path)
+
+
+def test_an_unreadable_cell_directory_is_named_and_the_run_goes_on(trained, tmp_path, capsys, monkeypatch):
+    """Simulated with a PermissionError from the cell's files (root bypasses permissions)."""
+    from bench.store import CellDir
+
+    store, cells = copy_store(trained, tmp_path)
+    locked = cells[0]
+    real_read = CellDir.read_cell
+
+    def read_cell(self):
+        if self.path == locked:
+            raise PermissionError(13, "Permission denied", str(self.path / "cell.json"))
+        return real_read(self)
+
+    monkeypatch.setattr(CellDir, "read_cell", read_cell)
+    code, err, readme = report(tmp_path, capsys)
+    assert code == 1 and "Traceback" not in err
+    assert locked.name in section(readme, "Damaged cells") and "Permission denied" in section(readme, "Damaged cells")
