@@ -58,6 +58,9 @@ def extra_losses(model) -> list:
 
 class TrainedMethod:
     kind: ClassVar[str] = "trained"
+    #: A registered attention used in every block (None: the backbone's own), with the
+    #: options :meth:`attention_options` gives: "a ViT whose attention is X" in one line.
+    attention: ClassVar[str | None] = None
 
     @dataclass(frozen=True)
     class Options:
@@ -80,8 +83,25 @@ class TrainedMethod:
 
     def attention_layers(self, cfg: ModelConfig) -> dict:
         """The blocks whose attention this method replaces: ``{block index: (registered
-        attention name, options)}``.  Every other block uses ``cfg.attention`` with
-        ``cfg.attention_options``, built by the same function (``bench.vit.make_attention``)."""
+        attention name, options)}``; by default every block when :attr:`attention` is set.
+        Every other block uses ``cfg.attention`` with ``cfg.attention_options``, built by the
+        same function (``bench.vit.make_attention``)."""
+        if self.attention is None:
+            return {}
+        return {block: (self.attention, self.attention_options()) for block in range(cfg.depth)}
+
+    def attention_options(self) -> dict:
+        """Options of :attr:`attention` (default: none)."""
+        return {}
+
+    def prediction_model(self, model, cfg: ModelConfig, data: DataBundle):
+        """The model that predicts, given the trained one (default: itself).  A method that
+        swaps an attention at test time (KDEformer into a softmax-trained ViT) builds it
+        here and loads the trained weights."""
+        return model
+
+    def epoch_log(self, model) -> dict[str, float]:
+        """Extra columns of the training log after each epoch (e.g. RPC's sparsity of S)."""
         return {}
 
     # --- training ----------------------------------------------------------------------

@@ -88,8 +88,9 @@ def preflight(plan: Plan, datasets: dict[str, DataBundle], to_run: set[str] | No
                     f"available: {', '.join(n for n in data.split_names() if n != 'train')}"
                 )
         for m in plan.suite.methods:
-            if m.kind == "trained":
-                METHODS.get(m.type)(m.options).build_model(m.model, data)
+            if m.kind == "trained":  # the training and the prediction model (a swapped attention)
+                method = METHODS.get(m.type)(m.options)
+                method.prediction_model(method.build_model(m.model, data), m.model, data)
 
 
 def versions() -> dict:
@@ -187,6 +188,7 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
         torch.save(result.state_dict, ckpt)
         cd.write_checkpoint(ckpt.getvalue())
 
+        model = method.prediction_model(model, cell.method.model, data).to(device)
         t_pred, n_pred = time.perf_counter(), 0
         test_acc = float("nan")
         for split in data.eval_splits(cell.dataset.splits):

@@ -203,6 +203,7 @@ def fit(
             "val_acc": val_acc,
             "val_nll": val_nll,
             "seconds": time.perf_counter() - t0,
+            **method.epoch_log(model),
         }
         best.log.append(row)
         if val_acc > best.best_val_acc:

@@ -1,2 +1,13 @@
 """Methods, one file each; importing this package registers them all."""
-from methods import deep_ensemble, kep_svgp, mc_dropout, msp, sgpa, temperature_scaling  # noqa: F401
+from methods import (  # noqa: F401
+    deep_ensemble,
+    kdeformer,
+    kep_svgp,
+    mc_dropout,
+    msp,
+    pay_attention,
+    rpc,
+    scaled_attention,
+    sgpa,
+    temperature_scaling,
+)

@@ -1,0 +1,152 @@
+"""RPC-Attention (Teo & Nguyen, NeurIPS 2024): Principal Attention Pursuit on SymViT.
+
+``symmetric``: softmax attention with one shared query/key projection (Q = K), so K K^T /
+sqrt(D) is a symmetric Gram matrix, as the kernel-PCA view needs; a Linear(C -> 2C) for
+keys and values instead of C -> 3C (attention parameters 3C^2 instead of 4C^2).  The RPC
+tables' baseline is this SymViT, not a standard ViT (``../shared/reference/
+attention_variants.md`` section 1).
+
+``pap``: per (batch, head), keys K = L + S (low-rank L, sparse S) by ADMM with one
+symmetric softmax-attention pass as the L step, as the official code writes it:
+
+    mu = N C / (4 ||K||_1)   (one scalar per (batch, head), full width C, not detached)
+    tau = lambda * mu
+    L_0 = Y_0 = 0; for t = 1..T:
+        S_t = shrink_tau(K - L_{t-1} + Y_{t-1} / mu)
+        K~_t = K - S_t - Y_{t-1} / mu               (the code's minus)
+        L_t = softmax(K~_t K~_t^T / sqrt(D)) V
+        Y_t = Y_{t-1} + mu (K - L_t - S_t)
+
+shrink_tau(x) = sign(x) max(|x| - tau, 0).  With T = 1 this is symmetric attention on keys
+clipped to [-tau, tau].  T may differ between training and prediction (the official recipe
+trains with 1 iteration and evaluates with 4).  The fraction of non-zero entries of S (last
+iteration, last training batch) is kept per layer and written to the training log: at
+some widths tau is large enough that PAP barely acts.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bench.errors import ConfigError
+from bench.method import TrainedMethod
+from bench.registry import ATTENTIONS, METHODS
+from bench.spec import ModelConfig
+
+
+@ATTENTIONS.register("symmetric")
+class SymmetricAttention(nn.Module):
+    """Softmax attention with Q = K: softmax(K K^T / sqrt(D)) V, one shared projection."""
+
+    def __init__(self, dim: int, heads: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.heads = heads
+        self.scale = (dim // heads) ** -0.5
+        self.kv = nn.Linear(dim, 2 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.drop = nn.Dropout(dropout)
+
+    def keys_values(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(K, V)``, each ``[B, H, N, D]``."""
+        b, n, c = x.shape
+        k, v = self.kv(x).view(b, n, 2, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        return k, v
+
+    def mix(self, out: torch.Tensor) -> torch.Tensor:
+        """Heads ``[B, H, N, D]`` -> ``[B, N, C]`` through the output projection."""
+        b, h, n, d = out.shape
+        return self.drop(self.proj(out.transpose(1, 2).reshape(b, n, h * d)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        k, v = self.keys_values(x)
+        return self.mix(F.scaled_dot_product_attention(k, k, v, scale=self.scale))
+
+
+def shrink(x: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
+    """Soft thresholding sign(x) max(|x| - tau, 0), elementwise."""
+    return torch.sign(x) * torch.clamp(x.abs() - tau, min=0.0)
+
+
+@ATTENTIONS.register("pap")
+class PAPAttention(SymmetricAttention):
+    """Principal Attention Pursuit on the symmetric layer (module docstring)."""
+
+    def __init__(self, dim: int, heads: int, dropout: float = 0.0, lam: float = 4.0, iters_train: int = 1,
+                 iters_test: int = 4) -> None:
+        super().__init__(dim, heads, dropout)
+        if not lam > 0 or iters_train < 1 or iters_test < 1:
+            raise ConfigError(f"pap: lam must be > 0 and iterations >= 1, got lam={lam}, "
+                              f"iters_train={iters_train}, iters_test={iters_test}")
+        self.dim, self.lam = dim, lam
+        self.iters_train, self.iters_test = iters_train, iters_test
+        self.register_buffer("s_nonzero", torch.tensor(float("nan")), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        k, v = self.keys_values(x)
+        k32, v32 = k.float(), v.float()  # the ADMM arithmetic in float32 under autocast
+        n = k.shape[2]
+        mu = n * self.dim / (4.0 * k32.abs().sum(dim=(-2, -1), keepdim=True).clamp_min(1e-12))
+        tau = self.lam * mu
+        low = torch.zeros_like(k32)
+        dual = torch.zeros_like(k32)
+        sparse = low
+        for _ in range(self.iters_train if self.training else self.iters_test):
+            sparse = shrink(k32 - low + dual / mu, tau)
+            keys = k32 - sparse - dual / mu
+            low = F.scaled_dot_product_attention(keys, keys, v32, scale=self.scale)
+            dual = dual + mu * (k32 - low - sparse)
+        if self.training:
+            self.s_nonzero = (sparse != 0).float().mean().detach()
+        return self.mix(low.to(v.dtype))
+
+    def extra_repr(self) -> str:
+        return f"heads={self.heads}, lam={self.lam}, iters_train={self.iters_train}, iters_test={self.iters_test}"
+
+
+@METHODS.register("symvit")
+class SymViT(TrainedMethod):
+    """ViT with symmetric (Q = K) softmax attention in every block: RPC's baseline."""
+
+    attention = "symmetric"
+
+
+@METHODS.register("rpc")
+class RPC(TrainedMethod):
+    """SymViT with Principal Attention Pursuit in the chosen blocks (``blocks``: "first",
+    "all", or block indices such as "0,2")."""
+
+    @dataclass(frozen=True)
+    class Options:
+        lam: float = field(default=4.0, metadata={"exclusive_min": 0.0})  # lambda; tau = lambda * mu
+        iters_train: int = field(default=1, metadata={"min": 1})  # ADMM iterations while training
+        iters_test: int = field(default=4, metadata={"min": 1})  # ... while predicting (official: 4)
+        blocks: str = "first"  # "first", "all" or comma-separated block indices
+
+    def pap_blocks(self, depth: int) -> list[int]:
+        spec = self.options.blocks.strip()
+        if spec == "first":
+            return [0]
+        if spec == "all":
+            return list(range(depth))
+        try:
+            blocks = sorted({int(b) for b in spec.split(",") if b.strip()})
+        except ValueError:
+            blocks = []
+        if not blocks or any(not 0 <= b < depth for b in blocks):
+            raise ConfigError(f"rpc: blocks must be 'first', 'all' or indices in 0..{depth - 1} "
+                              f"such as '0' or '0,1', got {spec!r}")
+        return blocks
+
+    def attention_layers(self, cfg: ModelConfig) -> dict:
+        o = self.options
+        pap = set(self.pap_blocks(cfg.depth))
+        options = {"lam": o.lam, "iters_train": o.iters_train, "iters_test": o.iters_test}
+        return {b: ("pap", options) if b in pap else ("symmetric", {}) for b in range(cfg.depth)}
+
+    def epoch_log(self, model: nn.Module) -> dict[str, float]:
+        """``pap<block>_s_nonzero``: fraction of non-zero entries of S in the last training batch."""
+        return {f"pap{i}_s_nonzero": float(block.attn.s_nonzero) for i, block in enumerate(model.blocks)
+                if isinstance(block.attn, PAPAttention)}
