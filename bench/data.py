@@ -114,6 +114,19 @@ def corruption_of(split: str) -> tuple[str, int] | None:
     return None
 
 
+def stratified_holdout(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(keep, held_out)`` row numbers, both increasing: per class, :func:`holdout_size`
+    rows of a seeded permutation are held out (a seeded, class-balanced validation split)."""
+    labels = np.asarray(labels)
+    rng = np.random.default_rng(seed)
+    held = np.zeros(len(labels), dtype=bool)
+    for c in np.unique(labels):
+        members = rng.permutation(np.flatnonzero(labels == c))
+        if len(members) >= 2:
+            held[members[: holdout_size(len(members), fraction)]] = True
+    return np.flatnonzero(~held), np.flatnonzero(held)
+
+
 def holdout_size(n: int, fraction: float) -> int:
     """How many of a class's ``n`` items a validation (or other) hold-out takes:
     ``fraction * n`` rounded half up, at least 1 and at most ``n - 1`` (so both sides keep

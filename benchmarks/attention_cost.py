@@ -1,8 +1,10 @@
 """Forward+backward time and peak memory of one attention layer vs sequence length.
 
 Layers: ``softmax`` (bench.vit), ``sgpa`` (methods/sgpa.py, decoupled, diagonal
-covariance) and ``kep_svgp`` (methods/kep_svgp.py, add merge) at N = 64, 256, 1024, 4096
-tokens, on whatever device is present (CUDA if available, else CPU).  Each (layer, N) runs
+covariance), ``kep_svgp`` (methods/kep_svgp.py, add merge) and the attention variants
+(``symmetric``, ``pap`` with one ADMM iteration, ``scaled`` with S in R^{H x N x N},
+``kdeformer`` with buckets of 64 and 64 residual samples, ``optimised``, ``efficient``,
+``super``) at N = 64, 256, 1024, 4096 tokens, on whatever device is present (CUDA if available, else CPU).  Each (layer, N) runs
 in a fresh subprocess so the peak memory is that configuration's alone: CUDA peak
 allocated memory, or on CPU the process's peak RSS above its RSS just before the first
 forward.  The scaling exponent is the least-squares slope of log(time) and log(memory)
@@ -25,7 +27,11 @@ from pathlib import Path
 
 from machine import provenance  # noqa: E402  (benchmarks/machine.py)
 
-LAYERS = ("softmax", "sgpa", "kep_svgp")
+LAYERS = ("softmax", "sgpa", "kep_svgp", "symmetric", "pap", "scaled", "kdeformer", "optimised", "efficient", "super")
+OPTIONS = {  # non-default layer options (KDEformer: the official ViT module's bucket and sample sizes)
+    "pap": {"iters_train": 1},
+    "kdeformer": {"bucket_size": 64, "samples": 64, "projections": 7},
+}
 TOKENS = (64, 256, 1024, 4096)
 DIM, HEADS, BATCH = 64, 4, 2
 REPEATS = 9
@@ -46,7 +52,7 @@ def measure(layer: str, n: int) -> dict:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
     cfg = ModelConfig(dim=DIM, depth=1, heads=HEADS, dropout=0.0)
-    module = make_attention(cfg, n, (layer, {})).to(device).train()  # as the backbone builds it
+    module = make_attention(cfg, n, (layer, OPTIONS.get(layer, {}))).to(device).train()  # as the backbone builds it
     x = torch.randn(BATCH, n, DIM, device=device, requires_grad=True)
 
     def step() -> None:

@@ -208,3 +208,14 @@ def test_kdeformer_width_scale_matches_softmax_width_scale():
     kde.load_state_dict(softmax.state_dict())
     with torch.no_grad():
         torch.testing.assert_close(kde(x_input()), softmax(x_input()), rtol=1e-4, atol=1e-5)
+
+
+def test_query_axis_ablation_normalises_over_the_queries():
+    layer = build("efficient", axis="queries")
+    x = x_input()
+    with torch.no_grad():
+        q = split_heads(layer.qk(x))
+        k = split_heads(x)
+        weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(D), dim=-2)  # columns sum to 1
+        expected = layer.proj(merge_heads(weights @ split_heads(x)))
+        torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-6)

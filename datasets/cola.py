@@ -1,0 +1,67 @@
+"""CoLA (Warstadt et al., 2019) from the official ``cola_public`` 1.1 release, read as it
+unpacks: ``<data-root>/cola_public/raw/{in_domain_train,in_domain_dev,out_of_domain_dev}.tsv``
+(no header; 4 tab-separated columns: source, label 0/1, the author's original mark,
+sentence; read with quoting disabled, since two training sentences contain ``"``).
+
+Splits (:func:`load_cola`): ``train``/``val`` = in_domain_train with a seeded, stratified
+hold-out, ``test`` = in_domain_dev, ``shift/out_of_domain`` = out_of_domain_dev (the public
+test sets have no labels).  ``paper_split=True`` reproduces KEP-SVGP's protocol instead:
+in-domain train + dev merged, shuffled with seed 0 and split 80/20 into train and test (the
+validation hold-out then comes from those 80%).  The text track's model side (tokenised
+splits, the text Transformer) builds on these readers.
+"""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from bench.data import stratified_holdout
+from bench.errors import ConfigError
+
+FILES = {"train": "raw/in_domain_train.tsv", "dev": "raw/in_domain_dev.tsv", "ood": "raw/out_of_domain_dev.tsv"}
+TextSplit = tuple[list[str], np.ndarray]  # (texts, labels int64)
+
+
+def read_tsv(path: Path) -> TextSplit:
+    """Sentences and labels of one official CoLA ``.tsv``; a malformed file is a ConfigError
+    naming the file and the line."""
+    try:
+        frame = pd.read_csv(path, sep="\t", header=None, quoting=csv.QUOTE_NONE, dtype=str,
+                            keep_default_na=False, on_bad_lines="error", encoding="utf-8")
+    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(f"{path}: not an official CoLA .tsv ({exc})") from None
+    if frame.shape[1] != 4:
+        raise ConfigError(f"{path}: expected 4 tab-separated columns (source, label, mark, sentence), "
+                          f"got {frame.shape[1]}")
+    bad = ~frame[1].isin(["0", "1"])
+    if bad.any():
+        line = int(np.flatnonzero(bad.to_numpy())[0]) + 1
+        raise ConfigError(f"{path}, line {line}: label must be 0 or 1, got {frame[1][bad].iloc[0]!r}")
+    return frame[3].tolist(), frame[1].astype(np.int64).to_numpy()
+
+
+def load_cola(root: Path, val_fraction: float = 0.1, seed: int = 0, paper_split: bool = False) -> dict[str, TextSplit]:
+    """The CoLA splits from ``<root>/cola_public`` (module docstring)."""
+    folder = Path(root) / "cola_public"
+    missing = [rel for rel in FILES.values() if not (folder / rel).is_file()]
+    if missing:
+        raise ConfigError(
+            f"CoLA: missing {', '.join(missing)} under {folder}; unpack the official cola_public_1.1.zip "
+            f"(https://nyu-mll.github.io/CoLA/) into {Path(root)} so that {folder / FILES['train']} exists")
+    train, dev, ood = (read_tsv(folder / FILES[k]) for k in ("train", "dev", "ood"))
+    if paper_split:
+        texts, labels = train[0] + dev[0], np.concatenate([train[1], dev[1]])
+        order = np.random.default_rng(0).permutation(len(texts))
+        cut = int(round(0.8 * len(texts)))
+        train = ([texts[i] for i in order[:cut]], labels[order[:cut]])
+        dev = ([texts[i] for i in order[cut:]], labels[order[cut:]])
+    keep, held = stratified_holdout(train[1], val_fraction, seed)
+    return {
+        "train": ([train[0][i] for i in keep], train[1][keep]),
+        "val": ([train[0][i] for i in held], train[1][held]),
+        "test": dev,
+        "shift/out_of_domain": ood,
+    }
