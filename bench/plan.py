@@ -25,16 +25,20 @@ class Cell:
         return f"{self.dataset.name} / {self.method.name} / seed {self.seed}"
 
 
+#: training settings that cannot change a cell's predictions, left out of its key
+NOT_IN_KEY = ("checkpoint_every",)
+
+
 def cell_config(dataset: DatasetSpec, method: MethodSpec, seed: int) -> dict:
-    """Everything that determines a cell's predictions (suite-level names excluded, so two
-    suites with the same settings share keys)."""
+    """Everything that determines a cell's predictions (suite-level names and
+    :data:`NOT_IN_KEY` excluded, so two suites with the same settings share keys)."""
     return {
         "schema": STORE_SCHEMA,
         "dataset": {"type": dataset.type, "options": to_dict(dataset.options), "splits": list(dataset.splits)},
         "method": {
             "type": method.type,
             "options": to_dict(method.options),
-            "train": to_dict(method.train),
+            "train": {k: v for k, v in to_dict(method.train).items() if k not in NOT_IN_KEY},
             "model": to_dict(method.model),
         },
         "seed": seed,

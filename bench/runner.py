@@ -145,6 +145,29 @@ def run_plan(plan: Plan, store: Store, device: torch.device, console: Console, d
     return summary
 
 
+TRAIN_STATE = "train_state.pt"  # the resumable training state of a cell in progress
+
+
+def _save_state(cd: CellDir, state: dict) -> None:
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    cd.write_bytes(TRAIN_STATE, buf.getvalue())  # atomic: a kill leaves the old state or the new one
+
+
+def _saved_state(cd: CellDir, console: Console) -> dict | None:
+    """The training state an interrupted run of this cell left, if any (never from a sealed cell)."""
+    path = cd.path / TRAIN_STATE
+    try:
+        if cd.sealed() or not path.is_file():
+            return None
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001  (a damaged state is not fatal: the cell starts over)
+        console.warn(f"{cd.key}: cannot resume from {TRAIN_STATE} ({type(exc).__name__}: {exc}); starting over")
+        return None
+    console.log(f"{cd.key}: resuming from epoch {int(state['epoch'])}")
+    return state
+
+
 def _is_damage(problem: str, cd: CellDir) -> bool:
     """A sealed cell that no longer verifies (not merely interrupted or failed)."""
     try:
@@ -154,8 +177,10 @@ def _is_damage(problem: str, cd: CellDir) -> bool:
 
 
 def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, console: Console) -> tuple[str, str]:
-    """Train, predict every evaluation split, store; returns (status, one-line detail)."""
-    cd.reset()
+    """Train, predict every evaluation split, store; returns (status, one-line detail).
+    An interrupted cell that saved a training state resumes from it."""
+    resume = _saved_state(cd, console)
+    cd.reset(keep=(TRAIN_STATE,) if resume is not None else ())
     method = METHODS.get(cell.method.type)(cell.method.options)
     info = {
         "key": cell.key,
@@ -170,13 +195,17 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
         "samples": method.samples,
         "average": method.average,
     }
+    if resume is not None:
+        info["resumed_from_epoch"] = int(resume["epoch"])
     cd.write_cell(info)
     try:
         seed_everything(cell.seed)
         model = method.build_model(cell.method.model, data).to(device)
         reset_peak_memory(device)
         bar = console.bar(cell.method.train.epochs, "epochs", leave=False)
-        result = fit(method, model, data, cell.method.train, device, cell.seed, on_epoch=(lambda _r: bar.update(1)) if bar else None)
+        result = fit(method, model, data, cell.method.train, device, cell.seed,
+                     on_epoch=(lambda _r: bar.update(1)) if bar else None, resume=resume,
+                     on_checkpoint=lambda state: _save_state(cd, state))
         if bar is not None:
             bar.close()
         log_buf = io.StringIO()
@@ -228,6 +257,7 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
             "peak_memory_mb": peak_memory_mb(device),
         }
     )
+    (cd.path / TRAIN_STATE).unlink(missing_ok=True)  # the finished cell needs no resumable state
     cd.seal(info)
     return "complete", f"best epoch {result.best_epoch}, test acc {test_acc:.3f}"
 

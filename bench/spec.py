@@ -53,6 +53,10 @@ class TrainConfig:
     augment: tuple[str, ...] = field(default=(), metadata={"choices": ("crop", "flip")})
     eval_batch_size: int = field(default=1000, metadata={"min": 1, "soft_max": 1 << 20})
     compile: bool = False  # torch.compile on CUDA
+    # epochs between resumable training states (a killed cell resumes from the last one);
+    # 0 = automatic: after every epoch once an epoch takes over a minute.  Not part of the
+    # cell key: resuming ends with the same weights as an uninterrupted run.
+    checkpoint_every: int = field(default=0, metadata={"min": 0})
 
     def __post_init__(self) -> None:
         if self.warmup_epochs >= self.epochs and self.warmup_epochs > 0:

@@ -177,10 +177,11 @@ class CellDir:
         return [p.relative_to(self.path).as_posix() for p in self.path.rglob("*")
                 if p.is_file() and not any(part.startswith(".") for part in p.relative_to(self.path).parts)]
 
-    def reset(self) -> Path | None:
+    def reset(self, keep: tuple[str, ...] = ()) -> Path | None:
         """Prepare the directory for (re)doing the cell; never deletes a complete cell.
 
-        An interrupted or failed cell is cleared.  A cell that was sealed once but no longer
+        An interrupted or failed cell is cleared, except the top-level files named in
+        ``keep`` (an interrupted cell's resumable training state).  A cell that was sealed once but no longer
         verifies (damaged: a changed, missing or extra file) is moved aside to
         ``<key>.damaged-<UTC time>/`` for inspection; that path is returned."""
         if self.verify():
@@ -191,7 +192,12 @@ class CellDir:
             moved = self.path.with_name(f"{self.path.name}{DAMAGED_MARK}{stamp}")
             os.replace(self.path, moved)
         elif self.path.exists():
+            kept = {name: (self.path / name).read_bytes() for name in keep if (self.path / name).is_file()}
             shutil.rmtree(self.path)
+            self.path.mkdir(parents=True)
+            for name, data in kept.items():
+                atomic_write_bytes(self.path / name, data)
+            return None
         self.path.mkdir(parents=True)
         return moved
 

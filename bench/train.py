@@ -130,6 +130,36 @@ def predict(
     return torch.cat(out).numpy().astype(np.float32)
 
 
+def _training_state(epoch: int, model, opt, sched, gen: torch.Generator, best: "TrainResult", seconds: float,
+                    device: torch.device) -> dict:
+    """Everything :func:`fit` needs to continue after ``epoch`` epochs (tensors and plain
+    values only, so ``torch.load(weights_only=True)`` reads it)."""
+    state = {
+        "epoch": epoch, "model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
+        "gen": gen.get_state(), "torch_rng": torch.get_rng_state(), "seconds": seconds,
+        "best_state": best.state_dict, "best_epoch": best.best_epoch, "best_val_acc": best.best_val_acc,
+        "log": best.log,
+    }
+    if device.type == "cuda":
+        state["cuda_rng"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def _restore(state: dict, model, opt, sched, gen: torch.Generator, best: "TrainResult", device: torch.device) -> int:
+    """Load a :func:`_training_state`; returns the first epoch still to run."""
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["opt"])
+    sched.load_state_dict(state["sched"])
+    gen.set_state(state["gen"])
+    torch.set_rng_state(state["torch_rng"])
+    if device.type == "cuda" and "cuda_rng" in state:
+        torch.cuda.set_rng_state(state["cuda_rng"], device)
+    best.state_dict = state["best_state"]
+    best.best_epoch, best.best_val_acc = int(state["best_epoch"]), float(state["best_val_acc"])
+    best.log = list(state["log"])
+    return int(state["epoch"])
+
+
 @dataclass
 class TrainResult:
     state_dict: dict
@@ -147,8 +177,16 @@ def fit(
     device: torch.device,
     seed: int,
     on_epoch: Callable[[dict], None] | None = None,
+    resume: dict | None = None,
+    on_checkpoint: Callable[[dict], None] | None = None,
 ) -> TrainResult:
-    """Train ``model`` on ``data``'s train split, validating on ``val`` after each epoch."""
+    """Train ``model`` on ``data``'s train split, validating on ``val`` after each epoch.
+
+    Resumable: at the end of an epoch due for it (``cfg.checkpoint_every``; 0 = every epoch
+    once one took over a minute) ``on_checkpoint`` receives the training state (model,
+    optimiser, schedule, RNG states, epoch, best-so-far, log); ``resume`` = such a state
+    continues from the next epoch and ends with the same weights as an uninterrupted run
+    (bit for bit on CPU)."""
     start = time.perf_counter()
     gen = torch.Generator().manual_seed(seed)
     train, val = data.get("train"), data.get("val")
@@ -166,7 +204,11 @@ def fit(
     step_model = torch.compile(model) if (cfg.compile and device.type == "cuda") else model
 
     best = TrainResult(copy.deepcopy(model.state_dict()), -1, -1.0)
-    for epoch in range(cfg.epochs):
+    first = 0
+    if resume is not None:
+        first = _restore(resume, model, opt, sched, gen, best, device)
+        start -= float(resume.get("seconds", 0.0))
+    for epoch in range(first, cfg.epochs):
         model.train()
         t0 = time.perf_counter()
         perm = torch.randperm(n, generator=gen).to(device)
@@ -211,6 +253,9 @@ def fit(
             best.best_epoch, best.best_val_acc = epoch + 1, val_acc
         if on_epoch is not None:
             on_epoch(row)
+        due = cfg.checkpoint_every and (epoch + 1) % cfg.checkpoint_every == 0
+        if on_checkpoint is not None and epoch + 1 < cfg.epochs and (due or (not cfg.checkpoint_every and row["seconds"] > 60)):
+            on_checkpoint(_training_state(epoch + 1, model, opt, sched, gen, best, time.perf_counter() - start, device))
     model.load_state_dict(best.state_dict)
     best.seconds = time.perf_counter() - start
     return best

@@ -333,3 +333,46 @@ def test_derived_method_with_missing_members_is_named(reference, tmp_path):
 
 def readme_failures(path: Path) -> str:
     return path.read_text().split("## Failed cells", 1)[1].split("## Plots", 1)[0]
+
+
+def test_a_cell_killed_mid_training_resumes_to_the_same_weights(tmp_path):
+    """SIGKILL a run right after a training state was saved; the next run resumes the cell
+    from that epoch (cell.json says so) and ends with exactly the weights and tables of an
+    uninterrupted run."""
+    import torch
+
+    suite = tmp_path / "resume.toml"
+    suite.write_text(TINY_SUITE.replace('name = "tiny"', 'name = "resume"').replace("seeds = [0, 1]", "seeds = [0]")
+                     .replace("epochs = 4", "epochs = 12\ncheckpoint_every = 1")
+                     .replace("[methods.mc_dropout]\nsamples = 2\n", "").replace("[methods.temperature_scaling]\n", "")
+                     .replace("[methods.deep_ensemble]\nmembers = 2\n", ""))
+    whole = run_suite("--suite", str(suite), "--results", str(tmp_path / "a"), "--reports", str(tmp_path / "ra"))
+    assert whole.returncode == 0, whole.stderr
+
+    args = [sys.executable, "run_suite.py", "--suite", str(suite), "--results", str(tmp_path / "b"),
+            "--reports", str(tmp_path / "rb")]
+    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        states = list((tmp_path / "b").rglob("train_state.pt"))
+        if states and torch.load(states[0], weights_only=True)["epoch"] >= 3:
+            os.kill(proc.pid, signal.SIGKILL)
+            break
+        time.sleep(0.005)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    again = run_suite(*args[2:])
+    assert again.returncode == 0, again.stderr
+    assert "resuming from epoch" in again.stderr
+
+    def cell(root: Path) -> Path:
+        (c,) = [p for p in (root / "resume").iterdir() if p.is_dir()]
+        return c
+
+    info = json.loads((cell(tmp_path / "b") / "cell.json").read_text())
+    assert info["resumed_from_epoch"] >= 3
+    a = torch.load(cell(tmp_path / "a") / "checkpoint.pt", weights_only=True)
+    b = torch.load(cell(tmp_path / "b") / "checkpoint.pt", weights_only=True)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert tables(tmp_path / "ra" / "resume") == tables(tmp_path / "rb" / "resume")
+    assert not (cell(tmp_path / "b") / "train_state.pt").exists()  # a finished cell keeps no state

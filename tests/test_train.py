@@ -556,3 +556,33 @@ def test_only_declared_loss_terms_and_monte_carlo_options_count():
     assert MSP(MSP.Options()).samples == 1
     with pytest.raises(ConfigError, match="sampels"):
         build_suite({"name": "x", "datasets": {"mnist5k": {}}, "methods": {"mc_dropout": {"sampels": 5}}})
+
+
+def test_a_resumed_fit_ends_with_the_uninterrupted_weights(data):
+    """Checkpoint every 2 epochs; resuming from each saved state (through torch.save and
+    torch.load(weights_only=True), as the runner does) ends bit for bit where the
+    uninterrupted run ends: weights, best epoch and log.  MC Dropout, with augmentation,
+    so the global RNG, the data generator and the schedule all matter."""
+    import dataclasses
+    import io
+
+    cfg = dataclasses.replace(DET_CFG, epochs=6, checkpoint_every=2)
+    mcfg = ModelConfig(patch_size=5, dim=16, depth=1, heads=2, dropout=0.1)
+    method = MCDropout(MCDropout.Options(samples=2))
+    states: list[bytes] = []
+
+    def save(state):
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        states.append(buf.getvalue())
+
+    full = fit(method, build(method, data, 3, mcfg), data, cfg, CPU, seed=3, on_checkpoint=save)
+    assert [torch.load(io.BytesIO(s), weights_only=True)["epoch"] for s in states] == list(range(2, cfg.epochs, 2))
+    strip = lambda log: [{k: v for k, v in r.items() if k != "seconds"} for r in log]  # noqa: E731
+    for blob in (states[0], states[-1]):
+        state = torch.load(io.BytesIO(blob), weights_only=True)
+        seed_everything(99)  # a different process state: everything must come from the checkpoint
+        resumed = fit(method, build(method, data, 99, mcfg), data, cfg, CPU, seed=3, resume=state)
+        for k in full.state_dict:
+            assert torch.equal(full.state_dict[k], resumed.state_dict[k]), k
+        assert resumed.best_epoch == full.best_epoch and strip(resumed.log) == strip(full.log)
