@@ -58,9 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="run_suite.py",
         description="uqbench: train, evaluate and report uncertainty methods for Transformers.",
     )
-    p.add_argument("command", nargs="?", default="run", choices=("run", "report", "list", "verify"),
+    p.add_argument("command", nargs="?", default="run", choices=("run", "report", "list", "verify", "status"),
                    help="run (default): train+predict+report; report: tables and plots from the store; "
-                        "list: registries; verify: check every cell of a store against its manifest")
+                        "list: registries; verify: check every cell of a store against its manifest; "
+                        "status: done/failed/running/missing cells and the estimated time left")
     p.add_argument("--suite", default="default", help="built-in suite name or path to a suite .toml (default: default)")
     p.add_argument("--methods", type=_csv("methods"), help="comma-separated method names to run (or, with report, to show)")
     p.add_argument("--datasets", type=_csv("datasets"), help="comma-separated dataset names of the suite to use")
@@ -137,6 +138,57 @@ def cmd_list() -> int:
         print(f"  {name:<28}{star} [{m.kind}] {m.label}{unit}, {'higher' if m.higher_is_better else 'lower'} is better")
     print("suites:")
     print("  " + ", ".join(available_suites()))
+    return 0
+
+
+def cmd_status(suite, args: argparse.Namespace) -> int:
+    """Print, for every planned cell of ``suite`` in its store, whether it is done, failed
+    (with the reason), running or interrupted (with its last saved epoch), damaged or
+    missing; then counts and the estimated time left, from the recorded timings of the
+    done cells of the same method (else of all done cells), on the machine(s) they ran on."""
+    import numpy as np
+    import torch
+
+    from bench.plan import make_plan
+    from bench.runner import TRAIN_STATE
+    from bench.store import Store
+
+    store = Store(args.results / suite.name)
+    counts = {"done": 0, "failed": 0, "running/interrupted": 0, "damaged": 0, "missing": 0}
+    seconds: dict[str, list[float]] = {}
+    pending: list[str] = []
+    for cell in make_plan(suite).cells:
+        cd = store.cell(cell.key)
+        problem = cd.problem() if cd.path.exists() else "missing"
+        info = cd.read_cell() or {}
+        if problem is None:
+            counts["done"] += 1
+            seconds.setdefault(cell.method.name, []).append(
+                float(info.get("train_seconds", 0.0)) + float(info.get("predict_seconds", 0.0)))
+            continue
+        if problem == "missing":
+            state, detail = "missing", ""
+        elif problem.startswith("failed:"):
+            state, detail = "failed", problem[len("failed: "):]
+        elif problem.startswith("incomplete") and not cd.sealed():
+            state, detail = "running/interrupted", "no epoch saved yet"
+            if (cd.path / TRAIN_STATE).is_file():
+                try:
+                    epoch = int(torch.load(cd.path / TRAIN_STATE, map_location="cpu", weights_only=True)["epoch"])
+                    detail = f"last saved epoch {epoch}/{cell.method.train.epochs}"
+                except Exception:  # noqa: BLE001  (a state being written or damaged)
+                    detail = "training state unreadable"
+        else:
+            state, detail = "damaged", problem
+        counts[state] += 1
+        if state != "failed":
+            pending.append(cell.method.name)
+        print(f"{cell.label}: {state}{': ' + detail if detail else ''} ({cell.key})")
+    done_all = [x for v in seconds.values() for x in v]
+    left = sum(float(np.mean(seconds.get(m) or done_all)) for m in pending) if done_all else float("nan")
+    estimate = f"{left / 3600:.2f} hours" if done_all else "unknown (no cell done yet)"
+    print(f"{store.root}: " + ", ".join(f"{v} {k}" for k, v in counts.items())
+          + f"; estimated time left for the {len(pending)} cell(s) to run: {estimate}")
     return 0
 
 
@@ -217,6 +269,11 @@ def _main(args: argparse.Namespace) -> int:
         return cmd_list()
     if args.command == "verify":
         return cmd_verify(args)
+    if args.command == "status":
+        from bench.spec import Overrides, load_suite, select
+
+        suite = load_suite(args.suite, Overrides(seeds=args.seeds, epochs=args.epochs, methods=args.methods))
+        return cmd_status(select(suite, args.methods, args.datasets, to_run=False), args)
 
     from bench.data import configure_data
     from bench.spec import Overrides, load_suite, select

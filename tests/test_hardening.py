@@ -369,3 +369,19 @@ def test_an_unreadable_cell_directory_is_named_and_the_run_goes_on(trained, tmp_
     code, err, readme = report(tmp_path, capsys)
     assert code == 1 and "Traceback" not in err
     assert locked.name in section(readme, "Damaged cells") and "Permission denied" in section(readme, "Damaged cells")
+
+
+def test_status_names_done_failed_interrupted_damaged_and_missing_cells(trained, tmp_path, capsys):
+    """``status`` on a store: one line per cell that is not done, counts, and a time estimate
+    from the done cells' recorded timings."""
+    store, cells = copy_store(trained, tmp_path)
+    flip_byte(cells[0] / "preds" / "test.npz")
+    code = main(["status", "--suite", str(tmp_path / "hard.toml"), "--results", str(tmp_path / "results"),
+                 "--seeds", "0,1,2"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "seed 2: missing" in out and "damaged" in out and "1 done" in out and "1 missing" in out
+    info = json.loads((cells[1] / "cell.json").read_text())
+    per_cell = info["train_seconds"] + info["predict_seconds"]
+    expected = 2 * per_cell / 3600  # the damaged and the missing cell, at the done cell's pace
+    assert f"to run: {expected:.2f} hours" in out
