@@ -225,31 +225,23 @@ def _scan(root: Path) -> tuple[dict[tuple[str, str, int], list[CellDir]], dict[s
 def _choose(candidates: list[CellDir], planned: set[str]) -> tuple[CellDir | None, str, str]:
     """``(cell to use, problem, directory)`` among directories naming one (dataset, method,
     seed); ``directory`` is set when the problem is damage (not a failure or interruption)."""
-    problems = {cd.key: cd.problem(skip=(CHECKPOINT,)) for cd in candidates}
-    complete = [cd for cd in candidates if problems[cd.key] is None]
+    conditions = {cd.key: cd.condition(skip=(CHECKPOINT,)) for cd in candidates}
+    complete = [cd for cd in candidates if conditions[cd.key][0] == "complete"]
     if complete:
         mine = [cd for cd in complete if cd.key in planned]
         if mine:
             return mine[0], "", ""
         return max(complete, key=lambda cd: (str((cd.read_cell() or {}).get("finished", "")), cd.key)), "", ""
-    for kind in ("damaged", "failed", "incomplete"):
+    for state in ("damaged", "failed", "interrupted"):
         for cd in candidates:
-            why = problems[cd.key]
-            if _kind(why) == kind:
-                if kind == "damaged":
-                    return None, f"damaged cell {cd.key}: {why}; `run` moves it aside and redoes it", cd.key
-                if kind == "failed":
-                    return None, why, ""
+            kind, why = conditions[cd.key]
+            if kind == state == "damaged":
+                return None, f"damaged cell {cd.key}: {why}; `run` moves it aside and redoes it", cd.key
+            if kind == state == "failed":
+                return None, why, ""
+            if kind == state == "interrupted":
                 return None, f"{why}; cell {cd.key}; run the suite again to redo it", ""
     return None, "no usable cell", ""
-
-
-def _kind(problem: str) -> str:
-    if problem.startswith("failed:"):
-        return "failed"
-    if problem.startswith("incomplete"):
-        return "incomplete"
-    return "damaged"
 
 
 def open_store(root: Path, suite=None, planned: set[str] = frozenset()) -> Catalog:
@@ -321,4 +313,4 @@ def _described_entry(m: dict, where: str) -> MethodEntry:
     return _entry(m["name"], type_, kind, options)
 
 
-__all__ = ["Catalog", "MethodEntry", "open_store", "describe_suite", "write_store_description", "CELL"]
+__all__ = ["Catalog", "MethodEntry", "open_store", "describe_suite", "write_store_description"]

@@ -159,18 +159,15 @@ def cmd_status(suite, args: argparse.Namespace) -> int:
     pending: list[str] = []
     for cell in make_plan(suite).cells:
         cd = store.cell(cell.key)
-        problem = cd.problem() if cd.path.exists() else "missing"
-        info = cd.read_cell() or {}
-        if problem is None:
+        state, problem = cd.condition()
+        if state == "complete":
+            info = cd.read_cell() or {}
             counts["done"] += 1
             seconds.setdefault(cell.method.name, []).append(
                 float(info.get("train_seconds", 0.0)) + float(info.get("predict_seconds", 0.0)))
             continue
-        if problem == "missing":
-            state, detail = "missing", ""
-        elif problem.startswith("failed:"):
-            state, detail = "failed", problem[len("failed: "):]
-        elif problem.startswith("incomplete") and not cd.sealed():
+        detail = {"missing": "", "failed": (problem or "")[len("failed: "):], "damaged": problem}.get(state, "")
+        if state == "interrupted":
             state, detail = "running/interrupted", "no epoch saved yet"
             if (cd.path / TRAIN_STATE).is_file():
                 try:
@@ -178,8 +175,6 @@ def cmd_status(suite, args: argparse.Namespace) -> int:
                     detail = f"last saved epoch {epoch}/{cell.method.train.epochs}"
                 except Exception:  # noqa: BLE001  (a state being written or damaged)
                     detail = "training state unreadable"
-        else:
-            state, detail = "damaged", problem
         counts[state] += 1
         if state != "failed":
             pending.append(cell.method.name)
@@ -207,9 +202,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         if DAMAGED_MARK in path.name:
             print(f"{path.name}: moved aside earlier (damaged), not used")
             continue
-        problem = CellDir(path).problem()
-        kind = ("complete" if problem is None else "failed" if problem.startswith("failed:")
-                else "interrupted" if problem.startswith("incomplete") else "damaged")
+        kind, problem = CellDir(path).condition()
         counts[kind] += 1
         if problem is not None:
             print(f"{path.name}: {kind}: {problem}")

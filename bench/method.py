@@ -75,11 +75,13 @@ class TrainedMethod:
         """Backbone settings this method wants unless the suite overrides them."""
         return {}
 
-    def build_model(self, cfg: ModelConfig, data: DataBundle):
-        """The backbone ViT of ``cfg`` with this method's :meth:`attention_layers`."""
+    def build_model(self, cfg: ModelConfig, data: DataBundle, attention_layers: dict | None = None):
+        """The backbone ViT of ``cfg`` with this method's :meth:`attention_layers` (or the
+        ``attention_layers`` given, e.g. the layers a prediction model swaps in)."""
         from bench.vit import ViT
 
-        return ViT(data.image_shape, data.num_classes, cfg, self.attention_layers(cfg))
+        layers = self.attention_layers(cfg) if attention_layers is None else attention_layers
+        return ViT(data.image_shape, data.num_classes, cfg, layers)
 
     def attention_layers(self, cfg: ModelConfig) -> dict:
         """The blocks whose attention this method replaces: ``{block index: (registered

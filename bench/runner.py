@@ -108,8 +108,9 @@ def run_plan(plan: Plan, store: Store, device: torch.device, console: Console, d
     """Run every incomplete cell.  ``describe`` (the full suite) is recorded in the store's
     ``suite.json`` once the data loaded and the preflight checks passed, before any cell."""
     datasets = {d.name: load_data(d) for d in plan.suite.datasets}
-    to_run = {c.dataset.name for c in plan.cells if store.cell(c.key).problem() is not None}
-    preflight(plan, datasets, to_run)
+    # every cell verified once (sha256 of its files): decides what preflight loads and what runs
+    conditions = {c.key: store.cell(c.key).condition() for c in plan.cells}
+    preflight(plan, datasets, {c.dataset.name for c in plan.cells if conditions[c.key][0] != "complete"})
     if describe is not None:
         from bench.catalog import write_store_description
 
@@ -119,12 +120,12 @@ def run_plan(plan: Plan, store: Store, device: torch.device, console: Console, d
     for i, cell in enumerate(plan.cells, 1):
         cd = store.cell(cell.key)
         prefix = f"[{i}/{len(plan.cells)}] {cell.label}"
-        problem = cd.problem() if cd.path.exists() else "missing"
-        if problem is None:
+        state, problem = conditions[cell.key]
+        if state == "complete":
             console.log(f"{prefix}: complete, skipped ({cell.key})")
             summary.skipped.append(cell.key)
         else:
-            if _is_damage(problem, cd):
+            if state == "damaged":
                 console.warn(f"{prefix}: damaged ({problem}); moving it aside to {cell.key}.damaged-<time>/ and redoing it")
             t0 = time.perf_counter()
             try:
@@ -166,14 +167,6 @@ def _saved_state(cd: CellDir, console: Console) -> dict | None:
         return None
     console.log(f"{cd.key}: resuming from epoch {int(state['epoch'])}")
     return state
-
-
-def _is_damage(problem: str, cd: CellDir) -> bool:
-    """A sealed cell that no longer verifies (not merely interrupted or failed)."""
-    try:
-        return cd.sealed() and not problem.startswith(("failed:", "incomplete"))
-    except OSError:
-        return True
 
 
 def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, console: Console) -> tuple[str, str]:

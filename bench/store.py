@@ -117,60 +117,67 @@ class CellDir:
     def read_cell(self) -> dict | None:
         return _read_json_object(self.path / CELL)
 
-    def status(self, skip: tuple[str, ...] = ()) -> str:
-        """``complete`` (manifest verifies), ``failed``, ``incomplete`` or ``missing``.
+    def condition(self, skip: tuple[str, ...] = ()) -> tuple[str, str | None]:
+        """``(state, reason)``, the one classification of a cell directory:
 
-        ``skip`` names files not to check: analysis passes ``(CHECKPOINT,)`` because it
-        never reads weights (and a store whose checkpoints were pruned stays usable)."""
+        * ``complete``: its manifest lists every file, each matches its sha256, no stray
+          prediction file is there and ``cell.json`` says complete (reason None);
+        * ``missing``: no directory;
+        * ``failed``: ``cell.json`` records a failure (reason: ``failed: ...``);
+        * ``interrupted``: never sealed, no failure recorded (a run stopped in it);
+        * ``damaged``: sealed once but no longer verifies, or unreadable.
+
+        ``skip`` names manifest entries not to check: analysis passes ``(CHECKPOINT,)``
+        because it never reads weights (a store whose checkpoints were pruned stays usable)."""
         if not self.path.exists():
-            return "missing"
-        if self.verify(skip):
-            return "complete"
-        cell = self.read_cell()
-        if cell is not None and cell.get("status") == "failed":
-            return "failed"
-        return "incomplete"
-
-    def verify(self, skip: tuple[str, ...] = ()) -> bool:
-        return self.problem(skip) is None
-
-    def sealed(self) -> bool:
-        """The cell was completed once (it has a manifest), whether or not it still verifies."""
-        return (self.path / MANIFEST).exists()
-
-    def problem(self, skip: tuple[str, ...] = ()) -> str | None:
-        """Why the cell is not complete, in one sentence; None when it is (its manifest
-        lists every file, each file matches its sha256, nothing else is there and
-        ``cell.json`` says complete).  ``skip`` names manifest entries not to check."""
+            return "missing", "missing"
         try:
+            cell = self.read_cell()
+            if cell is not None and cell.get("status") == "failed":  # recorded by the run, sealed or not
+                return "failed", f"failed: {cell.get('reason', 'failed')}"
             manifest = _read_json_object(self.path / MANIFEST)
             files = manifest.get("files") if manifest is not None else None
             if not isinstance(files, dict):
-                cell = self.read_cell()
-                if cell is not None and cell.get("status") == "failed":
-                    return f"failed: {cell.get('reason', 'failed')}"
                 if self.sealed():
-                    return "its manifest.json is unreadable or truncated"
-                return "incomplete: no manifest (the run was interrupted in this cell, or its manifest was deleted)"
+                    return "damaged", "its manifest.json is unreadable or truncated"
+                return "interrupted", ("incomplete: no manifest (the run was interrupted in this cell, "
+                                       "or its manifest was deleted)")
             for rel, digest in sorted(files.items()):
                 if rel in skip:
                     continue
                 f = self.path / rel
                 if not f.is_file():
-                    return f"{rel} is listed in its manifest but missing"
+                    return "damaged", f"{rel} is listed in its manifest but missing"
                 if sha256_file(f) != digest:
-                    return f"{rel} does not match the sha256 in its manifest (changed or corrupted)"
+                    return "damaged", f"{rel} does not match the sha256 in its manifest (changed or corrupted)"
             extra = sorted(r for r in set(self._files()) - set(files) if r.startswith("preds/"))
             if extra:
-                return f"{extra[0]} is not in its manifest (a prediction file added after the cell was sealed)"
+                return "damaged", f"{extra[0]} is not in its manifest (a prediction file added after the cell was sealed)"
             cell = self.read_cell()
             if cell is None:
-                return "its cell.json is unreadable or truncated"
+                return "damaged", "its cell.json is unreadable or truncated"
             if cell.get("status") != "complete":
-                return f"its cell.json says status {cell.get('status')!r}, not 'complete'"
+                return "damaged", f"its cell.json says status {cell.get('status')!r}, not 'complete'"
         except OSError as exc:  # an unreadable directory or file
-            return f"unreadable: {exc.strerror or exc} ({exc.filename or self.path})"
-        return None
+            return "damaged", f"unreadable: {exc.strerror or exc} ({exc.filename or self.path})"
+        return "complete", None
+
+    def status(self, skip: tuple[str, ...] = ()) -> str:
+        """``complete``, ``failed``, ``incomplete`` (interrupted or damaged) or ``missing``."""
+        state = self.condition(skip)[0]
+        return "incomplete" if state in ("interrupted", "damaged") else state
+
+    def verify(self, skip: tuple[str, ...] = ()) -> bool:
+        return self.condition(skip)[0] == "complete"
+
+    def problem(self, skip: tuple[str, ...] = ()) -> str | None:
+        """Why the cell is not complete, in one sentence (None when it is): the reason of
+        :meth:`condition`."""
+        return self.condition(skip)[1]
+
+    def sealed(self) -> bool:
+        """The cell was completed once (it has a manifest), whether or not it still verifies."""
+        return (self.path / MANIFEST).exists()
 
     def _files(self) -> list[str]:
         """Relative paths of every non-hidden file of the cell (temporary files are hidden)."""

@@ -147,25 +147,24 @@ class KDEformer(TrainedMethod):
         projections: int = field(default=4, metadata={"min": 1, "max": 30})  # r: LSH directions
         samples: int = field(default=5, metadata={"min": 1})  # Monte-Carlo passes at test
 
-    def kde_options(self, cfg: ModelConfig) -> dict:
+    def kde_layers(self, cfg: ModelConfig) -> dict:
+        """KDEformer in every block, with the backbone softmax's logit scale."""
         o = self.options
         scale = cfg.attention_options.get("scale", "head") if cfg.attention == "softmax" else "head"
-        return {"bucket_size": o.bucket_size, "samples": o.residual_samples, "projections": o.projections,
-                "scale": scale}
+        options = {"bucket_size": o.bucket_size, "samples": o.residual_samples, "projections": o.projections,
+                   "scale": scale}
+        return {block: ("kdeformer", options) for block in range(cfg.depth)}
 
     def attention_layers(self, cfg: ModelConfig) -> dict:
         if self.options.train_attention == "softmax":
             return {}  # the backbone's own attention, exactly as msp builds it
-        return {block: ("kdeformer", self.kde_options(cfg)) for block in range(cfg.depth)}
+        return self.kde_layers(cfg)
 
     def prediction_model(self, model, cfg: ModelConfig, data):
         """For ``train_attention = "softmax"``: the same ViT with KDEformer layers, loaded
         with the trained weights (the parameter names and shapes are the softmax layer's)."""
         if self.options.train_attention != "softmax":
             return model
-        from bench.vit import ViT
-
-        swapped = ViT(data.image_shape, data.num_classes, cfg,
-                      {block: ("kdeformer", self.kde_options(cfg)) for block in range(cfg.depth)})
+        swapped = self.build_model(cfg, data, self.kde_layers(cfg))
         swapped.load_state_dict(model.state_dict())
         return swapped.to(next(model.parameters()).device)

@@ -80,7 +80,8 @@ def write_report(
     written: list[Path] = []
     tables_dir = out_dir / "tables"
     tables_dir.mkdir(parents=True, exist_ok=True)
-    built = build_tables(results, shown, picked, int(severity))
+    index = _Index.build(results, int(severity))  # shared by the tables and the severity plots
+    built = build_tables(results, shown, picked, index)
     for table in built:
         for fmt in FORMATS:  # fixed order, whatever order `formats` lists them in
             if fmt in formats:
@@ -89,7 +90,7 @@ def write_report(
                 written.append(path)
 
     plot_metrics = [m for m in selection("severity") if picked is None or m in picked]
-    plots = write_plots(results, shown, _Index.build(results, int(severity)), plot_metrics, out_dir / "plots")
+    plots = write_plots(results, shown, index, plot_metrics, out_dir / "plots")
     written.extend(path for _, _, path in plots)
     fresh = {path for _, _, path in plots}
     for stale in (out_dir / "plots").glob("*.png"):  # an earlier report's plots no longer shown

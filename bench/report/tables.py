@@ -563,10 +563,9 @@ _RENDERERS: dict[str, Callable[[_Table], str]] = {"md": _to_markdown, "tex": _to
 
 
 def build_tables(results: AnalysisResults, methods: list[str], picked: list[str] | None,
-                 severity: int) -> list[_Table]:
+                 index: _Index) -> list[_Table]:
     """Every table that has columns for the picked metrics (``None`` = each table's
-    selection), rows in display order."""
-    index = _Index.build(results, severity)
+    selection), rows in display order; ``index`` = ``_Index.build(results, severity)``."""
     built = []
     for spec in TABLES:
         columns = _columns(spec, picked)
