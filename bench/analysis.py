@@ -125,6 +125,10 @@ class AnalysisResults:
     corruption_errors: pd.DataFrame = field(default_factory=pd.DataFrame)
     efficiency: pd.DataFrame = field(default_factory=pd.DataFrame)
     analysed_metrics: list[str] = field(default_factory=list)  # the metrics the files hold
+    # dataset -> {metric shown in the tables: metric shown in its place} (e.g. CoLA's
+    # accuracy column shows MCC, as the paper's Table 1): the data set's headline_metrics
+    headlines: dict[str, dict[str, str]] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)  # dataset -> its protocol note (report_note)
     damaged: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=DAMAGED_COLUMNS))
 
 
@@ -189,6 +193,10 @@ def analyse(catalog: Catalog, metrics: list[str] | None = None, resamples: int =
     """Every table of the report, computed from the catalog's stored predictions.
     ``metrics``: the metrics to compute (default :func:`analysed_metrics`)."""
     names = list(metrics) if metrics is not None else analysed_metrics()
+    classes = {d: catalog.dataset_class(d) for d in catalog.datasets}
+    headlines = {d: dict(swaps) for d, c in classes.items() if (swaps := getattr(c, "headline_metrics", None))}
+    notes = {d: str(note) for d, c in classes.items() if (note := getattr(c, "report_note", None))}
+    names += [t for swaps in headlines.values() for t in swaps.values() if t not in names]
     cache: dict[tuple[str, str, int], Preds] = {}
     for d, m, s in list(catalog.cells):
         catalog.stored(d, m, s)  # loads and checks every array; damaged cells leave catalog.cells
@@ -236,11 +244,13 @@ def analyse(catalog: Catalog, metrics: list[str] | None = None, resamples: int =
         damaged=pd.DataFrame(damaged, columns=DAMAGED_COLUMNS),
         load_predictions=catalog.predictions,
         reference=catalog.reference,
-        summary=_summary(metrics_df, cache, seeds, catalog.reference, names, resamples, seed),
+        summary=_summary(metrics_df, cache, seeds, catalog.reference, names, resamples, seed, headlines),
         severity=_severity(metrics_df, cache, seeds, names, seed),
         corruption_errors=_corruption_errors(metrics_df, catalog.reference),
         efficiency=_efficiency(catalog),
         analysed_metrics=names,
+        headlines=headlines,
+        notes=notes,
     )
 
 
@@ -290,6 +300,8 @@ def save(results: AnalysisResults, out: Path, key: str, options: dict) -> None:
         "datasets": results.datasets,
         "methods": results.methods,
         "metrics": results.analysed_metrics,
+        "headlines": results.headlines,
+        "notes": results.notes,
         "splits": results.splits,
         "seeds": [[d, m, s] for (d, m), s in sorted(results.seeds.items())],
         "files": digests,
@@ -340,6 +352,8 @@ def load(out: Path, load_predictions: Callable | None = None) -> AnalysisResults
         load_predictions=load_predictions or missing,
         reference=meta["reference"],
         analysed_metrics=list(meta["metrics"]),
+        headlines={d: dict(v) for d, v in meta.get("headlines", {}).items()},
+        notes=dict(meta.get("notes", {})),
         **frames,
     )
 
@@ -361,11 +375,12 @@ def analyse_store(catalog: Catalog, out: Path, metrics: list[str] | None = None,
 
 
 def _summary(metrics_df: pd.DataFrame, cache: dict, seeds: dict, reference: str, names: list[str],
-             resamples: int, seed: int) -> pd.DataFrame:
+             resamples: int, seed: int, headlines: dict[str, dict[str, str]] | None = None) -> pd.DataFrame:
     """Mean/std over seeds for every (dataset, method, split, metric, score); on ``test``
     and OOD splits also the paired bootstrap CI of the seed-mean and the test against the
-    reference method, Holm-corrected per (dataset, table) within the paper selection, and
-    separately among any further metrics."""
+    reference method, Holm-corrected per (dataset, table) within the paper selection (with
+    a dataset's ``headlines`` swapped in: CoLA's MCC for accuracy), and separately among
+    any further metrics."""
     if metrics_df.empty:
         return pd.DataFrame(columns=SUMMARY_COLUMNS)
     labelled, on_scores = _by_inputs(names)
@@ -421,7 +436,11 @@ def _summary(metrics_df: pd.DataFrame, cache: dict, seeds: dict, reference: str,
     out["p_holm"] = np.nan
     # Holm families: one dataset's table, the paper selection apart from metrics picked on
     # top of it, so adding columns never changes the verdicts of the paper's metrics
-    family = out["metric"].isin(selection("paper"))
+    paper = set(selection("paper"))
+    swaps = headlines or {}
+    family = pd.Series([
+        (metric in paper and metric not in swaps.get(d, {})) or metric in swaps.get(d, {}).values()
+        for d, metric in zip(out["dataset"], out["metric"])], index=out.index, dtype=bool)
     for _, idx in out.groupby([out["dataset"], out["table"], family], sort=False).groups.items():
         finite = [i for i in idx if np.isfinite(out.at[i, "p_value"])]
         if finite:

@@ -72,6 +72,22 @@ class Catalog:
     unnamed: dict[str, str] = field(default_factory=dict)  # directory -> why it names no cell
     _preds: dict[tuple[str, str, int], Preds] = field(default_factory=dict, repr=False)
 
+    def dataset_class(self, dataset: str) -> type | None:
+        """The registered class of a dataset (its type from a cell's ``cell.json``), or None
+        when no cell names a registered type.  Its optional ``headline_metrics`` and
+        ``report_note`` (:mod:`bench.data`) shape the report."""
+        from bench.registry import DATASETS
+
+        for (d, _, _), cd in self.cells.items():
+            if d != dataset:
+                continue
+            try:
+                kind = (cd.read_cell() or {})["config"]["dataset"]["type"]
+            except (OSError, KeyError, TypeError):
+                continue
+            return DATASETS.get(kind) if kind in DATASETS else None
+        return None
+
     # --- predictions ---------------------------------------------------------------------
     def stored(self, dataset: str, method: str, seed: int) -> Preds | None:
         """Every stored split of a trained cell (cached), or None when it has none.  Arrays

@@ -1,13 +1,17 @@
 """The data interface every dataset family in ``datasets/`` implements.
 
 A registered dataset is a class with a frozen ``Options`` dataclass (its TOML options)
-and a static ``load(options) -> DataBundle``.  A bundle names its splits:
+and a static ``load(options) -> DataBundle``; it may set ``headline_metrics = {"accuracy":
+"mcc"}`` to have the report show a metric in another's column for it (CoLA's MCC), and
+``report_note`` (text) for what the report must say about its protocol.  A bundle names its splits:
 
 * ``train``, ``val``, ``test``: in-distribution;
 * ``shift/<name>`` (and later ``shift/<corruption>/<severity>``): covariate shift, same labels;
 * ``ood/<name>``: out-of-distribution; labels are ``-1``.
 
-Images are uint8 arrays ``[N, H, W]`` (grayscale) or ``[N, H, W, C]``; labels int64 ``[N]``.
+Images are uint8 arrays ``[N, H, W]`` (grayscale) or ``[N, H, W, C]`` (:class:`Split`);
+texts are token ids int64 ``[N, max_len]``, ``<pad>`` = 0 after the text
+(:class:`TokenSplit`, with the bundle's ``tokenizer``); labels int64 ``[N]``.
 Splits are loaded lazily (a CIFAR-C grid does not fit in memory at once) and cached.
 """
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Callable
 import numpy as np
 
 from bench.errors import ConfigError
+from bench.text import PAD_ID, WordTokenizer
 
 OOD_LABEL = -1
 
@@ -57,22 +62,50 @@ class Split:
         return len(self.x)
 
 
+@dataclass(frozen=True)
+class TokenSplit:
+    """A text split: token ids ``x`` (int64 ``[N, max_len]``, ``<pad>`` = 0 after each text)
+    and labels ``y`` (int64)."""
+
+    x: np.ndarray
+    y: np.ndarray
+
+    def __post_init__(self) -> None:
+        if self.x.dtype != np.int64 or self.x.ndim != 2:
+            raise TypeError(f"token ids must be int64 [N, max_len], got {self.x.dtype} {self.x.shape}")
+        if self.y.shape != (len(self.x),):
+            raise ValueError(f"labels shape {self.y.shape} does not match {len(self.x)} texts")
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    @property
+    def mask(self) -> np.ndarray:
+        """``[N, max_len]`` bool, True at real tokens (position 0 always: an empty text is
+        one ``<pad>`` token), as the text backbone masks them."""
+        mask = self.x != PAD_ID
+        mask[:, 0] = True
+        return mask
+
+
 @dataclass
 class DataBundle:
-    """A dataset's splits plus what a model needs to know about its inputs."""
+    """A dataset's splits plus what a model needs to know about its inputs: the image
+    shape and pixel statistics (images), or the tokenizer (texts; ``image_shape`` None)."""
 
     name: str
     num_classes: int
-    image_shape: tuple[int, int, int]  # (H, W, C); C = 1 for grayscale
-    mean: tuple[float, ...]  # per channel, on the [0, 1] pixel scale
+    image_shape: tuple[int, int, int] | None  # (H, W, C); C = 1 for grayscale; None for texts
+    mean: tuple[float, ...]  # per channel, on the [0, 1] pixel scale (images)
     std: tuple[float, ...]
-    loaders: dict[str, Callable[[], Split]]
-    _cache: dict[str, Split] = field(default_factory=dict, repr=False)
+    loaders: dict[str, Callable[[], Split | TokenSplit]]
+    tokenizer: WordTokenizer | None = None  # texts: the vocabulary and length of every split
+    _cache: dict[str, Split | TokenSplit] = field(default_factory=dict, repr=False)
 
     def split_names(self) -> list[str]:
         return list(self.loaders)
 
-    def get(self, name: str) -> Split:
+    def get(self, name: str) -> Split | TokenSplit:
         if name not in self.loaders:
             raise ConfigError(
                 f"dataset {self.name!r} has no split {name!r}; it has: {', '.join(self.loaders)}"

@@ -76,12 +76,13 @@ class TrainedMethod:
         return {}
 
     def build_model(self, cfg: ModelConfig, data: DataBundle, attention_layers: dict | None = None):
-        """The backbone ViT of ``cfg`` with this method's :meth:`attention_layers` (or the
-        ``attention_layers`` given, e.g. the layers a prediction model swaps in)."""
-        from bench.vit import ViT
+        """The backbone of ``cfg`` for ``data`` (a ViT for images, the text Transformer for
+        token data: :func:`bench.vit.backbone`) with this method's :meth:`attention_layers`
+        (or the ``attention_layers`` given, e.g. the layers a prediction model swaps in)."""
+        from bench.vit import backbone
 
         layers = self.attention_layers(cfg) if attention_layers is None else attention_layers
-        return ViT(data.image_shape, data.num_classes, cfg, layers)
+        return backbone(data, cfg, layers)
 
     def attention_layers(self, cfg: ModelConfig) -> dict:
         """The blocks whose attention this method replaces: ``{block index: (registered

@@ -762,6 +762,23 @@ def mcc(probs: np.ndarray, labels: np.ndarray) -> float:
     return 0.0 if denom <= 0 else float((c * n - p @ t) / np.sqrt(denom))
 
 
+MCC_BATCH = 32  # the official CoLA evaluation's batch size
+
+
+@metric(
+    "classification", "MCC (per batch)", "x100", True,
+    f"Mean over consecutive batches of {MCC_BATCH} samples (stored order; the last batch may "
+    "be shorter) of each batch's MCC: the KEP-SVGP CoLA code's number, not the whole-split "
+    "MCC; it depends on the sample order.",
+)
+def mcc_per_batch(probs: np.ndarray, labels: np.ndarray) -> float:
+    """The mean of :func:`mcc` over consecutive batches of :data:`MCC_BATCH` samples, as
+    KEP-SVGP's ``CoLA/valid.py`` averages sklearn's MCC over its test batches."""
+    probs, labels = _check_probs_labels(probs, labels)
+    starts = range(0, len(labels), MCC_BATCH)
+    return float(np.mean([mcc(probs[i:i + MCC_BATCH], labels[i:i + MCC_BATCH]) for i in starts]))
+
+
 # ------------------------------------------------------------------ calibration machinery
 
 #: Binning schemes of :func:`calibration_bins` (``reference/metrics.md`` section 2).

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import platform
 import sys
 import time
@@ -147,6 +148,7 @@ def run_plan(plan: Plan, store: Store, device: torch.device, console: Console, d
 
 
 TRAIN_STATE = "train_state.pt"  # the resumable training state of a cell in progress
+TOKENIZER = "tokenizer.json"  # text cells: the vocabulary and length (bench.text.WordTokenizer.to_dict)
 
 
 def _save_state(cd: CellDir, state: dict) -> None:
@@ -209,6 +211,8 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
         ckpt = io.BytesIO()
         torch.save(result.state_dict, ckpt)
         cd.write_checkpoint(ckpt.getvalue())
+        if data.tokenizer is not None:  # the vocabulary the predictions were made with
+            cd.write_bytes(TOKENIZER, json.dumps(data.tokenizer.to_dict(), ensure_ascii=False).encode("utf-8"))
 
         model = method.prediction_model(model, cell.method.model, data).to(device)
         t_pred, n_pred = time.perf_counter(), 0

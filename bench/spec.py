@@ -102,6 +102,11 @@ MODEL_PRESETS: dict[str, dict] = {
         "pool": "mean", "mlp_final_gelu": True, "pos_init_std": 1.0, "embed_dropout": False,
         "attention": "softmax", "attention_options": {"scale": "width"},
     },
+    # KEP-SVGP's CoLA Transformer (reference section 8): 2 layers, 4 heads, hidden 256, MLP
+    # 256, dropout 0.1 (the frozen ELMo input is replaced by a learned word embedding).
+    "text_cola_paper": {"dim": 256, "depth": 2, "heads": 4, "mlp_ratio": 1.0, "dropout": 0.1},
+    # KEP-SVGP's IMDB Transformer: 1 layer, 8 heads, embedding/hidden 128, MLP 128, dropout 0.1.
+    "text_imdb_paper": {"dim": 128, "depth": 1, "heads": 8, "mlp_ratio": 1.0, "dropout": 0.1},
 }
 
 

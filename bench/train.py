@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bench.data import DataBundle, Split
+from bench.data import DataBundle, Split, TokenSplit
 from bench.errors import ConfigError, NonFiniteLoss
 from bench.method import TrainedMethod
 from bench.spec import TrainConfig
@@ -43,20 +43,27 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def to_tensor(split: Split, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """uint8 images as ``[N, C, H, W]`` uint8 on ``device`` (normalised per batch later)."""
+def to_tensor(split: Split | TokenSplit, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A split's inputs and labels on ``device``: uint8 images as ``[N, C, H, W]`` uint8
+    (normalised per batch by :class:`Normalize`), token ids as they are (int64)."""
     x = torch.from_numpy(np.ascontiguousarray(split.x))
-    x = x.unsqueeze(1) if x.ndim == 3 else x.permute(0, 3, 1, 2)
+    if isinstance(split, Split):
+        x = x.unsqueeze(1) if x.ndim == 3 else x.permute(0, 3, 1, 2)
     return x.contiguous().to(device), torch.from_numpy(split.y).to(device)
 
 
 class Normalize:
-    def __init__(self, data: DataBundle, device: torch.device) -> None:
-        self.mean = torch.tensor(data.mean, device=device).view(1, -1, 1, 1) * 255.0
-        self.std = torch.tensor(data.std, device=device).view(1, -1, 1, 1) * 255.0
+    """A batch as the model takes it: images to float, normalised with the bundle's pixel
+    statistics; token ids unchanged (the text backbone embeds them)."""
 
-    def __call__(self, x_uint8: torch.Tensor) -> torch.Tensor:
-        return (x_uint8.float() - self.mean) / self.std
+    def __init__(self, data: DataBundle, device: torch.device) -> None:
+        self.text = data.tokenizer is not None
+        if not self.text:
+            self.mean = torch.tensor(data.mean, device=device).view(1, -1, 1, 1) * 255.0
+            self.std = torch.tensor(data.std, device=device).view(1, -1, 1, 1) * 255.0
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.text else (x.float() - self.mean) / self.std
 
 
 def augment(x: torch.Tensor, ops: tuple[str, ...], gen: torch.Generator) -> torch.Tensor:
@@ -99,7 +106,7 @@ def _entropy(log_p: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def predict(
-    method: TrainedMethod, model: torch.nn.Module, split: Split, data: DataBundle, device: torch.device,
+    method: TrainedMethod, model: torch.nn.Module, split: Split | TokenSplit, data: DataBundle, device: torch.device,
     batch_size: int, extras: dict[str, np.ndarray] | None = None,
 ) -> np.ndarray:
     """Log predictive probabilities ``[N, C]`` (float32) with the method's S passes and
@@ -190,6 +197,9 @@ def fit(
     start = time.perf_counter()
     gen = torch.Generator().manual_seed(seed)
     train, val = data.get("train"), data.get("val")
+    if cfg.augment and data.tokenizer is not None:
+        raise ConfigError(f"train.augment {list(cfg.augment)} crops and flips images; dataset {data.name!r} is text: "
+                          "set augment = [] for it")
     x_train, y_train = to_tensor(train, device)
     norm = Normalize(data, device)
     n = len(x_train)

@@ -24,6 +24,18 @@ LayerNorm (official SGPA ViT, ``vit.py``; the MLP sees the raw tokens, as there)
 
 A layer may also add a regulariser (KL, KSVD) from its last forward pass to the loss: it
 derives from ``bench.method.LossTerm`` and implements ``extra_loss() -> Tensor | None``.
+
+**Padding** (text).  Every layer's ``forward`` takes ``mask=None``: a ``[B, N]`` bool
+tensor, True at real tokens, False at padding (None for images: no padding, and the layer
+computes exactly what it computes without the argument).  A layer masks padded keys, so
+its outputs at real tokens do not depend on what sits at padded positions.  Blocks pass
+the mask only when there is one.
+
+**Backbones.**  :class:`ViT` (patches of images) and :class:`TextTransformer` (token ids)
+differ only in how they embed their input and whether it has padding; both are a
+:class:`Backbone`: the same blocks from the same attention constructor, the same forward
+loop and the same readout (pooled tokens -> LayerNorm -> Linear; mean pooling over real
+tokens).  :func:`backbone` picks the one that fits a data bundle.
 """
 from __future__ import annotations
 
@@ -34,9 +46,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bench.data import DataBundle
 from bench.errors import ConfigError
 from bench.registry import ATTENTIONS
 from bench.spec import ModelConfig
+from bench.text import PAD_ID
 
 AttentionChoice = tuple[str, Mapping]  # (registered attention name, keyword options)
 
@@ -58,10 +72,11 @@ class SoftmaxAttention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         b, n, c = x.shape
         q, k, v = self.qkv(x).view(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
-        out = F.scaled_dot_product_attention(q, k, v, scale=self.scale)
+        keys = None if mask is None else mask[:, None, None, :]  # [B, 1, 1, N]: padded keys get no weight
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=keys, scale=self.scale)
         return self.drop(self.proj(out.transpose(1, 2).reshape(b, n, c)))
 
     def extra_repr(self) -> str:
@@ -105,14 +120,72 @@ class Block(nn.Module):
             return z
         return self.norm1(z + previous.mlp(z))
 
-    def forward(self, x: torch.Tensor, previous: "Block | None" = None) -> torch.Tensor:
-        tokens = self.hidden_tokens(previous)
-        h = self.norm1(x)
-        x = x + (self.attn(h) if tokens is None else self.attn(h, tokens=tokens))
+    def forward(self, x: torch.Tensor, previous: "Block | None" = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+        kwargs = {}
+        if (tokens := self.hidden_tokens(previous)) is not None:
+            kwargs["tokens"] = tokens
+        if mask is not None:
+            kwargs["mask"] = mask
+        x = x + self.attn(self.norm1(x), **kwargs)
         return x + self.mlp(self.norm2(x))
 
 
-class ViT(nn.Module):
+class Backbone(nn.Module):
+    """What every backbone shares: positions, ``depth`` blocks (attention from
+    :func:`make_attention`, replaced where ``attention_layers`` says), the forward loop and
+    the readout.  A subclass sets up its embedding and implements :meth:`embed` (input ->
+    tokens ``[B, N, dim]``) and, for padded inputs, :meth:`padding_mask`."""
+
+    def __init__(self, n_tokens: int, num_classes: int, cfg: ModelConfig,
+                 attention_layers: Mapping[int, AttentionChoice] | None = None) -> None:
+        super().__init__()
+        attention_layers = dict(attention_layers or {})
+        if bad := sorted(i for i in attention_layers if not 0 <= i < cfg.depth):
+            raise ConfigError(f"attention replaced in blocks {bad}, but model.depth is {cfg.depth}")
+        self.cls = nn.Parameter(torch.zeros(1, 1, cfg.dim)) if cfg.pool == "cls" else None
+        n_tokens += 1 if self.cls is not None else 0
+        self.pos = nn.Parameter(cfg.pos_init_std * torch.randn(1, n_tokens, cfg.dim))
+        self.drop = nn.Dropout(cfg.dropout) if cfg.embed_dropout else nn.Identity()
+        self.blocks = nn.ModuleList(
+            Block(cfg.dim, cfg.mlp_ratio, cfg.dropout, make_attention(cfg, n_tokens, attention_layers.get(i)), cfg.mlp_final_gelu)
+            for i in range(cfg.depth)
+        )
+        self.norm = nn.LayerNorm(cfg.dim)
+        self.head = nn.Linear(cfg.dim, num_classes)
+
+    def positioned(self, x: torch.Tensor) -> torch.Tensor:
+        """Token embeddings ``[B, N, dim]`` -> with the class token (if any) and positions."""
+        if self.cls is not None:
+            x = torch.cat([self.cls.expand(len(x), -1, -1), x], dim=1)
+        return self.drop(x + self.pos)
+
+    def padding_mask(self, inputs: torch.Tensor) -> torch.Tensor | None:
+        """``[B, N]`` bool, True at real tokens (class token included), or None: no padding."""
+        return None
+
+    def readout(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Tokens ``[B, N, dim]`` after the blocks -> pooled (class token, or the mean over
+        real tokens) -> LayerNorm -> logits ``[B, classes]``."""
+        if self.cls is not None:
+            pooled = x[:, 0]
+        elif mask is None:
+            pooled = x.mean(dim=1)
+        else:
+            w = mask.to(x.dtype).unsqueeze(-1)  # [B, N, 1]
+            pooled = (x * w).sum(dim=1) / w.sum(dim=1)
+        return self.head(self.norm(pooled))
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        mask = self.padding_mask(inputs)
+        x = self.embed(inputs)
+        previous = None
+        for block in self.blocks:
+            x = block(x, previous, mask)
+            previous = block
+        return self.readout(x, mask)
+
+
+class ViT(Backbone):
     """Patch embedding (Conv2d) + learned positions + ``depth`` blocks + pooled linear head.
 
     ``attention_layers`` maps block indices to the ``(name, options)`` that replace
@@ -128,43 +201,48 @@ class ViT(nn.Module):
         cfg: ModelConfig,
         attention_layers: Mapping[int, AttentionChoice] | None = None,
     ) -> None:
-        super().__init__()
         h, w, c = image_shape
         p = cfg.patch_size
         if h % p or w % p:
             raise ConfigError(f"model.patch_size {p} must divide the image size {h}x{w}")
-        attention_layers = dict(attention_layers or {})
-        if bad := sorted(i for i in attention_layers if not 0 <= i < cfg.depth):
-            raise ConfigError(f"attention replaced in blocks {bad}, but model.depth is {cfg.depth}")
-        self.pool = cfg.pool
-        self.patch = nn.Conv2d(c, cfg.dim, kernel_size=p, stride=p)
-        n_tokens = (h // p) * (w // p) + (1 if cfg.pool == "cls" else 0)
-        self.cls = nn.Parameter(torch.zeros(1, 1, cfg.dim)) if cfg.pool == "cls" else None
-        self.pos = nn.Parameter(cfg.pos_init_std * torch.randn(1, n_tokens, cfg.dim))
-        self.drop = nn.Dropout(cfg.dropout) if cfg.embed_dropout else nn.Identity()
-        self.blocks = nn.ModuleList(
-            Block(cfg.dim, cfg.mlp_ratio, cfg.dropout, make_attention(cfg, n_tokens, attention_layers.get(i)), cfg.mlp_final_gelu)
-            for i in range(cfg.depth)
-        )
-        self.norm = nn.LayerNorm(cfg.dim)
-        self.head = nn.Linear(cfg.dim, num_classes)
+        patch = nn.Conv2d(c, cfg.dim, kernel_size=p, stride=p)  # first: parameters draw from the RNG in this order
+        super().__init__((h // p) * (w // p), num_classes, cfg, attention_layers)
+        self.patch = patch
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Images ``[B, C, H, W]`` -> tokens ``[B, N, dim]`` (patches, class token, positions)."""
-        x = self.patch(x).flatten(2).transpose(1, 2)  # [B, N, dim]
+        return self.positioned(self.patch(x).flatten(2).transpose(1, 2))
+
+
+class TextTransformer(Backbone):
+    """Token embedding (``<pad>`` = 0 embeds to zeros) + learned positions + ``depth``
+    blocks + pooled linear head, for token ids ``[B, max_len]`` padded after the text.
+    Padded positions are masked in every attention layer and left out of the mean
+    pooling; position 0 always counts as real (an empty text is one ``<pad>`` token)."""
+
+    def __init__(self, vocab_size: int, max_len: int, num_classes: int, cfg: ModelConfig,
+                 attention_layers: Mapping[int, AttentionChoice] | None = None) -> None:
+        tokens = nn.Embedding(vocab_size, cfg.dim, padding_idx=PAD_ID)  # first, as the ViT's patches
+        super().__init__(max_len, num_classes, cfg, attention_layers)
+        self.max_len = max_len
+        self.tokens = tokens
+
+    def padding_mask(self, ids: torch.Tensor) -> torch.Tensor:
+        mask = ids != PAD_ID
+        mask[:, 0] = True
         if self.cls is not None:
-            x = torch.cat([self.cls.expand(len(x), -1, -1), x], dim=1)
-        return self.drop(x + self.pos)
+            mask = torch.cat([torch.ones_like(mask[:, :1]), mask], dim=1)
+        return mask
 
-    def readout(self, x: torch.Tensor) -> torch.Tensor:
-        """Tokens ``[B, N, dim]`` after the blocks -> pooled -> LayerNorm -> logits ``[B, classes]``."""
-        pooled = x[:, 0] if self.cls is not None else x.mean(dim=1)
-        return self.head(self.norm(pooled))
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        if ids.shape[1] != self.max_len:
+            raise ValueError(f"token ids must be [B, {self.max_len}], got {tuple(ids.shape)}")
+        return self.positioned(self.tokens(ids))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.embed(x)
-        previous = None
-        for block in self.blocks:
-            x = block(x, previous)
-            previous = block
-        return self.readout(x)
+
+def backbone(data: DataBundle, cfg: ModelConfig, attention_layers: Mapping[int, AttentionChoice] | None = None) -> Backbone:
+    """The backbone for ``data``: a :class:`TextTransformer` for token data (vocabulary and
+    length from its tokenizer), else a :class:`ViT` for its image shape."""
+    if data.tokenizer is not None:
+        return TextTransformer(data.tokenizer.vocab_size, data.tokenizer.max_len, data.num_classes, cfg, attention_layers)
+    return ViT(data.image_shape, data.num_classes, cfg, attention_layers)

@@ -6,4 +6,4 @@ This top-level package is named ``datasets`` and so shadows the Hugging Face
 installed into site-packages, and runs from the repository root, where this package
 comes first on ``sys.path``.
 """
-from datasets import cifar, embedded  # noqa: F401
+from datasets import cifar, cola, embedded, imdb, rotten_tomatoes  # noqa: F401

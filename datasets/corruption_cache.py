@@ -1,5 +1,7 @@
-"""The on-disk cache of generated corruptions: each (source images, corruption, severity,
-seed) is computed once by the engine (``datasets.corruptions``) and then read back.
+"""The on-disk cache of generated corruptions: each (source, corruption, severity, seed)
+is computed once by an engine and then read back.  Two engines use it: the image engine
+(``datasets.corruptions``: uint8 images in, uint8 images out) and the text engine
+(``datasets.text_corruptions``: texts in, token ids of the corrupted texts out).
 
 Files are plain ``.npy`` arrays (written atomically, read with ``allow_pickle=False``)
 under the data root's ``corruptions/`` folder, in a directory per engine version.
@@ -8,7 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import io
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 
@@ -26,39 +30,57 @@ def images_fingerprint(images: np.ndarray) -> str:
     return h.hexdigest()[:16]
 
 
+@dataclass(frozen=True)
+class Engine:
+    """What the cache needs of a corruption engine: its versioned folder name, the check of
+    a (name, severity) pair, the computation, and the shape and dtype of its output for a
+    source (a cached file of another shape or dtype is recomputed)."""
+
+    folder: str
+    check: Callable[[str, int], None]
+    corrupt: Callable[[Any, str, int, int], np.ndarray]
+    output_like: Callable[[Any], tuple[tuple[int, ...], np.dtype]]
+
+
+IMAGES = Engine(f"engine-v{engine.VERSION}", engine.check_name_severity,
+                lambda *args: engine.corrupt(*args),  # looked up at call time
+                lambda images: (tuple(images.shape), np.dtype(np.uint8)))
+
+
 class CorruptionCache:
-    """Each (source images, corruption, severity, seed) computed once, then read from disk.
+    """Each (source, corruption, severity, seed) computed once, then read from disk.
 
-    Files live at ``<root>/engine-v<VERSION>/<key>/<name>/<severity>-s<seed>.npy``: ``key``
-    names the source images (callers include :func:`images_fingerprint`), and the engine
-    version directory makes a change to this module ignore old files instead of reusing
-    them.  Writes are atomic (:func:`bench.store.atomic_write_bytes`); reads use
-    ``allow_pickle=False``.  A file whose shape or dtype does not match the images is
-    recomputed and replaced."""
+    Files live at ``<root>/<engine folder>/<key>/<name>/<severity>-s<seed>.npy``
+    (``engine-v<VERSION>`` for images): ``key`` names the source (callers include
+    :func:`images_fingerprint`), and the engine version in the folder makes a change to
+    an engine ignore old files instead of reusing them.  Writes are atomic
+    (:func:`bench.store.atomic_write_bytes`); reads use ``allow_pickle=False``.  A file
+    whose shape or dtype does not match the engine's output is recomputed and replaced."""
 
-    def __init__(self, root: Path | None = None) -> None:
+    def __init__(self, root: Path | None = None, engine: Engine = IMAGES) -> None:
         if root is None:
             from bench.data import data_root
 
             root = data_root() / "corruptions"
         self.root = Path(root)
+        self.engine = engine
 
     def path(self, key: str, name: str, severity: int, seed: int = 0) -> Path:
         if not key or "/" in key or "\\" in key or key in (".", "..") or key.startswith("."):
             raise ValueError(f"cache key must be a plain, non-hidden file name, got {key!r}")
-        engine.check_name_severity(name, severity)
-        return self.root / f"engine-v{engine.VERSION}" / key / name / f"{int(severity)}-s{int(seed)}.npy"
+        self.engine.check(name, severity)
+        return self.root / self.engine.folder / key / name / f"{int(severity)}-s{int(seed)}.npy"
 
-    def get(self, images: np.ndarray, name: str, severity: int, seed: int = 0, *, key: str) -> np.ndarray:
+    def get(self, source, name: str, severity: int, seed: int = 0, *, key: str) -> np.ndarray:
         path = self.path(key, name, severity, seed)
         if path.is_file():
             try:
                 cached = np.load(path, allow_pickle=False)
             except (OSError, ValueError):
                 cached = None
-            if cached is not None and cached.shape == images.shape and cached.dtype == np.uint8:
+            if cached is not None and (tuple(cached.shape), cached.dtype) == self.engine.output_like(source):
                 return cached
-        out = engine.corrupt(images, name, severity, seed)
+        out = self.engine.corrupt(source, name, severity, seed)
         buf = io.BytesIO()
         np.save(buf, out, allow_pickle=False)
         atomic_write_bytes(path, buf.getvalue())

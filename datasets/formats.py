@@ -32,6 +32,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Sequence
 
@@ -67,6 +68,11 @@ OFFICIAL_MD5: dict[str, str] = {
     "svhn/train_32x32.mat": "e26dedcc434d2e4c54c9b2d4a06d8373",
     "svhn/test_32x32.mat": "eb5a983be6a315427106f1b164d9cef3",
     "svhn/extra_32x32.mat": "a93ce644f1a588dc4d68dda5feec44a7",
+    "cola_public_1.1.zip": "9f6d88c3558ec424cd9d66ea03589aba",
+    "cola_public/raw/in_domain_train.tsv": "0017f72718b43d880cd9050d8107f811",
+    "cola_public/raw/in_domain_dev.tsv": "26b4107fdf8eeb4aa04436a3d6d8367c",
+    "cola_public/raw/out_of_domain_dev.tsv": "2f23640e335e0f7e2dd50f76298315a9",
+    "aclImdb_v1.tar.gz": "7c2ac02c03563afcf9b574c7e56c153a",
 }
 
 
@@ -395,12 +401,25 @@ def _extract_tar(archive: Path, label: str, work: Path) -> None:
         raise ConfigError(f"{label}: cannot extract the archive ({exc}); nothing extracted") from None
 
 
-def _is_tar_name(name: str) -> bool:
-    return name.endswith((".tar", ".tar.gz", ".tgz"))
+def _extract_zip(archive: Path, label: str, work: Path) -> None:
+    """Extract a zip after checking every member name (no absolute paths, no ``..``)."""
+    try:
+        with zipfile.ZipFile(archive) as zf:
+            for name in zf.namelist():
+                parts = name.replace("\\", "/").split("/")
+                if name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":") or ".." in parts:
+                    raise ConfigError(f"{label}: unsafe archive member {name!r} (absolute path or '..'); nothing extracted")
+            zf.extractall(work)
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise ConfigError(f"{label}: cannot extract the archive ({exc}); nothing extracted") from None
+
+
+def _is_archive_name(name: str) -> bool:
+    return name.endswith((".tar", ".tar.gz", ".tgz", ".zip"))
 
 
 def download(url: str, dest_dir: Path | str, md5: str, *, extract: bool = True) -> Path:
-    """Fetch ``url`` into ``dest_dir``, verify its md5, and (for a .tar/.tar.gz with
+    """Fetch ``url`` into ``dest_dir``, verify its md5, and (for a .tar/.tar.gz/.zip with
     ``extract``) extract it there.  Opt-in only: nothing calls this unless the user asks.
 
     Only ``https://`` (and ``file://``, for local mirrors) URLs are accepted.  The download
@@ -439,12 +458,12 @@ def download(url: str, dest_dir: Path | str, md5: str, *, extract: bool = True) 
                 f"downloaded {url} has md5 {actual}, expected {md5}: the download is corrupt or the "
                 f"file has changed; it was deleted and nothing was extracted"
             )
-        if not (extract and _is_tar_name(name)):
+        if not (extract and _is_archive_name(name)):
             final = dest / name
             os.replace(tmp, final)
             return final
         work = Path(tempfile.mkdtemp(dir=dest, prefix=f".{name}.", suffix=".extract"))
-        _extract_tar(tmp, url, work)
+        (_extract_zip if name.endswith(".zip") else _extract_tar)(tmp, url, work)
         entries = sorted(work.iterdir())
         clash = [e.name for e in entries if (dest / e.name).exists() or (dest / e.name).is_symlink()]
         if clash:

@@ -25,6 +25,7 @@ import numpy as np
 
 from bench.data import SEVERITIES
 
+VERSION = 1  # bump on any change that alters outputs: it is part of every cache path
 CHAR_RATES = (0.02, 0.04, 0.07, 0.10, 0.15)  # per-letter probability of a typo
 WORD_RATES = (0.05, 0.10, 0.15, 0.20, 0.30)  # per-word probability of a drop
 SHUFFLE_WINDOWS = (2, 3, 4, 6, 8)  # words permuted within windows of this size
@@ -102,12 +103,16 @@ _CORRUPTIONS: dict[str, Callable[[str, int, np.random.Generator], str]] = {
 TEXT_CORRUPTIONS: tuple[str, ...] = tuple(_CORRUPTIONS)
 
 
-def corrupt_texts(texts: Sequence[str], name: str, severity: int, seed: int = 0) -> list[str]:
-    """``texts`` corrupted by ``name`` at ``severity`` (1..5); deterministic (module docstring)."""
+def check_name_severity(name: str, severity: int) -> None:
     if name not in _CORRUPTIONS:
         raise ValueError(f"unknown text corruption {name!r}; known: {', '.join(TEXT_CORRUPTIONS)}")
     if isinstance(severity, bool) or severity not in SEVERITIES:
         raise ValueError(f"severity must be one of {list(SEVERITIES)}, got {severity!r}")
+
+
+def corrupt_texts(texts: Sequence[str], name: str, severity: int, seed: int = 0) -> list[str]:
+    """``texts`` corrupted by ``name`` at ``severity`` (1..5); deterministic (module docstring)."""
+    check_name_severity(name, severity)
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
     rng = np.random.default_rng([int(seed), zlib.crc32(name.encode()), int(severity)])

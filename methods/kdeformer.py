@@ -23,6 +23,14 @@ layer's names and shapes (``qkv``, ``proj``), so a softmax-trained state dict lo
 it unchanged: the ``kdeformer`` method trains with it, or (``train_attention =
 "softmax"``) trains exact attention and swaps the estimator in at prediction time, as the
 authors use it.
+
+Padding (``mask [B, N]``, True at real tokens; ``None`` runs the code above unchanged):
+padded tokens' q, k and V-bar rows (the ones column included) are zeroed, so they add
+nothing to any block or to the row sums; they get the LSH rank after every real bucket, so
+real queries and keys sort (stably) first, in the order and blocks they would have
+whatever the padded content; their importance-sampling probability is 0 and the uniform
+term is 1/N_b over the N_b real keys.  With the same random draws, real outputs do not
+depend on what sits at padded positions (every real query's block holds a real key).
 """
 from __future__ import annotations
 
@@ -72,17 +80,21 @@ class KDEformerAttention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         b, n, c = x.shape
         q, k, v = self.qkv(x).view(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
-        out = self.estimate(q.float(), k.float(), v.float())
+        out = self.estimate(q.float(), k.float(), v.float(), mask)
         return self.drop(self.proj(out.to(x.dtype).transpose(1, 2).reshape(b, n, c)))
 
-    def estimate(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """softmax(q k^T / sqrt(D)) v estimated; all ``[B, H, N, D]`` float32."""
+    def estimate(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """softmax(q k^T / sqrt(D)) v estimated; all ``[B, H, N, D]`` float32; ``mask [B, N]``
+        (True at real tokens) takes padded keys out (module docstring)."""
         bsz, h, n, d = q.shape
         q, k = q * self.logit_scale**0.5, k * self.logit_scale**0.5  # q.k = logit; D^-1/4 each by default
         vbar = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)  # [B, H, N, D+1]
+        if mask is not None:
+            pad = ~mask.bool()[:, None, :]  # [B, 1, N]
+            q, k, vbar = (t.masked_fill(pad[..., None], 0.0) for t in (q, k, vbar))
         shift = q.norm(dim=-1, keepdim=True) * k.norm(dim=-1).amax(dim=-1)[..., None, None]  # >= q.k
         blocks = n // self.bucket
 
@@ -91,6 +103,9 @@ class KDEformerAttention(nn.Module):
         weights = 2 ** torch.arange(self.projections, device=q.device)
         rank_q = gray_rank((((q @ g) > 0).long() * weights).sum(-1), self.projections)
         rank_k = gray_rank((((k @ g) > 0).long() * weights).sum(-1), self.projections)
+        if mask is not None:  # padded tokens after every real bucket (ranks are < 2^projections)
+            rank_q = rank_q.masked_fill(pad, 2**self.projections)
+            rank_k = rank_k.masked_fill(pad, 2**self.projections)
         order_q = torch.argsort(rank_q, dim=-1, stable=True)
         order_k = torch.argsort(rank_k, dim=-1, stable=True)
         take = lambda t, idx: torch.gather(t, 2, idx[..., None].expand(*idx.shape, t.shape[-1]))  # noqa: E731
@@ -108,15 +123,19 @@ class KDEformerAttention(nn.Module):
         # 4. importance-sampled residual over keys outside each query's block
         if self.samples > 0 and blocks > 1:
             sigma2 = self.top_singular_value(vbar) ** 2  # [B, H]
-            p = vbar.norm(dim=-1) / sigma2[..., None] + 1.0 / n
+            if mask is None:
+                p = vbar.norm(dim=-1) / sigma2[..., None] + 1.0 / n
+            else:  # real keys only: 1/N_b, and probability 0 at padding
+                real = (~pad).to(vbar.dtype)  # [B, 1, N]
+                p = (vbar.norm(dim=-1) / sigma2[..., None] + 1.0 / real.sum(-1, keepdim=True)) * real
             p = p / p.sum(-1, keepdim=True)
             idx = torch.multinomial(p.reshape(-1, n), self.samples, replacement=True).view(bsz, h, self.samples)
             w = 1.0 / (self.samples * torch.gather(p, 2, idx))  # [B, H, m]
             block_q = torch.empty_like(order_q).scatter_(2, order_q, torch.arange(n, device=q.device).expand_as(order_q)) // self.bucket
             block_k = torch.empty_like(order_k).scatter_(2, order_k, torch.arange(n, device=q.device).expand_as(order_k)) // self.bucket
             ksamp, vsamp = take(k, idx), take(vbar, idx)
-            mask = block_q[..., :, None] != torch.gather(block_k, 2, idx)[..., None, :]  # [B, H, N, m]
-            res = torch.exp(q @ ksamp.transpose(-2, -1) - shift) * mask * w[..., None, :]
+            other = block_q[..., :, None] != torch.gather(block_k, 2, idx)[..., None, :]  # [B, H, N, m]
+            res = torch.exp(q @ ksamp.transpose(-2, -1) - shift) * other * w[..., None, :]
             est = est + res @ vsamp
         return est[..., :d] / est[..., d:].clamp_min(torch.finfo(est.dtype).tiny)
 

@@ -85,6 +85,19 @@ exact integers ⌊k(N−1)/(N'−1)⌋; the official ``torch.linspace(..., dtype
 float32 and can be one lower on rare (N, N') pairs (not on CIFAR, where N' = N, nor on
 N = 512, N' = 100).
 
+Padding (text; ``mask [B, N]``, True at real tokens)
+----------------------------------------------------
+``mask=None`` runs the code above unchanged.  With a mask, as the official CoLA code:
+queries and keys of padded tokens are zeroed before the normalisation, so e = r = 0 there
+(A = 0, so f = 0: no data and no noise at padded tokens).  X_h keeps real
+tokens only: with subsampling, N' evenly spaced positions over each sample's real length
+L_b, the ⌊k(L_b − 1)/(N' − 1)⌋-th real token (repeated when L_b < N'; the official code
+takes "10 evenly spaced tokens, repeated when the sentence is shorter"), gathered per
+sample; without subsampling (N' = N) all positions with X_h's padded rows zeroed.  With
+concatenation the padded rows are zeroed before the 2N → N token map, so they add nothing
+to real tokens' outputs.  J's two means run over the real tokens only (over all real
+(b, n) pairs and the heads); the KL does not depend on the tokens.
+
 Methods registered here
 -----------------------
 * ``kep_svgp``: a ViT whose last ``layers`` blocks use :class:`KEPSVGPAttention`, trained
@@ -117,6 +130,18 @@ def subsample_index(n_tokens: int, n_keep: int) -> torch.Tensor:
         return torch.zeros(1, dtype=torch.long)
     k = torch.arange(n_keep, dtype=torch.long)
     return (k * (n_tokens - 1)) // (n_keep - 1)
+
+
+def masked_subsample_index(mask: torch.Tensor, n_keep: int) -> torch.Tensor:
+    """Per sample, the positions of ``n_keep`` evenly spaced real tokens: the
+    ⌊k(L_b − 1)/(n_keep − 1)⌋-th real token (in order), L_b = real tokens of row b, repeated
+    when L_b < n_keep.  ``mask [B, N]`` bool (True = real, at least one per row) -> ``[B, n_keep]``."""
+    mask = mask.bool()
+    real_first = torch.argsort((~mask).to(torch.uint8), dim=1, stable=True)  # real positions first, in order
+    length = mask.sum(1, keepdim=True)  # [B, 1]
+    k = torch.arange(n_keep, dtype=torch.long, device=mask.device)
+    rank = torch.zeros_like(k)[None].expand(len(mask), -1) if n_keep == 1 else (k * (length - 1)) // (n_keep - 1)
+    return torch.gather(real_first, 1, rank)
 
 
 @ATTENTIONS.register("kep_svgp")
@@ -191,8 +216,11 @@ class KEPSVGPAttention(LossTerm, nn.Module):
         (output j, inducing a, column b), L_j = L[h, j] lower-triangular."""
         return torch.diag_embed(self.log_s_diag.exp()) + torch.tril(self.s_lower, diagonal=-1)
 
-    def scores(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Projection scores e = φ_q W_e, r = φ_k W_r, each [B, h, N, s]."""
+    def scores(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Projection scores e = φ_q W_e, r = φ_k W_r, each [B, h, N, s] (``mask``: zero at
+        padded tokens, W_e and W_r from real tokens only; module docstring)."""
+        if mask is not None:
+            return self._masked_scores(x, mask.bool())
         b, n, c = x.shape
         h, d = self.heads, self.head_dim
         q, k = self.qk(x).view(b, n, 2, h, d).permute(2, 0, 3, 1, 4)  # each [B, h, N, d]
@@ -203,6 +231,23 @@ class KEPSVGPAttention(LossTerm, nn.Module):
         w_e = x_h.transpose(-1, -2) @ self.w_e  # X_hᵀ W̃_e: [B, h, d, s]
         w_r = x_h.transpose(-1, -2) @ self.w_r
         return phi_q @ w_e, phi_k @ w_r  # [B, h, N, s]
+
+    def _masked_scores(self, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        b, n, c = x.shape
+        h, d = self.heads, self.head_dim
+        pad = ~mask[:, None, :, None]  # [B, 1, N, 1]
+        q, k = self.qk(x).view(b, n, 2, h, d).permute(2, 0, 3, 1, 4)  # each [B, h, N, d]
+        phi_q = F.normalize(q.masked_fill(pad, 0.0), dim=-1)  # official: q, k of padding zeroed
+        phi_k = F.normalize(k.masked_fill(pad, 0.0), dim=-1)
+        x_h = x.view(b, n, h, d).transpose(1, 2)  # [B, h, N, d]
+        if self.token_index is not None:  # N' evenly spaced real tokens per sample
+            index = masked_subsample_index(mask, self.token_index.numel())  # [B, N']
+            x_h = torch.gather(x_h, 2, index[:, None, :, None].expand(-1, h, -1, d))  # [B, h, N', d]
+        else:
+            x_h = x_h.masked_fill(pad, 0.0)
+        w_e = x_h.transpose(-1, -2) @ self.w_e  # [B, h, d, s]
+        w_r = x_h.transpose(-1, -2) @ self.w_r
+        return phi_q @ w_e, phi_k @ w_r  # zero rows at padded tokens
 
     def kl_divergence(self) -> torch.Tensor:
         """The mode's KL (module docstring), summed over heads: a scalar.  Elementwise ops
@@ -217,12 +262,19 @@ class KEPSVGPAttention(LossTerm, nn.Module):
         mean = (d4[:, :, None] * self.m_u.pow(2)).sum()  # Σ_{h,j} m_jᵀ D⁴ m_j
         return 0.5 * trace + 0.5 * mean - self.log_s_diag.sum() - 2 * s * self.log_lambda.sum() - 0.5 * s * s * h
 
-    def ksvd_loss(self, e: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
-        """J = ½ mean‖eD‖² + ½ mean‖rD‖² − tr(mean_h W̃_eᵀ W̃_r): a scalar (§3)."""
+    def ksvd_loss(self, e: torch.Tensor, r: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """J = ½ mean‖eD‖² + ½ mean‖rD‖² − tr(mean_h W̃_eᵀ W̃_r): a scalar (§3); with ``mask``
+        the means run over real tokens only."""
         d2 = torch.exp(2 * self.log_lambda)[:, None, :]  # D²: [h, 1, s]
         dtype = torch.promote_types(e.dtype, torch.float32)  # bf16 scores (autocast) summed in float32
-        e_term = 0.5 * (e.to(dtype).pow(2) * d2).sum(-1).mean()
-        r_term = 0.5 * (r.to(dtype).pow(2) * d2).sum(-1).mean()
+        if mask is None:
+            e_term = 0.5 * (e.to(dtype).pow(2) * d2).sum(-1).mean()
+            r_term = 0.5 * (r.to(dtype).pow(2) * d2).sum(-1).mean()
+        else:
+            real = mask.to(dtype)[:, None, :]  # [B, 1, N]
+            count = real.sum() * e.shape[1]  # real (b, n) pairs × heads
+            e_term = 0.5 * ((e.to(dtype).pow(2) * d2).sum(-1) * real).sum() / count
+            r_term = 0.5 * ((r.to(dtype).pow(2) * d2).sum(-1) * real).sum() / count
         trace = (self.w_e * self.w_r).sum() / self.heads  # tr(mean_h W̃_eᵀ W̃_r)
         return e_term + r_term - trace
 
@@ -243,12 +295,13 @@ class KEPSVGPAttention(LossTerm, nn.Module):
         return torch.einsum("bhna,bhnja->bhnj", a, l_eps)
 
     # --- forward -------------------------------------------------------------------------
-    def forward(self, x: torch.Tensor, eps: torch.Tensor | None = None) -> torch.Tensor:
-        """``x [B, N, C]`` -> ``[B, N, C]``; ``eps`` fixes the sample's noise (:meth:`noise`)."""
+    def forward(self, x: torch.Tensor, eps: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``x [B, N, C]`` -> ``[B, N, C]``; ``eps`` fixes the sample's noise (:meth:`noise`);
+        ``mask [B, N]`` (True at real tokens) masks padding (module docstring)."""
         b, n, c = x.shape
         if n != self.n_tokens:
             raise ValueError(f"KEPSVGPAttention was built for {self.n_tokens} tokens, got {n}")
-        e, r = self.scores(x)  # [B, h, N, s] each
+        e, r = self.scores(x, mask)  # [B, h, N, s] each
         d2 = torch.exp(2 * self.log_lambda)[:, None, :]  # D² = Λ^{-1}: [h, 1, s]
         a = (e + r if self.merge == "add" else torch.cat([e, r], dim=2)) * d2  # A: [B, h, N|2N, s]
         f = a @ self.m_u  # μ = A m_u: [B, h, N|2N, s]
@@ -256,10 +309,12 @@ class KEPSVGPAttention(LossTerm, nn.Module):
             f = f + self.noise(a, eps)
         out = self.final_weight(f)  # [B, h, N|2N, d]
         if self.token_map is not None:
+            if mask is not None:  # padded rows (of both halves) add nothing to the token map
+                out = out.masked_fill(~mask.bool().repeat(1, 2)[:, None, :, None], 0.0)
             out = self.token_map(out.transpose(-1, -2)).transpose(-1, -2)  # tokens 2N → N: [B, h, N, d]
         out = self.drop(out.transpose(1, 2).reshape(b, n, c))  # [B, N, C]
         if self.training:
-            self.last_ksvd, self.last_kl = self.ksvd_loss(e, r), self.kl_divergence()
+            self.last_ksvd, self.last_kl = self.ksvd_loss(e, r, mask), self.kl_divergence()
         else:
             self.last_ksvd = self.last_kl = None
         return out

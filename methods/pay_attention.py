@@ -13,6 +13,12 @@ authors' version) and needs a fixed sequence length; ``wa_init = "identity"`` (d
 identity plus N(0, 0.01^2) noise) starts it as Efficient, ``"xavier"`` follows the
 reimplementation.  Parameters: Optimised 3d^2 + 3d, Efficient 2d^2 + 2d, Super
 2d^2 + 2d + l^2 (softmax attention: 4d^2 + 4d).
+
+Padding (``mask [B, l]``, True at real tokens; ``None`` runs the code above unchanged):
+padded keys get no weight in the softmax over keys; with ``axis = "queries"`` padded
+queries are left out of the softmax over the queries (their weights are 0) and padded keys
+out of the sum over keys.  Super zeroes X's padded rows before W_A X, so W_A mixes real
+tokens only.
 """
 from __future__ import annotations
 
@@ -47,21 +53,35 @@ class _PayAttention(nn.Module):
         b, n, c = x.shape
         return x.view(b, n, self.heads, c // self.heads).transpose(1, 2)  # [B, H, N, D]
 
-    def values(self, x: torch.Tensor) -> torch.Tensor:
-        return self.heads_of(x)
+    def values(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.heads_of(x)  # a token's own value: padded keys are masked in the attention
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         b, n, c = x.shape
         if self.own_keys:
             q, k = self.qk(x).view(b, n, 2, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
         else:
             q, k = self.heads_of(self.qk(x)), self.heads_of(x)
+        if mask is not None:
+            return self._masked(q, k, self.values(x, mask), mask.bool())
         values = self.values(x)
         if self.axis == "keys":  # the fused kernel: no N x N matrix kept for the backward pass
             out = F.scaled_dot_product_attention(q, k, values, scale=self.scale)
         else:
             out = torch.softmax((q @ k.transpose(-2, -1)) * self.scale, dim=-2) @ values
         return self.drop(self.proj(out.transpose(1, 2).reshape(b, n, c)))
+
+    def _masked(self, q: torch.Tensor, k: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The attention with padded keys out (and, over the queries, padded queries out)."""
+        b, h, n, d = q.shape
+        real_key = mask[:, None, None, :]  # [B, 1, 1, N]
+        if self.axis == "keys":
+            out = F.scaled_dot_product_attention(q, k, values, attn_mask=real_key, scale=self.scale)
+        else:
+            logits = ((q @ k.transpose(-2, -1)) * self.scale).masked_fill(~mask[:, None, :, None], float("-inf"))
+            weights = torch.softmax(logits, dim=-2).masked_fill(~real_key, 0.0)  # padded queries 0; keys out
+            out = weights @ values
+        return self.drop(self.proj(out.transpose(1, 2).reshape(b, n, h * d)))
 
 
 @ATTENTIONS.register("optimised")
@@ -96,9 +116,11 @@ class SuperAttention(_PayAttention):
         else:
             nn.init.xavier_uniform_(self.wa)
 
-    def values(self, x: torch.Tensor) -> torch.Tensor:
+    def values(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         if x.shape[1] != self.n_tokens:
             raise ConfigError(f"super attention was built for {self.n_tokens} tokens, got {x.shape[1]}")
+        if mask is not None:
+            x = x.masked_fill(~mask.bool()[..., None], 0.0)  # W_A mixes real tokens only
         return self.heads_of(self.wa.to(x.dtype) @ x)  # W_A mixes tokens, shared by the heads
 
 

@@ -22,6 +22,11 @@ clipped to [-tau, tau].  T may differ between training and prediction (the offic
 trains with 1 iteration and evaluates with 4).  The fraction of non-zero entries of S (last
 iteration, last training batch) is kept per layer and written to the training log: at
 some widths tau is large enough that PAP barely acts.
+
+Padding (``mask [B, N]``, True at real tokens; ``None`` runs the code above unchanged):
+padded keys get no weight in every softmax pass, and PAP's mu uses the real tokens only
+(N -> the real count N_b, ||K||_1 summed over real tokens), so real tokens' outputs are
+those of the unpadded sequence.  The logged sparsity counts real tokens only.
 """
 from __future__ import annotations
 
@@ -60,9 +65,15 @@ class SymmetricAttention(nn.Module):
         b, h, n, d = out.shape
         return self.drop(self.proj(out.transpose(1, 2).reshape(b, n, h * d)))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         k, v = self.keys_values(x)
-        return self.mix(F.scaled_dot_product_attention(k, k, v, scale=self.scale))
+        keys = None if mask is None else key_mask(mask)
+        return self.mix(F.scaled_dot_product_attention(k, k, v, attn_mask=keys, scale=self.scale))
+
+
+def key_mask(mask: torch.Tensor) -> torch.Tensor:
+    """``[B, N]`` bool (True = real) -> SDPA's boolean ``attn_mask [B, 1, 1, N]``: padded keys out."""
+    return mask.bool()[:, None, None, :]
 
 
 def shrink(x: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
@@ -84,11 +95,18 @@ class PAPAttention(SymmetricAttention):
         self.iters_train, self.iters_test = iters_train, iters_test
         self.register_buffer("s_nonzero", torch.tensor(float("nan")), persistent=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         k, v = self.keys_values(x)
         k32, v32 = k.float(), v.float()  # the ADMM arithmetic in float32 under autocast
-        n = k.shape[2]
-        mu = n * self.dim / (4.0 * k32.abs().sum(dim=(-2, -1), keepdim=True).clamp_min(1e-12))
+        if mask is None:
+            n = k.shape[2]
+            mu = n * self.dim / (4.0 * k32.abs().sum(dim=(-2, -1), keepdim=True).clamp_min(1e-12))
+            keys_mask = None
+        else:  # N and ||K||_1 over the real tokens of each sample
+            real = mask.bool()[:, None, :, None]  # [B, 1, N, 1]
+            n = real.sum(dim=(-2, -1), keepdim=True).to(k32.dtype)  # [B, 1, 1, 1]
+            mu = n * self.dim / (4.0 * k32.masked_fill(~real, 0.0).abs().sum(dim=(-2, -1), keepdim=True).clamp_min(1e-12))
+            keys_mask = key_mask(mask)
         tau = self.lam * mu
         low = torch.zeros_like(k32)
         dual = torch.zeros_like(k32)
@@ -96,10 +114,14 @@ class PAPAttention(SymmetricAttention):
         for _ in range(self.iters_train if self.training else self.iters_test):
             sparse = shrink(k32 - low + dual / mu, tau)
             keys = k32 - sparse - dual / mu
-            low = F.scaled_dot_product_attention(keys, keys, v32, scale=self.scale)
+            low = F.scaled_dot_product_attention(keys, keys, v32, attn_mask=keys_mask, scale=self.scale)
             dual = dual + mu * (k32 - low - sparse)
         if self.training:
-            self.s_nonzero = (sparse != 0).float().mean().detach()
+            if mask is None:
+                self.s_nonzero = (sparse != 0).float().mean().detach()
+            else:
+                nonzero = ((sparse != 0) & real).float().sum(dim=(-3, -2, -1))  # [B]
+                self.s_nonzero = (nonzero.sum() / (n.sum() * sparse.shape[1] * sparse.shape[3])).detach()
         return self.mix(low.to(v.dtype))
 
     def extra_repr(self) -> str:

@@ -9,6 +9,10 @@ attention (``variant = "matrix"``), or the scalar form (``variant = "scalar"``)
     out = softmax(Q K^T / sqrt(D)) (I_N - alpha softmax(K K^T / sqrt(D))) V,  alpha init 0.
 
 The query/key/value and output projections have the softmax layer's names and shapes.
+
+Padding (``mask [B, N]``, True at real tokens; ``None`` runs the code above unchanged):
+padded keys get no weight in softmax(Q K^T) (and, scalar form, in softmax(K K^T)); the
+matrix form zeroes V's padded rows before S V, so S mixes real tokens only.
 """
 from __future__ import annotations
 
@@ -42,9 +46,11 @@ class ScaledAttention(nn.Module):
         else:
             self.alpha = nn.Parameter(torch.zeros(()))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         b, n, c = x.shape
         q, k, v = self.qkv(x).view(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        if mask is not None:
+            return self._masked(q, k, v, mask.bool())
         attn = torch.softmax((q @ k.transpose(-2, -1)) * self.scale, dim=-1)
         if self.variant == "matrix":
             centred = v - self.s.to(v.dtype) @ v  # (I - S) V, S broadcast over the batch
@@ -53,6 +59,20 @@ class ScaledAttention(nn.Module):
             centred = v - self.alpha.to(v.dtype) * (keys @ v)
         out = attn @ centred
         return self.drop(self.proj(out.transpose(1, 2).reshape(b, n, c)))
+
+    def _masked(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The forward pass with padded keys out of both softmaxes and of S V."""
+        b, h, n, d = q.shape
+        pad_key = ~mask[:, None, None, :]  # [B, 1, 1, N]
+        attn = torch.softmax(((q @ k.transpose(-2, -1)) * self.scale).masked_fill(pad_key, float("-inf")), dim=-1)
+        v = v.masked_fill(~mask[:, None, :, None], 0.0)  # padded rows of V out of S V
+        if self.variant == "matrix":
+            centred = v - self.s.to(v.dtype) @ v
+        else:
+            keys = torch.softmax(((k @ k.transpose(-2, -1)) * self.scale).masked_fill(pad_key, float("-inf")), dim=-1)
+            centred = v - self.alpha.to(v.dtype) * (keys @ v)
+        out = attn @ centred
+        return self.drop(self.proj(out.transpose(1, 2).reshape(b, n, h * d)))
 
 
 @METHODS.register("scaled_attention")

@@ -84,6 +84,17 @@ keys).  ``h`` is the block's LayerNorm output ``[B, T, C]``.
   ``method.on_train_step(model, step, total_steps)`` hook sets w on every layer before
   each step (a layer used outside ``fit`` keeps w = 1).
 
+* **Padding** (``mask [B, T]``, True at real tokens; text): padded tokens are removed from
+  the amortised inducing set, so a real token's posterior (mean, variance, covariance over
+  real tokens, sample for the same noise) and the KL are those of the unpadded sequence.
+  Their values v_γ are zeroed (decoupled: they drop out of K_qγ v_γ, K_βγ v_γ and the
+  amortised KL); standard: K̂'s padded rows/columns are replaced by the identity, the rows
+  of K_kq at padded keys and their log σ are zeroed, and the KL counts real tokens only
+  (T → T_b, log|K̂| and log|Σ_d| over the real block).  Full covariance: the residual
+  K_qq − AᵀA gets identity rows/columns at padded tokens before its Cholesky, so its real
+  block is the unpadded one (padded positions draw independent noise).  ``mask=None``
+  runs the unmasked code unchanged.
+
 Faithful to HEAD 689cddd with the defaults: decoupled SGPA, diagonal covariance, ARD
 kernel, keys_len 16, jitter 1e-6, official initialisation, key passing, 10 samples with
 probability averaging, KL not divided by the data size, KL annealing available
@@ -202,13 +213,15 @@ class _GP(NamedTuple):
     a: torch.Tensor  # [B, H, P, T] L^{-1} K_uq, so that the Nyström term is aᵀa
     factor: torch.Tensor  # [B, H, D, P', T] per-dim F_d of the variational term
     kl: torch.Tensor | None
+    mask: torch.Tensor | None = None  # [B, T] bool, True at real tokens (None: no padding)
 
 
 @ATTENTIONS.register("sgpa")
 class SGPAAttention(LossTerm, nn.Module):
     """Sparse-GP attention ``[B, T, C] -> [B, T, C]`` (see the module docstring).
 
-    ``forward(x, tokens=None, eps=None)``: ``x`` is the LayerNorm output.  Decoupled SGPA
+    ``forward(x, tokens=None, eps=None, mask=None)``: ``x`` is the LayerNorm output;
+    ``mask [B, T]`` (True at real tokens) removes padded tokens (module docstring).  Decoupled SGPA
     has M global keys per head, ``[H, M, C]``: with ``key_passing`` they are the layer's
     ``hidden_tokens`` and the backbone hands them over as ``tokens`` (through the previous
     block, :mod:`bench.vit`); otherwise they are ``self.keys`` in this layer's input space.
@@ -293,16 +306,25 @@ class SGPAAttention(LossTerm, nn.Module):
     def _heads_dtype(self, t: torch.Tensor) -> torch.Tensor:
         return t.to(torch.promote_types(t.dtype, torch.float32))
 
-    def _gp(self, x: torch.Tensor, tokens: torch.Tensor | None, with_kl: bool) -> _GP:
+    def _gp(self, x: torch.Tensor, tokens: torch.Tensor | None, with_kl: bool, mask: torch.Tensor | None = None) -> _GP:
         q, v = self._heads(self.qkv(x)).chunk(2, dim=-3)  # [B, H, T, D] each
         if self.variant == "decoupled":
             k_beta = self.global_keys(tokens)
         else:
             log_sigma = self._heads(self.log_sigma(x))
+        if mask is not None:
+            pad = ~mask.bool()[:, None, :, None]  # [B, 1, T, 1]
+            v = v.masked_fill(pad, 0.0)  # padded tokens carry no inducing value
+            if self.variant == "standard":
+                log_sigma = log_sigma.masked_fill(pad, 0.0)
         with torch.autocast(device_type=x.device.type, enabled=False):
             if self.variant == "decoupled":
-                return self._decoupled(q, v, k_beta, with_kl)
-            return self._standard(q, v, log_sigma, with_kl)
+                gp = self._decoupled(q, v, k_beta, with_kl)
+            elif mask is None:
+                gp = self._standard(q, v, log_sigma, with_kl)
+            else:
+                gp = self._standard_masked(q, v, log_sigma, with_kl, mask.bool())
+        return gp if mask is None else gp._replace(mask=mask.bool())
 
     def _decoupled(self, q: torch.Tensor, v: torch.Tensor, k_beta: torch.Tensor, with_kl: bool) -> _GP:
         m = k_beta.shape[-2]
@@ -345,10 +367,44 @@ class SGPAAttention(LossTerm, nn.Module):
             kl = (0.5 * (trace + quad - t * d - d * logdet_k - logdet_s)).mean(0).sum()
         return _GP(mean, k, a, factor, kl)
 
+    def _standard_masked(self, q: torch.Tensor, v: torch.Tensor, log_sigma: torch.Tensor, with_kl: bool,
+                         mask: torch.Tensor) -> _GP:
+        """:meth:`_standard` with padded tokens out of the inducing set (``v`` and ``log_sigma``
+        already zeroed there): K̂'s padded rows/columns are the identity, K_kq's padded rows 0."""
+        t = q.shape[-2]
+        k = self.kernel(q, q)  # K_qq  [B, H, T, T]
+        real_key = mask[:, None, :, None]  # [B, 1, T, 1]
+        eye = torch.eye(t, dtype=k.dtype, device=k.device)
+        k_kk = torch.where(real_key & mask[:, None, None, :], k, eye)  # block-diagonal: real block, I
+        k_kq = k.masked_fill(~real_key, 0.0)  # padded keys' rows 0
+        chol, jitter = psd_cholesky(k_kk, self.jitter)
+        a = torch.linalg.solve_triangular(chol, k_kq, upper=False)  # rows at padded keys stay 0
+        mean = k_kq.transpose(-1, -2) @ v  # K_qk v over real keys
+        sigma = log_sigma.exp().transpose(-1, -2)  # [B, H, D, T]
+        factor = sigma.unsqueeze(-1) * k_kq.unsqueeze(2)  # diag(σ_d) K_kq  [B, H, D, T, T]
+        kl = None
+        if with_kl:
+            real = mask.to(k.dtype)  # [B, T]
+            k_hat = k_kk + jitter * eye
+            d = self.head_dim
+            diag = torch.diagonal(k_hat, dim1=-2, dim2=-1) * real[:, None, :]  # [B, H, T], 0 at padding
+            trace = (sigma.square() * diag.unsqueeze(2)).sum((-2, -1))
+            quad = (v * (k_hat @ v)).sum((-2, -1))
+            logdet_k = 2.0 * (torch.log(torch.diagonal(chol, dim1=-2, dim2=-1)) * real[:, None, :]).sum(-1)
+            logdet_s = 2.0 * log_sigma.sum((-2, -1))  # zero at padding
+            t_real = real.sum(-1)[:, None]  # [B, 1]
+            kl = (0.5 * (trace + quad - t_real * d - d * logdet_k - logdet_s)).mean(0).sum()
+        return _GP(mean, k, a, factor, kl)
+
     @staticmethod
     def _residual(gp: _GP) -> torch.Tensor:
-        """K_qq − aᵀa ``[B, H, T, T]``: the prior covariance left unexplained by the inducing set."""
-        return gp.k_qq - gp.a.transpose(-1, -2) @ gp.a
+        """K_qq − aᵀa ``[B, H, T, T]``: the prior covariance left unexplained by the inducing set
+        (with a mask: identity rows/columns at padded tokens, so the real block stands alone)."""
+        residual = gp.k_qq - gp.a.transpose(-1, -2) @ gp.a
+        if gp.mask is None:
+            return residual
+        eye = torch.eye(residual.shape[-1], dtype=residual.dtype, device=residual.device)
+        return torch.where(gp.mask[:, None, :, None] & gp.mask[:, None, None, :], residual, eye)
 
     @staticmethod
     def _diag_var(gp: _GP) -> torch.Tensor:
@@ -358,21 +414,22 @@ class SGPAAttention(LossTerm, nn.Module):
         return (base.unsqueeze(-1) + extra).clamp_min(0.0)
 
     # --- public ------------------------------------------------------------------------
-    def posterior(self, x: torch.Tensor, tokens: torch.Tensor | None = None) -> Posterior:
+    def posterior(self, x: torch.Tensor, tokens: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> Posterior:
         """Posterior mean, covariance (per ``self.covariance``) and KL for inputs ``x``."""
-        gp = self._gp(x, tokens, with_kl=True)
+        gp = self._gp(x, tokens, with_kl=True, mask=mask)
         if self.covariance == "diag":
             cov = self._diag_var(gp)
         else:
             cov = self._residual(gp).unsqueeze(2) + gp.factor.transpose(-1, -2) @ gp.factor
         return Posterior(gp.mean, cov, gp.kl)
 
-    def rsample(self, x: torch.Tensor, tokens: torch.Tensor | None = None, eps=None) -> torch.Tensor:
+    def rsample(self, x: torch.Tensor, tokens: torch.Tensor | None = None, eps=None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
         """One reparameterised sample of the heads' outputs ``[B, H, T, D]``.  ``eps`` fixes
         the noise: diag covariance ``[B, H, T, D]`` (f = mean + √var · eps); full covariance
         ``(eps1 [B, H, T, D], eps2 [B, H, D, P'])`` (f_d = mean_d + chol(K_qq − AᵀA) eps1_d
         + F_dᵀ eps2_d, module docstring)."""
-        return self._draw(self._gp(x, tokens, with_kl=False), eps)
+        return self._draw(self._gp(x, tokens, with_kl=False, mask=mask), eps)
 
     def _draw(self, gp: _GP, eps=None) -> torch.Tensor:
         if self.covariance == "diag":
@@ -385,8 +442,9 @@ class SGPAAttention(LossTerm, nn.Module):
         low_rank = (gp.factor.transpose(-1, -2) @ eps2.unsqueeze(-1)).squeeze(-1).transpose(-1, -2)  # F_dᵀ ε₂
         return gp.mean + chol @ eps1 + low_rank
 
-    def forward(self, x: torch.Tensor, tokens: torch.Tensor | None = None, eps=None) -> torch.Tensor:
-        gp = self._gp(x, tokens, with_kl=self.training)
+    def forward(self, x: torch.Tensor, tokens: torch.Tensor | None = None, eps=None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        gp = self._gp(x, tokens, with_kl=self.training, mask=mask)
         self._kl = gp.kl
         out = self._draw(gp, eps) if self.sample else gp.mean  # [B, H, T, D]
         out = out.transpose(1, 2).flatten(2).to(x.dtype)

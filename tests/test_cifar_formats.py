@@ -395,7 +395,9 @@ def test_official_md5_table():
     assert formats.OFFICIAL_MD5["cifar-10-batches-py/test_batch"] == "40351d587109b95175f43aff81a1287e"
     assert formats.OFFICIAL_MD5["cifar-100-python/train"] == "16019d7e3df5f24257cddd939b257f8d"
     assert formats.OFFICIAL_MD5["svhn/test_32x32.mat"] == "eb5a983be6a315427106f1b164d9cef3"
-    assert len(formats.OFFICIAL_MD5) == 15
+    # published with the official archives (torchtext's CoLA and IMDB loaders use the same)
+    assert formats.OFFICIAL_MD5["cola_public_1.1.zip"] == "9f6d88c3558ec424cd9d66ea03589aba"
+    assert formats.OFFICIAL_MD5["aclImdb_v1.tar.gz"] == "7c2ac02c03563afcf9b574c7e56c153a"
 
 
 def test_missing_data_names_files_directory_and_both_remedies(tmp_path, use_root):

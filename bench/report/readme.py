@@ -110,6 +110,8 @@ def readme_text(
     parts += _conventions(tables)
     for dataset in results.datasets:
         parts += [f"## {dataset}", ""]
+        if results.notes.get(dataset):  # the data set's protocol (registered class's report_note)
+            parts += [results.notes[dataset], ""]
         for table in tables:
             parts += [f"### {table.spec.title.format(severity=severity)}", ""]
             if not table.spec.in_readme:

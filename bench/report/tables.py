@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 import numpy as np
@@ -175,14 +175,26 @@ def select_metrics(metrics: Sequence[str] | None) -> list[str] | None:
     return list(dict.fromkeys(metrics))
 
 
-def _columns(spec: TableSpec, picked: list[str] | None) -> list[Column]:
+def _columns(spec: TableSpec, picked: list[str] | None, headlines: dict[str, dict[str, str]] | None = None) -> list[Column]:
+    """The table's columns; a metric that some dataset shows another metric in place of
+    (``headlines``: CoLA's MCC in the accuracy column) gets the joint label "ACC/MCC"."""
     if spec.on_scores is None:
         names = []
     elif picked is None:
         names = selection(spec.selection, spec.on_scores)
     else:
         names = [m for m in picked if get_metric(m).on_scores == spec.on_scores]
-    return [metric_column(m) for m in names] + list(spec.extra)
+    columns = []
+    for name in names:
+        col = metric_column(name)
+        shown = sorted({swaps[name] for swaps in (headlines or {}).values() if name in swaps})
+        if shown:
+            datasets = ", ".join(sorted(d for d, swaps in headlines.items() if name in swaps))
+            col = replace(col, label="/".join([col.label] + [get_metric(t).label for t in shown]),
+                          convention=f"{col.convention} For {datasets} this column shows "
+                                     + "; ".join(f"{get_metric(t).label}: {get_metric(t).convention}" for t in shown))
+        columns.append(col)
+    return columns + list(spec.extra)
 
 
 
@@ -250,18 +262,28 @@ class _Index:
 
     @classmethod
     def build(cls, results: AnalysisResults, severity: int) -> _Index:
+        """Index the result frames; for a dataset with ``headlines`` ({shown: in its place})
+        the stats of the replacing metric are filed under the replaced one's column."""
         ix = cls({d: {s: i for i, s in enumerate(sp)} for d, sp in results.splits.items()}, severity)
+        swaps = {d: ({v: k for k, v in sw.items()}, set(sw)) for d, sw in results.headlines.items()}
+
+        def columns(dataset: str, metric: str) -> list[str]:
+            into, out = swaps.get(dataset, ({}, set()))
+            return ([into[metric]] if metric in into else []) + ([] if metric in out else [metric])
+
         ix.seeds = {k: len(v) for k, v in results.seeds.items()}
         for r in _records(results.summary, ["dataset", "method", "split", "score", "metric", "n_seeds",
                                             *_SUMMARY_STATS]):
             key, rk = (r["dataset"], r["method"]), (r["split"], "" if pd.isna(r["score"]) else str(r["score"]))
-            ix.summary.setdefault(key, {}).setdefault(rk, {})[r["metric"]] = _stat(r)
+            for col in columns(r["dataset"], r["metric"]):
+                ix.summary.setdefault(key, {}).setdefault(rk, {})[col] = _stat(r)
             n = ix.summary_n.setdefault(key, {})
             n[rk] = max(n.get(rk, 0), _int(r["n_seeds"]))
         for r in _records(results.severity, ["dataset", "method", "severity", "metric", "n_seeds",
                                              *_SEVERITY_STATS]):
             key, sev = (r["dataset"], r["method"]), int(r["severity"])
-            ix.by_severity.setdefault(key, {}).setdefault(sev, {})[r["metric"]] = _stat(r)
+            for col in columns(r["dataset"], r["metric"]):
+                ix.by_severity.setdefault(key, {}).setdefault(sev, {})[col] = _stat(r)
             n = ix.severity_n.setdefault(key, {})
             n[sev] = max(n.get(sev, 0), _int(r["n_seeds"]))
         for r in _records(results.corruption_errors, ["dataset", "method", "corruption", "ce"]):
@@ -568,7 +590,7 @@ def build_tables(results: AnalysisResults, methods: list[str], picked: list[str]
     selection), rows in display order; ``index`` = ``_Index.build(results, severity)``."""
     built = []
     for spec in TABLES:
-        columns = _columns(spec, picked)
+        columns = _columns(spec, picked, results.headlines)
         if columns:
             built.append(_Table(spec, columns, _table_rows(results, methods, spec, index), results.reference))
     return built
