@@ -136,9 +136,13 @@ class Backbone(nn.Module):
     the readout.  A subclass sets up its embedding and implements :meth:`embed` (input ->
     tokens ``[B, N, dim]``) and, for padded inputs, :meth:`padding_mask`."""
 
-    def __init__(self, n_tokens: int, num_classes: int, cfg: ModelConfig,
+    def __init__(self, stem: tuple[str, nn.Module], n_tokens: int, num_classes: int, cfg: ModelConfig,
                  attention_layers: Mapping[int, AttentionChoice] | None = None) -> None:
+        """``stem`` = (attribute name, embedding module), registered before every other
+        module: the parameter order (and so the optimiser's and gradient clipping's
+        summation order) and the initial weights are those of the original ViT."""
         super().__init__()
+        setattr(self, *stem)
         attention_layers = dict(attention_layers or {})
         if bad := sorted(i for i in attention_layers if not 0 <= i < cfg.depth):
             raise ConfigError(f"attention replaced in blocks {bad}, but model.depth is {cfg.depth}")
@@ -206,8 +210,7 @@ class ViT(Backbone):
         if h % p or w % p:
             raise ConfigError(f"model.patch_size {p} must divide the image size {h}x{w}")
         patch = nn.Conv2d(c, cfg.dim, kernel_size=p, stride=p)  # first: parameters draw from the RNG in this order
-        super().__init__((h // p) * (w // p), num_classes, cfg, attention_layers)
-        self.patch = patch
+        super().__init__(("patch", patch), (h // p) * (w // p), num_classes, cfg, attention_layers)
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Images ``[B, C, H, W]`` -> tokens ``[B, N, dim]`` (patches, class token, positions)."""
@@ -223,9 +226,8 @@ class TextTransformer(Backbone):
     def __init__(self, vocab_size: int, max_len: int, num_classes: int, cfg: ModelConfig,
                  attention_layers: Mapping[int, AttentionChoice] | None = None) -> None:
         tokens = nn.Embedding(vocab_size, cfg.dim, padding_idx=PAD_ID)  # first, as the ViT's patches
-        super().__init__(max_len, num_classes, cfg, attention_layers)
+        super().__init__(("tokens", tokens), max_len, num_classes, cfg, attention_layers)
         self.max_len = max_len
-        self.tokens = tokens
 
     def padding_mask(self, ids: torch.Tensor) -> torch.Tensor:
         mask = ids != PAD_ID
