@@ -83,6 +83,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="metric names to show in the report (default: the KEP-SVGP paper's set; any name from `list`)")
     p.add_argument("--severity", type=_positive_int, default=5,
                    help="corruption severity of the per-corruption table, 1..5 (default: 5)")
+    p.add_argument("--executor", default="local", choices=("local", "processes", "slurm", "submitit-local"),
+                   help="where cells run: one after another here (local), a pool of processes on this machine, "
+                        "SLURM through submitit, or submitit's local processes (default: local)")
+    p.add_argument("--workers", type=_positive_int, default=2, help="--executor processes: worker processes on CPU (default 2)")
+    p.add_argument("--cells-per-gpu", type=_positive_int, default=1,
+                   help="--executor processes on CUDA: cells trained at once on each visible GPU (default 1)")
+    p.add_argument("--slurm-partition", default=None, help="SLURM partition for each cell's job")
+    p.add_argument("--slurm-gpus", type=int, default=1, help="GPUs per cell (default 1)")
+    p.add_argument("--slurm-cpus", type=_positive_int, default=8, help="CPUs per cell (default 8)")
+    p.add_argument("--slurm-mem-gb", type=float, default=32.0, help="memory per cell in GB (default 32)")
+    p.add_argument("--slurm-time", type=_positive_int, default=24 * 60, help="time limit per cell in minutes (default 1440)")
+    p.add_argument("--slurm-array-limit", type=_positive_int, default=64, help="at most this many cells at once (default 64)")
+    p.add_argument("--slurm-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a further sbatch option, e.g. account=myproj or qos=high (repeatable)")
     p.add_argument("--quiet", action="store_true", help="no progress bars or per-cell lines")
     p.add_argument("--debug", action="store_true", help="show the full traceback of any error")
     return p
@@ -149,12 +163,13 @@ def cmd_status(suite, args: argparse.Namespace) -> int:
     import numpy as np
     import torch
 
+    from bench.lock import LOCK_SUFFIX, STALE_SECONDS, CellLock
     from bench.plan import make_plan
     from bench.runner import TRAIN_STATE
     from bench.store import Store
 
     store = Store(args.results / suite.name)
-    counts = {"done": 0, "failed": 0, "running/interrupted": 0, "damaged": 0, "missing": 0}
+    counts = {"done": 0, "failed": 0, "running": 0, "running/interrupted": 0, "damaged": 0, "missing": 0}
     seconds: dict[str, list[float]] = {}
     pending: list[str] = []
     for cell in make_plan(suite).cells:
@@ -169,12 +184,17 @@ def cmd_status(suite, args: argparse.Namespace) -> int:
         detail = {"missing": "", "failed": (problem or "")[len("failed: "):], "damaged": problem}.get(state, "")
         if state == "interrupted":
             state, detail = "running/interrupted", "no epoch saved yet"
+            who = CellLock(store.root / f"{cell.key}{LOCK_SUFFIX}").holder()
+            if who is not None:  # a runner holds the cell's lock (stale: that runner died)
+                state = "running" if who["age"] <= STALE_SECONDS else "running/interrupted"
+                detail = (f"locked by {who.get('host', '?')} pid {who.get('pid', '?')}, heartbeat "
+                          f"{who['age']:.0f} s ago{' (stale)' if who['age'] > STALE_SECONDS else ''}; " + detail)
             if (cd.path / TRAIN_STATE).is_file():
                 try:
                     epoch = int(torch.load(cd.path / TRAIN_STATE, map_location="cpu", weights_only=True)["epoch"])
-                    detail = f"last saved epoch {epoch}/{cell.method.train.epochs}"
+                    detail = detail.replace("no epoch saved yet", f"last saved epoch {epoch}/{cell.method.train.epochs}")
                 except Exception:  # noqa: BLE001  (a state being written or damaged)
-                    detail = "training state unreadable"
+                    detail = detail.replace("no epoch saved yet", "training state unreadable")
         counts[state] += 1
         if state != "failed":
             pending.append(cell.method.name)
@@ -302,8 +322,11 @@ def _main(args: argparse.Namespace) -> int:
         console = Console(args.quiet)
         plan = make_plan(select(suite, args.methods, args.datasets))
         console.log(f"suite {suite.name!r}: {len(plan.cells)} cells on {device}, store {store_root}")
-        summary = run_plan(plan, Store(store_root), device, console, describe=suite)
-        console.log(f"done: {len(summary.done)} trained, {len(summary.skipped)} skipped, {len(summary.failed)} failed")
+        summary = run_plan(plan, Store(store_root), device, console, describe=suite, executor=args.executor,
+                           workers=args.workers, cells_per_gpu=args.cells_per_gpu, slurm=_slurm_options(args),
+                           plugins=tuple(args.plugin))
+        console.log(f"done: {len(summary.done)} trained, {len(summary.skipped)} skipped, {len(summary.failed)} failed"
+                    + (f", {len(summary.elsewhere)} running elsewhere" if summary.elsewhere else ""))
         status = 1 if summary.failed else 0
         shown = None  # after a run, the report covers the whole suite
     else:
@@ -319,6 +342,21 @@ def _main(args: argparse.Namespace) -> int:
     planned = {c.key for c in make_plan(reported).cells}
     report_status = _report(reported, store_root, args.reports / suite.name, args, shown, planned)
     return status if args.command == "run" else report_status
+
+
+def _slurm_options(args: argparse.Namespace):
+    from bench.executors import SlurmOptions
+
+    extra = {}
+    for item in args.slurm_option:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--slurm-option {item!r}: expected KEY=VALUE, e.g. account=myproj")
+        extra[key.strip().lstrip("-").replace("-", "_")] = value.strip()
+    if args.slurm_gpus < 0:
+        raise ConfigError(f"--slurm-gpus must be >= 0, got {args.slurm_gpus}")
+    return SlurmOptions(args.slurm_partition, args.slurm_gpus, args.slurm_cpus, args.slurm_mem_gb, args.slurm_time,
+                        args.slurm_array_limit, extra)
 
 
 def _store_only(args: argparse.Namespace) -> bool:

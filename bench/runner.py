@@ -103,11 +103,18 @@ class RunSummary:
     done: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
+    elsewhere: list[str] = field(default_factory=list)  # locked by another runner on the same store
 
 
-def run_plan(plan: Plan, store: Store, device: torch.device, console: Console, describe=None) -> RunSummary:
-    """Run every incomplete cell.  ``describe`` (the full suite) is recorded in the store's
-    ``suite.json`` once the data loaded and the preflight checks passed, before any cell."""
+def run_plan(plan: Plan, store: Store, device: torch.device, console: Console, describe=None,
+             executor: str = "local", workers: int = 1, cells_per_gpu: int = 1, slurm=None,
+             plugins: tuple[str, ...] = ()) -> RunSummary:
+    """Run every incomplete cell with the chosen executor (:mod:`bench.executors`).
+    ``describe`` (the full suite) is recorded in the store's ``suite.json`` once the data
+    loaded and the preflight checks passed, before any cell."""
+    from bench.data import data_settings
+    from bench.executors import Job, SlurmOptions, pool, preload, run_job, submitit_run
+
     datasets = {d.name: load_data(d) for d in plan.suite.datasets}
     # every cell verified once (sha256 of its files): decides what preflight loads and what runs
     conditions = {c.key: store.cell(c.key).condition() for c in plan.cells}
@@ -117,29 +124,49 @@ def run_plan(plan: Plan, store: Store, device: torch.device, console: Console, d
 
         write_store_description(store.root, describe)
     summary = RunSummary()
-    bar = console.bar(len(plan.cells), "cells")
-    for i, cell in enumerate(plan.cells, 1):
-        cd = store.cell(cell.key)
-        prefix = f"[{i}/{len(plan.cells)}] {cell.label}"
-        state, problem = conditions[cell.key]
-        if state == "complete":
-            console.log(f"{prefix}: complete, skipped ({cell.key})")
+    total = len(plan.cells)
+    for cell in plan.cells:
+        if conditions[cell.key][0] == "complete":
+            console.log(f"[{len(summary.skipped) + 1}/{total}] {cell.label}: complete, skipped ({cell.key})")
             summary.skipped.append(cell.key)
+    settings = data_settings()
+    jobs = [Job(c, str(store.root), str(device), tuple(plugins), str(settings.root) if settings.root else None,
+                settings.download, settings.strict) for c in plan.cells if conditions[c.key][0] != "complete"]
+    if executor == "local":
+        preload(datasets)
+        outcomes = (run_job(job, console) for job in jobs)
+    elif executor == "processes":
+        devices = None
+        if device.type == "cuda" and torch.cuda.device_count() > 0:
+            gpus = torch.cuda.device_count()
+            workers = gpus * cells_per_gpu
+            devices = [f"cuda:{i % gpus}" for i in range(workers)]
+        console.log(f"executor processes: {workers} worker(s)" + (f" on {len(set(devices))} GPU(s)" if devices else ""))
+        outcomes = pool(jobs, workers, devices)
+    else:
+        folder = store.root / ".submitit"
+        console.log(f"executor {executor}: {len(jobs)} job(s), scripts and logs in {folder}")
+        outcomes = submitit_run(jobs, folder, executor, slurm or SlurmOptions())
+    bar = console.bar(len(jobs), "cells")
+    finished = len(summary.skipped)
+    for n_out, out in enumerate(outcomes, 1):
+        finished += 1
+        prefix = f"[{finished}/{total}] {out.label}"
+        if out.status == "complete":
+            console.log(f"{prefix}: complete in {out.seconds:.1f} s, {out.detail}")
+            summary.done.append(out.key)
+        elif out.status == "skipped":
+            console.log(f"{prefix}: completed by another runner, skipped ({out.key})")
+            summary.skipped.append(out.key)
+        elif out.status == "elsewhere":
+            console.log(f"{prefix}: running elsewhere, {out.detail}; left to that runner")
+            summary.elsewhere.append(out.key)
         else:
-            if state == "damaged":
-                console.warn(f"{prefix}: damaged ({problem}); moving it aside to {cell.key}.damaged-<time>/ and redoing it")
-            t0 = time.perf_counter()
-            try:
-                status, detail = run_cell(cell, datasets[cell.dataset.name], cd, device, console)
-            except OSError as exc:  # the cell's directory cannot be cleared or written
-                status, detail = "failed", f"cell directory {cd.path} unusable: {exc.strerror or exc} ({exc.filename})"
-            secs = time.perf_counter() - t0
-            if status == "complete":
-                console.log(f"{prefix}: complete in {secs:.1f} s, {detail}")
-                summary.done.append(cell.key)
-            else:
-                console.warn(f"{prefix}: FAILED after {secs:.1f} s: {detail}")
-                summary.failed.append(cell.key)
+            console.warn(f"{prefix}: FAILED after {out.seconds:.1f} s: {out.detail}")
+            summary.failed.append(out.key)
+        if executor != "local":
+            console.log(f"  {len(summary.done)} done, {len(summary.failed)} failed, "
+                        f"{len(jobs) - n_out} queued or running")
         if bar is not None:
             bar.update(1)
     if bar is not None:

@@ -1,0 +1,257 @@
+"""Where cells run: one cell function, :func:`run_job`, behind three executors.
+
+* ``local`` (default): the cells one after another in this process.
+* ``processes``: a pool of ``--workers N`` processes on this machine
+  (``concurrent.futures.ProcessPoolExecutor``, spawned, so CUDA and OpenMP start clean in
+  each).  On CUDA, workers are spread over the visible GPUs and ``--cells-per-gpu K`` runs
+  K cells on each GPU at once (N = GPUs x K); on CPU the cores are shared out
+  (``torch.set_num_threads``).
+* ``slurm`` (and ``submitit-local``, the same jobs as local processes, for testing and for
+  a workstation): one job per cell through **submitit**, as a SLURM job array with the
+  partition, GPUs and CPUs per cell, memory, time limit, array throttle and extra sbatch
+  options given on the command line.  Submitit pickles the cell function and its
+  arguments, writes the sbatch script, requeues a job on preemption or time-out (the cell
+  resumes from its last training state, ``[train] checkpoint_every``) and returns each
+  job's result.  It is a small, well-kept library with no server, unlike Ray; a Ray user
+  would plug in by mapping :func:`run_job` over the :class:`Job` list with ``ray.remote``.
+
+Every executor runs :func:`run_job`, which takes the cell's lock (:mod:`bench.lock`), so
+runners on one store (two terminals, two SLURM arrays) never train a cell twice: a cell
+another runner holds is reported ``elsewhere`` and left to it.  The parent process plans,
+checks the configuration (preflight) and writes the report once at the end.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from bench.plan import Cell
+
+EXECUTORS = ("local", "processes", "slurm", "submitit-local")
+
+
+@dataclass(frozen=True)
+class Job:
+    """One cell as any executor ships it (picklable): the cell, the store, the device, and
+    what a fresh process needs to rebuild the registries and find the data."""
+
+    cell: Cell
+    store_root: str
+    device: str  # "cpu", "cuda" or "cuda:<index>"
+    plugins: tuple[str, ...] = ()
+    data_root: str | None = None
+    download: bool = False
+    strict: bool = False
+    threads: int = 0  # torch threads in a worker process (0: leave as is)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    key: str
+    label: str
+    status: str  # complete, skipped (complete already), failed, elsewhere (locked by another runner)
+    detail: str
+    seconds: float
+
+
+@dataclass
+class SlurmOptions:
+    """``--slurm-*`` flags: what each cell's job asks SLURM for."""
+
+    partition: str | None = None
+    gpus_per_cell: int = 1
+    cpus_per_cell: int = 8
+    mem_gb: float = 32.0
+    time_min: int = 24 * 60
+    array_limit: int = 64  # at most this many cells at once (sbatch --array=...%limit)
+    extra: dict[str, str] = field(default_factory=dict)  # further sbatch options, e.g. {"account": "x"}
+
+    def parameters(self) -> dict:
+        """submitit ``update_parameters`` keywords for SLURM."""
+        params = {"timeout_min": self.time_min, "slurm_array_parallelism": self.array_limit,
+                  "gpus_per_node": self.gpus_per_cell, "cpus_per_task": self.cpus_per_cell,
+                  "mem_gb": self.mem_gb, "tasks_per_node": 1, "nodes": 1}
+        if self.partition:
+            params["slurm_partition"] = self.partition
+        if self.extra:
+            params["slurm_additional_parameters"] = dict(self.extra)
+        return params
+
+
+# --------------------------------------------------------------------------- the cell function
+
+_DATA: dict[str, object] = {}  # dataset name -> loaded bundle, per process
+_READY: set[tuple] = set()
+_LOCK = None  # the lock of the cell this process is running (released on preemption)
+
+
+def _prepare(job: Job) -> None:
+    """Once per process: plugins registered, data settings, torch threads."""
+    key = (job.plugins, job.data_root, job.download, job.strict, job.threads)
+    if key in _READY:
+        return
+    import datasets  # noqa: F401  (registers the data sets)
+    import methods  # noqa: F401  (registers the methods)
+    from bench.cli import import_plugins
+    from bench.data import configure_data
+
+    import_plugins(list(job.plugins))
+    configure_data(job.data_root, download=job.download, strict=job.strict)
+    if job.threads:
+        import torch
+
+        torch.set_num_threads(job.threads)
+    _READY.add(key)
+
+
+def preload(datasets: dict) -> None:
+    """Hand this process's loaded data sets to :func:`run_job` (the local executor)."""
+    _DATA.update(datasets)
+
+
+def run_job(job: Job, console=None) -> Outcome:
+    """Run one cell under its lock: skipped when complete, ``elsewhere`` when another runner
+    holds it, else trained, predicted and stored (:func:`bench.runner.run_cell`)."""
+    global _LOCK
+    import torch
+
+    from bench.lock import LOCK_SUFFIX, CellLock
+    from bench.runner import Console, load_data, run_cell
+    from bench.store import Store
+
+    _prepare(job)
+    console = console or Console(quiet=True)
+    cell, t0 = job.cell, time.perf_counter()
+    store = Store(Path(job.store_root))
+    cd = store.cell(cell.key)
+    lock = CellLock(store.root / f"{cell.key}{LOCK_SUFFIX}")
+    if not lock.acquire():
+        who = lock.holder() or {}
+        return Outcome(cell.key, cell.label, "elsewhere",
+                       f"locked by {who.get('host', '?')} pid {who.get('pid', '?')} "
+                       f"(heartbeat {who.get('age', float('nan')):.0f} s ago)", 0.0)
+    _LOCK = lock
+    try:
+        state, problem = cd.condition()  # again, under the lock: another runner may have finished it
+        if state == "complete":
+            return Outcome(cell.key, cell.label, "skipped", "complete", 0.0)
+        if state == "damaged":
+            console.warn(f"{cell.label}: damaged ({problem}); moving it aside to {cell.key}.damaged-<time>/ and redoing it")
+        if cell.dataset.name not in _DATA:
+            _DATA[cell.dataset.name] = load_data(cell.dataset)
+        try:
+            status, detail = run_cell(cell, _DATA[cell.dataset.name], cd, torch.device(job.device), console)
+        except OSError as exc:  # the cell's directory cannot be cleared or written
+            status, detail = "failed", f"cell directory {cd.path} unusable: {exc.strerror or exc} ({exc.filename})"
+        return Outcome(cell.key, cell.label, status, detail, time.perf_counter() - t0)
+    finally:
+        lock.release()
+        _LOCK = None
+
+
+def release_on_preemption() -> None:
+    """Give up this process's cell lock now (the job is being preempted and requeued: the
+    requeued job must be able to take the cell at once)."""
+    if _LOCK is not None:
+        _LOCK.release()
+
+
+# --------------------------------------------------------------------------- executors
+
+
+def _pool_init(devices, threads: int) -> None:
+    """Worker start: claim a device from the shared queue (spreads workers over GPUs)."""
+    global _DEVICE
+    _DEVICE = devices.get() if devices is not None else None
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+_DEVICE: str | None = None
+
+
+def _pool_run(job: Job) -> Outcome:
+    if _DEVICE is not None:
+        job = replace(job, device=_DEVICE)
+    return run_job(job)
+
+
+def pool(jobs: list[Job], workers: int, devices: list[str] | None):
+    """Yield each job's :class:`Outcome` as it finishes, from ``workers`` spawned processes
+    (``devices``: one entry per worker, e.g. ``["cuda:0", "cuda:0", "cuda:1", "cuda:1"]``)."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    ctx = mp.get_context("spawn")
+    queue = None
+    if devices:
+        queue = ctx.Manager().Queue()
+        for d in devices:
+            queue.put(d)
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_pool_init,
+                             initargs=(queue, threads)) as ex:
+        futures = {ex.submit(_pool_run, job): job for job in jobs}
+        for fut in as_completed(futures):
+            job = futures[fut]
+            try:
+                yield fut.result()
+            except Exception as exc:  # noqa: BLE001  (a worker that died: the cell is failed or left incomplete)
+                yield Outcome(job.cell.key, job.cell.label, "failed",
+                              f"worker died ({type(exc).__name__}: {exc}); the cell is left for the next run", 0.0)
+
+
+def submitit_executor(folder: Path, kind: str, slurm: SlurmOptions):
+    """A submitit executor writing its scripts and logs under ``folder``."""
+    try:
+        import submitit
+    except ImportError:
+        from bench.errors import ConfigError
+
+        raise ConfigError("--executor slurm needs submitit: pip install submitit==1.5.4") from None
+    if kind == "slurm":
+        ex = submitit.AutoExecutor(folder=str(folder), cluster="slurm")
+        ex.update_parameters(**slurm.parameters())
+    else:
+        ex = submitit.AutoExecutor(folder=str(folder), cluster="local")
+        ex.update_parameters(timeout_min=slurm.time_min, gpus_per_node=0, tasks_per_node=1, nodes=1)
+    return ex
+
+
+def _cell_task():
+    import submitit
+
+    class CellTask(submitit.helpers.Checkpointable):
+        """The cell function as a submitit job; on preemption or time-out it gives up the
+        cell's lock and is requeued with the same job, which resumes from the cell's saved
+        training state."""
+
+        def __call__(self, job: Job) -> Outcome:
+            return run_job(job)
+
+        def checkpoint(self, *args, **kwargs):
+            release_on_preemption()
+            return super().checkpoint(*args, **kwargs)
+
+    return CellTask()
+
+
+def submitit_run(jobs: list[Job], folder: Path, kind: str, slurm: SlurmOptions):
+    """Submit every job as one array and yield the outcomes as they finish."""
+    ex = submitit_executor(folder, kind, slurm)
+    task = _cell_task()
+    submitted = ex.map_array(task, jobs)
+    pending = dict(zip(submitted, jobs))
+    while pending:
+        for sj in [s for s in pending if s.done()]:
+            job = pending.pop(sj)
+            try:
+                yield sj.result()
+            except Exception as exc:  # noqa: BLE001  (the job failed or its node died)
+                yield Outcome(job.cell.key, job.cell.label, "failed", f"{type(exc).__name__}: {exc}"[:500], 0.0)
+        if pending:
+            time.sleep(1.0)
