@@ -112,6 +112,10 @@ MODEL_PRESETS: dict[str, dict] = {
 
 def _apply_preset(model_raw: dict, path: str, problems: Problems) -> dict:
     name = model_raw.get("preset", "")
+    if not isinstance(name, str):
+        problems.add(f"{path}.preset", f"must be a preset name (a string), got {name!r}; known presets: "
+                     f"{', '.join(MODEL_PRESETS)}")
+        return {k: v for k, v in model_raw.items() if k != "preset"}
     if not name:
         return model_raw
     if name not in MODEL_PRESETS:

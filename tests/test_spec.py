@@ -583,3 +583,11 @@ def test_combinator_shorthand_ensembles_any_method_by_name():
     assert (ts.type, ts.options.base) == ("temperature_scaling", "msp")
     assert "cannot read" in config_error(minimal(methods={"msp": {}, "bad": "ensemble msp 2"}))
     assert "names no method" in config_error(minimal(methods={"msp": {}, "e": "ensemble(nope, 2)"}))
+
+
+def test_a_preset_that_is_not_a_string_is_a_config_error(tmp_path):
+    """Found by the CLI fuzz test: ``preset = [0]`` crashed with TypeError (unhashable)."""
+    path = tmp_path / "preset.toml"
+    path.write_text('seeds = [0]\n[model]\npreset = [0]\n[datasets.mnist5k]\n[methods.msp]\n')
+    with pytest.raises(ConfigError, match=r"model\.preset: must be a preset name \(a string\), got \[0\]"):
+        load_suite(str(path))
