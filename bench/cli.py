@@ -163,7 +163,7 @@ def cmd_status(suite, args: argparse.Namespace) -> int:
     import numpy as np
     import torch
 
-    from bench.lock import LOCK_SUFFIX, STALE_SECONDS, CellLock
+    from bench.lock import LOCK_SUFFIX, CellLock
     from bench.plan import make_plan
     from bench.runner import TRAIN_STATE
     from bench.store import Store
@@ -184,17 +184,19 @@ def cmd_status(suite, args: argparse.Namespace) -> int:
         detail = {"missing": "", "failed": (problem or "")[len("failed: "):], "damaged": problem}.get(state, "")
         if state == "interrupted":
             state, detail = "running/interrupted", "no epoch saved yet"
-            who = CellLock(store.root / f"{cell.key}{LOCK_SUFFIX}").holder()
-            if who is not None:  # a runner holds the cell's lock (stale: that runner died)
-                state = "running" if who["age"] <= STALE_SECONDS else "running/interrupted"
-                detail = (f"locked by {who.get('host', '?')} pid {who.get('pid', '?')}, heartbeat "
-                          f"{who['age']:.0f} s ago{' (stale)' if who['age'] > STALE_SECONDS else ''}; " + detail)
             if (cd.path / TRAIN_STATE).is_file():
                 try:
                     epoch = int(torch.load(cd.path / TRAIN_STATE, map_location="cpu", weights_only=True)["epoch"])
-                    detail = detail.replace("no epoch saved yet", f"last saved epoch {epoch}/{cell.method.train.epochs}")
+                    detail = f"last saved epoch {epoch}/{cell.method.train.epochs}"
                 except Exception:  # noqa: BLE001  (a state being written or damaged)
-                    detail = detail.replace("no epoch saved yet", "training state unreadable")
+                    detail = "training state unreadable"
+            lock = CellLock(store.root / f"{cell.key}{LOCK_SUFFIX}")
+            who = lock.holder()
+            if who is not None:  # a runner holds the cell's lock (stale: that runner died)
+                stale = lock.stale()
+                state = "running/interrupted" if stale else "running"
+                detail = (f"locked by {who.get('host', '?')} pid {who.get('pid', '?')}, heartbeat "
+                          f"{who['age']:.0f} s ago{' (stale)' if stale else ''}; {detail}")
         counts[state] += 1
         if state != "failed":
             pending.append(cell.method.name)

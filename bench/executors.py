@@ -85,6 +85,7 @@ class SlurmOptions:
 _DATA: dict[str, object] = {}  # dataset name -> loaded bundle, per process
 _READY: set[tuple] = set()
 _LOCK = None  # the lock of the cell this process is running (released on preemption)
+_DEVICE: str | None = None  # a pool worker's device, claimed at its start
 
 
 def _prepare(job: Job) -> None:
@@ -169,9 +170,6 @@ def _pool_init(devices, threads: int) -> None:
         import torch
 
         torch.set_num_threads(threads)
-
-
-_DEVICE: str | None = None
 
 
 def _pool_run(job: Job) -> Outcome:

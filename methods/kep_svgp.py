@@ -219,35 +219,25 @@ class KEPSVGPAttention(LossTerm, nn.Module):
     def scores(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Projection scores e = φ_q W_e, r = φ_k W_r, each [B, h, N, s] (``mask``: zero at
         padded tokens, W_e and W_r from real tokens only; module docstring)."""
-        if mask is not None:
-            return self._masked_scores(x, mask.bool())
         b, n, c = x.shape
         h, d = self.heads, self.head_dim
         q, k = self.qk(x).view(b, n, 2, h, d).permute(2, 0, 3, 1, 4)  # each [B, h, N, d]
-        phi_q, phi_k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
         x_h = x.view(b, n, h, d).transpose(1, 2)  # raw input in heads: [B, h, N, d]
-        if self.token_index is not None:
+        if mask is not None:
+            mask = mask.bool()
+            pad = ~mask[:, None, :, None]  # [B, 1, N, 1]
+            q, k = q.masked_fill(pad, 0.0), k.masked_fill(pad, 0.0)  # official: q, k of padding zeroed
+        phi_q, phi_k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+        if self.token_index is not None and mask is None:
             x_h = x_h[:, :, self.token_index]  # [B, h, N', d]
-        w_e = x_h.transpose(-1, -2) @ self.w_e  # X_hᵀ W̃_e: [B, h, d, s]
-        w_r = x_h.transpose(-1, -2) @ self.w_r
-        return phi_q @ w_e, phi_k @ w_r  # [B, h, N, s]
-
-    def _masked_scores(self, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        b, n, c = x.shape
-        h, d = self.heads, self.head_dim
-        pad = ~mask[:, None, :, None]  # [B, 1, N, 1]
-        q, k = self.qk(x).view(b, n, 2, h, d).permute(2, 0, 3, 1, 4)  # each [B, h, N, d]
-        phi_q = F.normalize(q.masked_fill(pad, 0.0), dim=-1)  # official: q, k of padding zeroed
-        phi_k = F.normalize(k.masked_fill(pad, 0.0), dim=-1)
-        x_h = x.view(b, n, h, d).transpose(1, 2)  # [B, h, N, d]
-        if self.token_index is not None:  # N' evenly spaced real tokens per sample
+        elif self.token_index is not None:  # N' evenly spaced real tokens per sample
             index = masked_subsample_index(mask, self.token_index.numel())  # [B, N']
             x_h = torch.gather(x_h, 2, index[:, None, :, None].expand(-1, h, -1, d))  # [B, h, N', d]
-        else:
+        elif mask is not None:
             x_h = x_h.masked_fill(pad, 0.0)
-        w_e = x_h.transpose(-1, -2) @ self.w_e  # [B, h, d, s]
+        w_e = x_h.transpose(-1, -2) @ self.w_e  # X_hᵀ W̃_e: [B, h, d, s]
         w_r = x_h.transpose(-1, -2) @ self.w_r
-        return phi_q @ w_e, phi_k @ w_r  # zero rows at padded tokens
+        return phi_q @ w_e, phi_k @ w_r  # [B, h, N, s]; zero rows at padded tokens
 
     def kl_divergence(self) -> torch.Tensor:
         """The mode's KL (module docstring), summed over heads: a scalar.  Elementwise ops

@@ -6,8 +6,6 @@ from __future__ import annotations
 import hashlib
 import inspect
 import io
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
@@ -29,9 +27,8 @@ from bench.train import predict
 from bench.vit import TextTransformer, backbone
 from datasets import formats
 from datasets.text_bundle import TextOptions, text_bundle
+from test_end_to_end import run_suite
 from test_text_data import write_cola
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 # ---------------------------------------------------------------------------- token splits
@@ -229,12 +226,9 @@ def _write_bigger_cola(root: Path) -> None:
 def test_cola_suite_end_to_end_shows_mcc_and_the_out_of_domain_split(tmp_path):
     root = tmp_path / "data"
     _write_bigger_cola(root)
-    proc = subprocess.run(
-        [sys.executable, "run_suite.py", "--suite", "cola", "--data-root", str(root), "--epochs", "1",
-         "--seeds", "0", "--methods", "msp,kep_svgp", "--results", str(tmp_path / "results"),
-         "--reports", str(tmp_path / "reports"), "--quiet"],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
-    )
+    proc = run_suite("--suite", "cola", "--data-root", str(root), "--epochs", "1", "--seeds", "0",
+                     "--methods", "msp,kep_svgp", "--results", str(tmp_path / "results"),
+                     "--reports", str(tmp_path / "reports"), "--quiet")
     assert proc.returncode == 0, proc.stderr
     assert "md5" in proc.stderr  # fixture files are not the official ones: warned, not refused
     report = tmp_path / "reports" / "cola"
