@@ -15,13 +15,16 @@ Exit status: 0 success, 1 some cells failed (the report marks them), 2 bad input
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
+import math
 import os
 import sys
 import time
 from pathlib import Path
 
 from bench.errors import ConfigError
+from bench.executors import EXECUTORS, ExecutorConfig
 from bench.registry import DuplicateName
 
 # modules whose import registers the built-in attention layers, metrics, methods and datasets
@@ -50,6 +53,26 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
     return value
 
 
@@ -83,20 +106,33 @@ def build_parser() -> argparse.ArgumentParser:
                    help="metric names to show in the report (default: the KEP-SVGP paper's set; any name from `list`)")
     p.add_argument("--severity", type=_positive_int, default=5,
                    help="corruption severity of the per-corruption table, 1..5 (default: 5)")
-    p.add_argument("--executor", default="local", choices=("local", "processes", "slurm", "submitit-local"),
+    # Executor flags default to None: unset, the suite's [executor] table (or its default) applies.
+    table = "the suite's [executor] {key}, else {default}"
+    p.add_argument("--executor", default=None, choices=EXECUTORS,
                    help="where cells run: one after another here (local), a pool of processes on this machine, "
-                        "SLURM through submitit, or submitit's local processes (default: local)")
-    p.add_argument("--workers", type=_positive_int, default=2, help="--executor processes: worker processes on CPU (default 2)")
-    p.add_argument("--cells-per-gpu", type=_positive_int, default=1,
-                   help="--executor processes on CUDA: cells trained at once on each visible GPU (default 1)")
-    p.add_argument("--slurm-partition", default=None, help="SLURM partition for each cell's job")
-    p.add_argument("--slurm-gpus", type=int, default=1, help="GPUs per cell (default 1)")
-    p.add_argument("--slurm-cpus", type=_positive_int, default=8, help="CPUs per cell (default 8)")
-    p.add_argument("--slurm-mem-gb", type=float, default=32.0, help="memory per cell in GB (default 32)")
-    p.add_argument("--slurm-time", type=_positive_int, default=24 * 60, help="time limit per cell in minutes (default 1440)")
-    p.add_argument("--slurm-array-limit", type=_positive_int, default=64, help="at most this many cells at once (default 64)")
+                        "SLURM through submitit, or submitit's local processes (default: "
+                        + table.format(key="kind", default="local") + ")")
+    p.add_argument("--workers", type=_positive_int, default=None,
+                   help="--executor processes: worker processes on CPU (default: "
+                        + table.format(key="workers", default=2) + ")")
+    p.add_argument("--cells-per-gpu", type=_positive_int, default=None,
+                   help="--executor processes on CUDA: cells trained at once on each visible GPU (default: "
+                        + table.format(key="cells_per_gpu", default=1) + ")")
+    p.add_argument("--slurm-partition", default=None,
+                   help="SLURM partition for each cell's job (default: " + table.format(key="partition", default="the cluster's") + ")")
+    p.add_argument("--slurm-gpus", type=_count, default=None,
+                   help="GPUs per cell (default: " + table.format(key="gpus", default=1) + ")")
+    p.add_argument("--slurm-cpus", type=_positive_int, default=None,
+                   help="CPUs per cell (default: " + table.format(key="cpus", default=8) + ")")
+    p.add_argument("--slurm-mem-gb", type=_positive_float, default=None,
+                   help="memory per cell in GB (default: " + table.format(key="mem_gb", default=32) + ")")
+    p.add_argument("--slurm-time", type=_positive_int, default=None,
+                   help="time limit per cell in minutes (default: " + table.format(key="time", default=1440) + ")")
+    p.add_argument("--slurm-array-limit", type=_positive_int, default=None,
+                   help="at most this many cells at once (default: " + table.format(key="array_limit", default=64) + ")")
     p.add_argument("--slurm-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="a further sbatch option, e.g. account=myproj or qos=high (repeatable)")
+                   help="a further sbatch option, e.g. account=myproj or qos=high (repeatable; added to the "
+                        "suite's [executor.options], replacing an option of the same name)")
     p.add_argument("--quiet", action="store_true", help="no progress bars or per-cell lines")
     p.add_argument("--debug", action="store_true", help="show the full traceback of any error")
     return p
@@ -323,9 +359,10 @@ def _main(args: argparse.Namespace) -> int:
         device = resolve_device(args.device)
         console = Console(args.quiet)
         plan = make_plan(select(suite, args.methods, args.datasets))
+        where = executor_settings(args, suite.executor)
         console.log(f"suite {suite.name!r}: {len(plan.cells)} cells on {device}, store {store_root}")
-        summary = run_plan(plan, Store(store_root), device, console, describe=suite, executor=args.executor,
-                           workers=args.workers, cells_per_gpu=args.cells_per_gpu, slurm=_slurm_options(args),
+        summary = run_plan(plan, Store(store_root), device, console, describe=suite, executor=where.kind,
+                           workers=where.workers, cells_per_gpu=where.cells_per_gpu, slurm=where.slurm_options(),
                            plugins=tuple(args.plugin))
         console.log(f"done: {len(summary.done)} trained, {len(summary.skipped)} skipped, {len(summary.failed)} failed"
                     + (f", {len(summary.elsewhere)} running elsewhere" if summary.elsewhere else ""))
@@ -346,19 +383,26 @@ def _main(args: argparse.Namespace) -> int:
     return status if args.command == "run" else report_status
 
 
-def _slurm_options(args: argparse.Namespace):
-    from bench.executors import SlurmOptions
+#: executor flag (argparse dest) -> the [executor] key it overrides
+EXECUTOR_FLAGS = {"executor": "kind", "workers": "workers", "cells_per_gpu": "cells_per_gpu",
+                  "slurm_partition": "partition", "slurm_gpus": "gpus", "slurm_cpus": "cpus",
+                  "slurm_mem_gb": "mem_gb", "slurm_time": "time", "slurm_array_limit": "array_limit"}
 
-    extra = {}
+
+def executor_settings(args: argparse.Namespace, table: ExecutorConfig) -> ExecutorConfig:
+    """The executor to run with: each flag given on the command line, else the suite's
+    ``[executor]`` key (``table``, an :class:`~bench.executors.ExecutorConfig`), else its
+    default.  ``--slurm-option`` adds to the table's options, replacing one of the same name."""
+    from bench.executors import sbatch_option_name
+
+    given = {key: getattr(args, dest) for dest, key in EXECUTOR_FLAGS.items() if getattr(args, dest) is not None}
+    options = dict(table.options)
     for item in args.slurm_option:
         key, sep, value = item.partition("=")
-        if not sep or not key.strip():
+        if not sep or not sbatch_option_name(key):
             raise ConfigError(f"--slurm-option {item!r}: expected KEY=VALUE, e.g. account=myproj")
-        extra[key.strip().lstrip("-").replace("-", "_")] = value.strip()
-    if args.slurm_gpus < 0:
-        raise ConfigError(f"--slurm-gpus must be >= 0, got {args.slurm_gpus}")
-    return SlurmOptions(args.slurm_partition, args.slurm_gpus, args.slurm_cpus, args.slurm_mem_gb, args.slurm_time,
-                        args.slurm_array_limit, extra)
+        options[sbatch_option_name(key)] = value.strip()
+    return dataclasses.replace(table, **given, options=options)
 
 
 def _store_only(args: argparse.Namespace) -> bool:

@@ -9,7 +9,7 @@
 * ``slurm`` (and ``submitit-local``, the same jobs as local processes, for testing and for
   a workstation): one job per cell through **submitit**, as a SLURM job array with the
   partition, GPUs and CPUs per cell, memory, time limit, array throttle and extra sbatch
-  options given on the command line.  Submitit pickles the cell function and its
+  options given on the command line or in the suite's ``[executor]`` table.  Submitit pickles the cell function and its
   arguments, writes the sbatch script, requeues a job on preemption or time-out (the cell
   resumes from its last training state, ``[train] checkpoint_every``) and returns each
   job's result.  It is a small, well-kept library with no server, unlike Ray; a Ray user
@@ -19,6 +19,10 @@ Every executor runs :func:`run_job`, which takes the cell's lock (:mod:`bench.lo
 runners on one store (two terminals, two SLURM arrays) never train a cell twice: a cell
 another runner holds is reported ``elsewhere`` and left to it.  The parent process plans,
 checks the configuration (preflight) and writes the report once at the end.
+
+Which executor, and its settings, come from a suite's ``[executor]`` table
+(:class:`ExecutorConfig`, one key per flag) with the command-line flags on top.  Neither
+enters a cell's key or the store: they decide where a cell runs, not what it computes.
 """
 from __future__ import annotations
 
@@ -26,8 +30,12 @@ import os
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from bench.plan import Cell
+from bench.options import Problems, parse
+
+if TYPE_CHECKING:  # bench.spec imports this module (for ExecutorConfig); bench.plan imports bench.spec
+    from bench.plan import Cell
 
 EXECUTORS = ("local", "processes", "slurm", "submitit-local")
 
@@ -78,6 +86,73 @@ class SlurmOptions:
         if self.extra:
             params["slurm_additional_parameters"] = dict(self.extra)
         return params
+
+
+def sbatch_option_name(key: str) -> str:
+    """An extra sbatch option's name as submitit takes it: ``--mail-type`` -> ``mail_type``."""
+    return key.strip().lstrip("-").replace("-", "_")
+
+
+@dataclass(frozen=True)
+class ExecutorConfig:
+    """Where the cells run: a suite's ``[executor]`` table.  Each key stands for the flag
+    named beside it, and a flag given on the command line wins over the key.  Example::
+
+        [executor]
+        kind = "slurm"
+        partition = "gpu"
+        time = 720             # minutes
+        [executor.options]     # further sbatch options
+        account = "myproject"
+    """
+
+    kind: str = field(default="local", metadata={"choices": EXECUTORS})  # --executor
+    workers: int = field(default=2, metadata={"min": 1, "soft_max": 4096})  # --workers (CPU pool size)
+    cells_per_gpu: int = field(default=1, metadata={"min": 1, "soft_max": 1024})  # --cells-per-gpu
+    partition: str = ""  # --slurm-partition; "" = the cluster's default partition
+    gpus: int = field(default=SlurmOptions.gpus_per_cell, metadata={"min": 0, "soft_max": 64})  # --slurm-gpus, per cell
+    cpus: int = field(default=SlurmOptions.cpus_per_cell, metadata={"min": 1, "soft_max": 4096})  # --slurm-cpus, per cell
+    mem_gb: float = field(default=SlurmOptions.mem_gb, metadata={"exclusive_min": 0.0, "soft_max": 1 << 16})  # --slurm-mem-gb
+    time: int = field(default=SlurmOptions.time_min, metadata={"min": 1, "soft_max": 366 * 24 * 60})  # --slurm-time, minutes
+    array_limit: int = field(default=SlurmOptions.array_limit, metadata={"min": 1, "soft_max": 1 << 20})  # --slurm-array-limit
+    options: dict = field(default_factory=dict, hash=False)  # --slurm-option KEY=VALUE; name -> value (strings)
+
+    def slurm_options(self) -> SlurmOptions:
+        return SlurmOptions(self.partition or None, self.gpus, self.cpus, self.mem_gb, self.time, self.array_limit,
+                            dict(self.options))
+
+
+def parse_executor(table: object, path: str = "executor", problems: Problems | None = None) -> ExecutorConfig | None:
+    """An ``[executor]`` table as an :class:`ExecutorConfig`; every problem is reported with
+    its key path (``executor.workers``), like the rest of the suite.  Option names are
+    normalised as ``--slurm-option`` does (``mail-type`` -> ``mail_type``), integer values
+    become strings."""
+    own = problems is None
+    problems = Problems() if own else problems
+    before = len(problems)
+    if not isinstance(table, dict):
+        problems.add(path, f"expected a table of executor settings (kind, workers, partition, ...), got {table!r}")
+        table = None
+    elif isinstance(table.get("time"), str):  # "24:00:00", sbatch's own notation
+        problems.add(f"{path}.time", f"the time limit per cell in minutes, an integer (e.g. time = 1440 for "
+                                     f"24 hours), got {table['time']!r}")
+        table = {k: v for k, v in table.items() if k != "time"}
+    config = parse(ExecutorConfig, table, path, problems) if table is not None else None
+    if config is not None:
+        options = {}
+        for key, value in config.options.items():
+            sub = f"{path}.options.{key}"
+            name = sbatch_option_name(key)
+            if not name:
+                problems.add(sub, "an sbatch option needs a name, e.g. account = \"myproject\"")
+            elif isinstance(value, bool) or not isinstance(value, (str, int)):
+                problems.add(sub, f"expected a string or an integer (the sbatch option's value), got {value!r}")
+            else:
+                options[name] = str(value)
+        config = replace(config, options=options)
+    if own:
+        problems.raise_if_any()
+    return config if len(problems) == before else None
 
 
 # --------------------------------------------------------------------------- the cell function

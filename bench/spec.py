@@ -17,6 +17,9 @@ sub-tables.  Example::
     [methods.deep_ensemble]
     base = "msp"
     members = 3
+    [executor]                # optional: where the cells run (command-line flags win)
+    kind = "processes"
+    workers = 2
 
 Every problem (unknown key or name, wrong type, out-of-range value) is collected with
 its key path and raised as one :class:`~bench.errors.ConfigError`.
@@ -27,11 +30,12 @@ import copy
 import difflib
 import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from bench.errors import ConfigError
+from bench.executors import ExecutorConfig, parse_executor
 from bench.options import Problems, parse
 from bench.registry import ATTENTIONS, DATASETS, METHODS
 
@@ -150,6 +154,8 @@ class Suite:
     methods: tuple[MethodSpec, ...]
     description: str = ""
     reference: str = ""  # the method significance tests and corruption errors compare against
+    # where the cells run ([executor]); in no cell key and not in the store
+    executor: ExecutorConfig = field(default_factory=ExecutorConfig)
 
     @property
     def reference_method(self) -> str:
@@ -175,6 +181,7 @@ class _Top:
     model: dict = field(default_factory=dict)
     datasets: dict = field(default_factory=dict)
     methods: dict = field(default_factory=dict)
+    executor: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -250,6 +257,7 @@ def build_suite(raw: dict, overrides: Overrides = Overrides()) -> Suite:
     base_train = _override_epochs(dict(top.train), overrides.epochs)
     parse(TrainConfig, base_train, "train", problems)
     parse(ModelConfig, _apply_preset(dict(top.model), "model", problems), "model", problems)
+    executor = parse_executor(dict(top.executor), "executor", problems)
 
     method_tables = dict(top.methods)
     if overrides.methods is not None:
@@ -276,7 +284,7 @@ def build_suite(raw: dict, overrides: Overrides = Overrides()) -> Suite:
     if top.reference and top.reference not in by_name:
         problems.add("reference", f"names no method of this suite; known: {', '.join(by_name)}")
     problems.raise_if_any()
-    return Suite(top.name, top.seeds, datasets, methods, top.description, top.reference)
+    return Suite(top.name, top.seeds, datasets, methods, top.description, top.reference, executor)
 
 
 def _parse_dataset(name: str, table: Any, problems: Problems) -> DatasetSpec | None:
@@ -400,4 +408,4 @@ def select(
                 f"({list(suite.seeds)}); add seeds, lower 'members', or leave it out with --methods"
             )
     chosen_datasets = tuple(d for d in suite.datasets if datasets is None or d.name in datasets)
-    return Suite(suite.name, suite.seeds, chosen_datasets, chosen_methods, suite.description, suite.reference)
+    return replace(suite, datasets=chosen_datasets, methods=chosen_methods)

@@ -41,15 +41,16 @@ samples = 2
 """
 
 
-def _suite(tmp_path: Path) -> Path:
+def _suite(tmp_path: Path, table: str = "") -> Path:
+    """The tiny suite, with ``table`` (e.g. an ``[executor]`` table) appended."""
     path = tmp_path / "tiny.toml"
-    path.write_text(TINY)
+    path.write_text(TINY + table)
     return path
 
 
-def _run(tmp_path: Path, *extra: str, results: str = "results") -> subprocess.Popen:
+def _run(tmp_path: Path, *extra: str, results: str = "results", table: str = "") -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "run_suite.py", "--suite", str(_suite(tmp_path)), "--results", str(tmp_path / results),
+        [sys.executable, "run_suite.py", "--suite", str(_suite(tmp_path, table)), "--results", str(tmp_path / results),
          "--reports", str(tmp_path / "reports"), "--data-root", str(tmp_path / "data"), *extra],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -129,6 +130,58 @@ def test_process_pool_with_two_workers_matches_the_local_run(tmp_path):
     assert pooled.returncode == 0, err
     assert len(_trained(err)) == 4 and "2 worker(s)" in err and "queued or running" in err
     pd.testing.assert_frame_equal(_summary(tmp_path), reference)  # the same numbers, cell for cell
+
+
+POOL_TABLE = '\n[executor]\nkind = "processes"\nworkers = 2\n'
+
+
+def test_executor_table_of_the_suite_file_runs_its_executor_without_flags(tmp_path):
+    proc = _run(tmp_path, "--methods", "msp", table=POOL_TABLE)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err
+    # the pool's own lines: its size and the per-outcome queue count (the local executor prints neither)
+    assert "executor processes: 2 worker(s)" in err and "queued or running" in err, err
+    assert len(_trained(err)) == 2
+    # the table is no part of any cell: the store holds exactly the keys of the suite without it
+    from bench.cli import import_plugins
+    from bench.plan import make_plan
+    from bench.spec import load_suite, select
+
+    import_plugins([])  # the built-in registries, as run_suite.py loads them
+    plain = make_plan(select(load_suite(str(_suite(tmp_path))), ("msp",)))
+    store = tmp_path / "results" / "tiny"
+    assert {p.name for p in store.iterdir() if p.is_dir() and not p.name.startswith(".")} == \
+        {c.key for c in plain.cells}
+    assert "executor" not in (store / "suite.json").read_text()
+
+
+def test_executor_flags_override_the_table_key_by_key(tmp_path):
+    from bench.cli import build_parser, executor_settings, import_plugins
+    from bench.spec import load_suite
+
+    import_plugins([])
+    table = ('\n[executor]\nkind = "slurm"\nworkers = 3\npartition = "gpu"\ntime = 720\n'
+             '[executor.options]\naccount = "uq"\nqos = "low"\n')
+    suite = load_suite(str(_suite(tmp_path, table)))
+    # no flag: the table, and the defaults for the keys it leaves out
+    unset = executor_settings(build_parser().parse_args(["--suite", "x"]), suite.executor)
+    assert unset == suite.executor
+    assert (unset.kind, unset.workers, unset.partition, unset.time, unset.cpus) == ("slurm", 3, "gpu", 720, 8)
+    flags = build_parser().parse_args(["--executor", "processes", "--workers", "2", "--slurm-time", "60",
+                                       "--slurm-option", "qos=high", "--slurm-option", "mail-type=END"])
+    merged = executor_settings(flags, suite.executor)
+    assert (merged.kind, merged.workers, merged.partition, merged.time) == ("processes", 2, "gpu", 60)
+    assert merged.options == {"account": "uq", "qos": "high", "mail_type": "END"}
+    assert merged.slurm_options().time_min == 60
+
+
+def test_a_bad_executor_table_stops_the_run_before_any_work(tmp_path):
+    proc = _run(tmp_path, table='\n[executor]\nkind = "ray"\nworker = 2\n')
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2, err
+    assert "executor.kind: expected one of 'local', 'processes', 'slurm', 'submitit-local', got 'ray'" in err
+    assert "executor.worker: unknown key (did you mean 'workers'?)" in err
+    assert not (tmp_path / "results").exists()
 
 
 def test_submitit_local_executor_runs_every_cell(tmp_path):

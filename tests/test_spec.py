@@ -591,3 +591,61 @@ def test_a_preset_that_is_not_a_string_is_a_config_error(tmp_path):
     path.write_text('seeds = [0]\n[model]\npreset = [0]\n[datasets.mnist5k]\n[methods.msp]\n')
     with pytest.raises(ConfigError, match=r"model\.preset: must be a preset name \(a string\), got \[0\]"):
         load_suite(str(path))
+
+
+# --------------------------------------------------------------------------- [executor]
+
+
+def test_executor_table_of_a_suite_file_gives_the_executor_settings(tmp_path):
+    path = tmp_path / "cluster.toml"
+    path.write_text('seeds = [0]\n[datasets.mnist5k]\n[methods.msp]\n'
+                    '[executor]\nkind = "slurm"\npartition = "gpu"\ngpus = 2\ncpus = 4\nmem_gb = 40\n'
+                    'time = 720\narray_limit = 16\n'
+                    '[executor.options]\naccount = "uq"\nmail-type = "END"\nnice = 10\n')
+    executor = load_suite(str(path)).executor
+    assert (executor.kind, executor.partition, executor.gpus, executor.cpus, executor.mem_gb, executor.time,
+            executor.array_limit) == ("slurm", "gpu", 2, 4, 40.0, 720, 16)
+    # option names as --slurm-option writes them, values as sbatch receives them
+    assert executor.options == {"account": "uq", "mail_type": "END", "nice": "10"}
+    slurm = executor.slurm_options()
+    assert (slurm.partition, slurm.gpus_per_cell, slurm.time_min, slurm.extra["account"]) == ("gpu", 2, 720, "uq")
+
+
+def test_a_suite_without_executor_table_runs_locally_with_the_flag_defaults():
+    executor = build_suite(minimal()).executor
+    assert (executor.kind, executor.workers, executor.cells_per_gpu, executor.partition, executor.gpus,
+            executor.cpus, executor.mem_gb, executor.time, executor.array_limit, executor.options) == \
+        ("local", 2, 1, "", 1, 8, 32.0, 1440, 64, {})
+    assert select(build_suite(minimal(executor={"kind": "processes"})), ("msp",)).executor.kind == "processes"
+
+
+@pytest.mark.parametrize(
+    "table, path, needle",
+    [
+        ({"workers": 0}, "executor.workers", "must be >= 1, got 0"),
+        ({"kind": "ray"}, "executor.kind", "expected one of 'local', 'processes', 'slurm', 'submitit-local', got 'ray'"),
+        ({"worker": 2}, "executor.worker", "did you mean 'workers'?"),
+        ({"type": "slurm"}, "executor.type", "known keys: kind,"),
+        ({"mem_gb": -1}, "executor.mem_gb", "must be > 0"),
+        ({"gpus": -1}, "executor.gpus", "must be >= 0"),
+        ({"time": "24:00:00"}, "executor.time", "in minutes, an integer (e.g. time = 1440"),
+        ({"cells_per_gpu": 2.5}, "executor.cells_per_gpu", "expected an integer"),
+        ({"options": {"account": ["a", "b"]}}, "executor.options.account", "expected a string or an integer"),
+        ({"options": "account=uq"}, "executor.options", "expected a table"),
+        ("slurm", "executor", "expected a table"),
+    ],
+)
+def test_a_bad_executor_table_names_the_key(table, path, needle):
+    lines = problem_lines(config_error(minimal(executor=table)))
+    assert path in lines, lines
+    assert needle in lines[path]
+
+
+def test_executor_problems_are_reported_with_the_others():
+    lines = problem_lines(config_error(minimal(train={"epochs": 0}, executor={"workers": 0, "kind": "ray"})))
+    assert {"train.epochs", "executor.workers", "executor.kind"} <= set(lines)
+
+
+def test_the_executor_table_changes_no_cell_key():
+    table = {"kind": "slurm", "workers": 7, "partition": "gpu", "gpus": 4, "options": {"account": "uq"}}
+    assert _keys({**copy.deepcopy(BASE), "executor": table}) == _keys(copy.deepcopy(BASE))
