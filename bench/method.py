@@ -128,6 +128,12 @@ class TrainedMethod:
         options derive from :class:`MonteCarlo`, else 1."""
         return self.options.samples if isinstance(self.options, MonteCarlo) else 1
 
+    #: Whether every random draw of a prediction pass is independent per input (dropout
+    #: masks, per-sample GP noise), so that :func:`bench.train.predict` may run the S passes
+    #: as one forward of the batch repeated S times.  A method whose noise is shared across
+    #: a batch (e.g. one hash projection per forward) sets it to False.
+    batched_samples: ClassVar[bool] = True
+
     @property
     def average(self) -> str:
         """How passes are combined: ``"logits"`` (then softmax) or ``"probs"``."""

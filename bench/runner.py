@@ -230,6 +230,8 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
                      on_checkpoint=lambda state: _save_state(cd, state))
         if bar is not None:
             bar.close()
+        if result.compile.startswith("failed"):
+            console.warn(f"{cell.label}: torch.compile {result.compile}")
         log_buf = io.StringIO()
         writer = csv.DictWriter(log_buf, fieldnames=list(result.log[0]))
         writer.writeheader()
@@ -247,7 +249,9 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
         for split in data.eval_splits(cell.dataset.splits):
             s = data.get(split)
             extras: dict[str, np.ndarray] = {}
-            lp = predict(method, model, s, data, device, cell.method.train.eval_batch_size, extras)
+            train = cell.method.train
+            lp = predict(method, model, s, data, device, train.eval_batch_size, extras, precision=train.precision,
+                         batch_passes=train.batch_passes)
             cd.write_preds(split, lp, s.y, **extras)
             n_pred += len(s)
             if split == "test":
@@ -276,6 +280,7 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
             "predict_seconds_per_1000": round(1000 * pred_secs / max(1, n_pred), 4),
             "parameters": sum(p.numel() for p in model.parameters()),
             "best_epoch": result.best_epoch,
+            "compile": result.compile,
             "best_val_acc": result.best_val_acc,
             "test_acc": test_acc,
             "peak_memory_mb": peak_memory_mb(device),

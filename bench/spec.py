@@ -56,7 +56,17 @@ class TrainConfig:
     grad_clip: float = field(default=1.0, metadata={"min": 0.0})  # max grad norm; 0 = off
     augment: tuple[str, ...] = field(default=(), metadata={"choices": ("crop", "flip")})
     eval_batch_size: int = field(default=1000, metadata={"min": 1, "soft_max": 1 << 20})
-    compile: bool = False  # torch.compile on CUDA
+    # torch.compile of the training forward: "auto" = on CUDA only; true = on any device
+    # (CPU needs a C++ compiler); a method that does not compile falls back to eager, and
+    # the cell records why.  Evaluation always runs eagerly.
+    compile: bool | Literal["auto"] = "auto"
+    # "auto" = bf16 autocast on CUDA, float32 on CPU; "bf16" = bf16 autocast on any device
+    # (CPU too: how CI checks the bf16 path); "fp32" = no autocast.
+    precision: Literal["auto", "bf16", "fp32"] = "auto"
+    # Monte-Carlo passes at prediction as one forward of the batch repeated S times, for
+    # methods whose noise is drawn per input: "auto" = on CUDA (on CPU the passes run one
+    # by one, as the committed CPU reference runs were made); true/false = always/never.
+    batch_passes: bool | Literal["auto"] = "auto"
     # epochs between resumable training states (a killed cell resumes from the last one);
     # 0 = automatic: after every epoch once an epoch takes over a minute.  Not part of the
     # cell key: resuming ends with the same weights as an uninterrupted run.

@@ -1,11 +1,17 @@
 """The one training loop and the one prediction routine, shared by every trained method.
 
-Adam or AdamW, linear warm-up then cosine decay to ``min_lr`` (stepped per batch),
-gradient-norm clipping, validation after every epoch and the best-validation-accuracy
-weights kept (ties keep the earlier epoch).  Method-specific loss terms enter through
-``method.training_loss``.  On CUDA the data sit on the GPU, augmentation runs there and
-the forward pass uses bf16 autocast; on CPU everything is deterministic for a seed.
-A non-finite loss raises :class:`~bench.errors.NonFiniteLoss`.
+Adam or AdamW (fused where torch offers it: CUDA), linear warm-up then cosine decay to
+``min_lr`` (stepped per batch), gradient-norm clipping, validation after every epoch and
+the best-validation-accuracy weights kept (ties keep the earlier epoch).  Method-specific
+loss terms enter through ``method.training_loss``.  The data sit on the training device
+as uint8 and are cropped, flipped and normalised there in batches; ``[train] precision``
+"auto" runs the forward pass under bf16 autocast on CUDA and in float32 on CPU, where
+everything is deterministic for a seed.  ``[train] compile`` compiles the training
+forward, falling back to eager execution (with the reason recorded) when it fails.
+
+The step loop never waits for the device: no ``.item()``, no Python branch on a device
+value.  A non-finite loss is flagged on the device and checked at the end of the epoch,
+which raises :class:`~bench.errors.NonFiniteLoss` naming the epoch and step.
 """
 from __future__ import annotations
 
@@ -67,20 +73,21 @@ class Normalize:
 
 
 def augment(x: torch.Tensor, ops: tuple[str, ...], gen: torch.Generator) -> torch.Tensor:
-    """Random crop with 4-pixel zero padding and/or horizontal flip, per sample, on uint8 NCHW."""
+    """Random crop with 4-pixel zero padding and/or horizontal flip, per sample, on uint8 NCHW.
+    The offsets are drawn on ``gen``'s device (on the GPU: no copy, no wait, per step)."""
     b, _, h, w = x.shape
     if "crop" in ops:
         pad = 4
         padded = F.pad(x, (pad, pad, pad, pad))
-        oy = torch.randint(0, 2 * pad + 1, (b,), generator=gen).to(x.device)
-        ox = torch.randint(0, 2 * pad + 1, (b,), generator=gen).to(x.device)
+        oy = torch.randint(0, 2 * pad + 1, (b,), generator=gen, device=gen.device).to(x.device)
+        ox = torch.randint(0, 2 * pad + 1, (b,), generator=gen, device=gen.device).to(x.device)
         rows = (oy[:, None] + torch.arange(h, device=x.device))[:, None, :, None]
         cols = (ox[:, None] + torch.arange(w, device=x.device))[:, None, None, :]
         idx_b = torch.arange(b, device=x.device)[:, None, None, None]
         idx_c = torch.arange(x.shape[1], device=x.device)[None, :, None, None]
         x = padded[idx_b, idx_c, rows, cols]
     if "flip" in ops:
-        flip = (torch.rand(b, generator=gen) < 0.5).to(x.device)
+        flip = (torch.rand(b, generator=gen, device=gen.device) < 0.5).to(x.device)
         x = torch.where(flip[:, None, None, None], x.flip(3), x)
     return x
 
@@ -93,10 +100,51 @@ def lr_factor(step: int, total: int, warmup: int, lr: float, min_lr: float) -> f
     return (min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))) / lr
 
 
-def autocast(device: torch.device):
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
+def autocast(device: torch.device, precision: str = "auto"):
+    """The forward pass's precision (``[train] precision``): bf16 autocast for "bf16", and
+    for "auto" on CUDA; float32 otherwise.  Layers keep their delicate parts in float32."""
+    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
+        return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
+    """Adam or AdamW over ``model``'s parameters; the fused kernel on CUDA (one launch for
+    every parameter; CPU keeps the default for-each implementation, whose results the
+    committed CPU reference runs were made with)."""
+    opt_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
+    kwargs = {"fused": True} if device.type == "cuda" else {}
+    try:
+        return opt_cls(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, **kwargs)
+    except (RuntimeError, TypeError, ValueError):  # a torch or parameter type without the fused kernel
+        return opt_cls(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+def compile_wanted(cfg: TrainConfig, device: torch.device) -> bool:
+    return cfg.compile is True or (cfg.compile == "auto" and device.type == "cuda")
+
+
+class CompiledForward:
+    """``torch.compile(model)`` when wanted, used until compiling fails (when it is created,
+    or at a call, which is when torch compiles); from then on the eager model, with the
+    reason kept in :attr:`status`."""
+
+    def __init__(self, model: torch.nn.Module, wanted: bool) -> None:
+        self.model, self.fn = model, model
+        self.status = "off"
+        if wanted:
+            try:
+                self.fn, self.status = torch.compile(model), "on"
+            except Exception as exc:  # noqa: BLE001 - any compiler failure falls back
+                self.fall_back(exc)
+
+    @property
+    def compiled(self) -> bool:
+        return self.fn is not self.model
+
+    def fall_back(self, exc: BaseException) -> None:
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        self.fn, self.status = self.model, f"failed, trained eagerly: {type(exc).__name__}: {first}"
 
 
 def _entropy(log_p: torch.Tensor) -> torch.Tensor:
@@ -107,7 +155,8 @@ def _entropy(log_p: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def predict(
     method: TrainedMethod, model: torch.nn.Module, split: Split | TokenSplit, data: DataBundle, device: torch.device,
-    batch_size: int, extras: dict[str, np.ndarray] | None = None,
+    batch_size: int, extras: dict[str, np.ndarray] | None = None, precision: str = "auto",
+    batch_passes: bool | str = "auto",
 ) -> np.ndarray:
     """Log predictive probabilities ``[N, C]`` (float32) with the method's S passes and
     averaging rule (``logits``: softmax of the mean logit; ``probs``: mean probability).
@@ -115,26 +164,39 @@ def predict(
     With S > 1 and an ``extras`` dict, also fills the per-image terms of the uncertainty
     decomposition (float32 [N], nats): ``entropy_of_mean`` = H[(1/S) sum_s p_s] (total)
     and ``mean_entropy`` = (1/S) sum_s H[p_s] (aleatoric); their difference is the mutual
-    information (epistemic).  Two numbers per image instead of all S x C probabilities."""
+    information (epistemic).  Two numbers per image instead of all S x C probabilities.
+
+    With ``batch_passes`` (``[train] batch_passes``; "auto" = on CUDA) and a method whose
+    noise is drawn per input (:attr:`TrainedMethod.batched_samples`), the S passes run as
+    one forward of the batch repeated S times, over ``batch_size // S`` images at a time,
+    so every forward holds about ``batch_size`` inputs; otherwise S forwards of
+    ``batch_size`` images.  Results stay on the device until the end."""
     method.eval_mode(model)
     norm = Normalize(data, device)
     x_all, _ = to_tensor(split, device)
+    samples = method.samples
+    wanted = batch_passes is True or (batch_passes == "auto" and device.type == "cuda")
+    batched = samples > 1 and method.batched_samples and wanted
+    chunk = max(1, batch_size // samples) if batched else batch_size
     out, total, aleatoric = [], [], []
-    for i in range(0, len(x_all), batch_size):
-        x = norm(x_all[i : i + batch_size])
-        with autocast(device):
-            logits = torch.stack([model(x).float() for _ in range(method.samples)])  # [S, B, C]
+    for i in range(0, len(x_all), chunk):
+        x = norm(x_all[i : i + chunk])
+        with autocast(device, precision):
+            if batched:  # pass s reads rows s*B .. (s+1)*B - 1
+                logits = model(x.repeat(samples, *[1] * (x.dim() - 1))).float().unflatten(0, (samples, len(x)))
+            else:
+                logits = torch.stack([model(x).float() for _ in range(samples)])  # [S, B, C]
         sample_lp = F.log_softmax(logits, dim=-1)
-        mean_lp = torch.logsumexp(sample_lp, dim=0) - math.log(method.samples)  # log of the mean probability
+        mean_lp = torch.logsumexp(sample_lp, dim=0) - math.log(samples)  # log of the mean probability
         lp = F.log_softmax(logits.mean(0), dim=-1) if method.average == "logits" else mean_lp
-        out.append(lp.cpu())
-        if extras is not None and method.samples > 1:
-            total.append(_entropy(mean_lp).cpu())
-            aleatoric.append(_entropy(sample_lp).mean(0).cpu())
+        out.append(lp)
+        if extras is not None and samples > 1:
+            total.append(_entropy(mean_lp))
+            aleatoric.append(_entropy(sample_lp).mean(0))
     if total:
-        extras["entropy_of_mean"] = torch.cat(total).numpy().astype(np.float32)
-        extras["mean_entropy"] = torch.cat(aleatoric).numpy().astype(np.float32)
-    return torch.cat(out).numpy().astype(np.float32)
+        extras["entropy_of_mean"] = torch.cat(total).cpu().numpy().astype(np.float32)
+        extras["mean_entropy"] = torch.cat(aleatoric).cpu().numpy().astype(np.float32)
+    return torch.cat(out).cpu().numpy().astype(np.float32)
 
 
 def _training_state(epoch: int, model, opt, sched, gen: torch.Generator, best: "TrainResult", seconds: float,
@@ -174,6 +236,7 @@ class TrainResult:
     best_val_acc: float
     log: list[dict] = field(default_factory=list)
     seconds: float = 0.0
+    compile: str = "off"  # "on", "off" or "failed, trained eagerly: <reason>"
 
 
 def fit(
@@ -195,7 +258,8 @@ def fit(
     continues from the next epoch and ends with the same weights as an uninterrupted run
     (bit for bit on CPU)."""
     start = time.perf_counter()
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)  # the epoch order (and, on CPU, the augmentation)
+    aug_gen = gen if device.type == "cpu" else torch.Generator(device).manual_seed(seed)
     train, val = data.get("train"), data.get("val")
     if cfg.augment and data.tokenizer is not None:
         raise ConfigError(f"train.augment {list(cfg.augment)} crops and flips images; dataset {data.name!r} is text: "
@@ -208,15 +272,21 @@ def fit(
     total = steps_per_epoch * cfg.epochs
     warmup = steps_per_epoch * cfg.warmup_epochs
 
-    opt_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
-    opt = opt_cls(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    opt = make_optimizer(model, cfg, device)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, total, warmup, cfg.lr, cfg.min_lr))
-    step_model = torch.compile(model) if (cfg.compile and device.type == "cuda") else model
+    forward = CompiledForward(model, compile_wanted(cfg, device))
+
+    def step_loss(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        with autocast(device, cfg.precision):
+            logits = forward.fn(norm(x))
+            return method.training_loss(model, logits, y), logits
 
     best = TrainResult(copy.deepcopy(model.state_dict()), -1, -1.0)
     first = 0
     if resume is not None:
         first = _restore(resume, model, opt, sched, gen, best, device)
+        if aug_gen is not gen and "aug_gen" in resume:
+            aug_gen.set_state(resume["aug_gen"])
         start -= float(resume.get("seconds", 0.0))
     for epoch in range(first, cfg.epochs):
         model.train()
@@ -224,18 +294,26 @@ def fit(
         perm = torch.randperm(n, generator=gen).to(device)
         loss_sum = torch.zeros((), device=device)
         correct = torch.zeros((), device=device)
+        bad_step = torch.full((), -1, dtype=torch.long, device=device)  # first non-finite loss of the epoch
+        bad_loss = torch.zeros((), device=device)
         for s in range(steps_per_epoch):
             idx = perm[s * bs : (s + 1) * bs]
             x = x_train[idx]
             if cfg.augment:
-                x = augment(x, cfg.augment, gen)
+                x = augment(x, cfg.augment, aug_gen)
             y = y_train[idx]
             method.on_train_step(model, epoch * steps_per_epoch + s, total)
-            with autocast(device):
-                logits = step_model(norm(x))
-                loss = method.training_loss(model, logits, y)
-            if not torch.isfinite(loss):
-                raise NonFiniteLoss(f"non-finite training loss {loss.item()} at epoch {epoch + 1}, step {s + 1}")
+            if forward.compiled:
+                try:
+                    loss, logits = step_loss(x, y)
+                except Exception as exc:  # noqa: BLE001 - compiling failed at its first call
+                    forward.fall_back(exc)
+                    loss, logits = step_loss(x, y)
+            else:
+                loss, logits = step_loss(x, y)
+            first_bad = (bad_step < 0) & ~torch.isfinite(loss.detach())
+            bad_step = torch.where(first_bad, s, bad_step)
+            bad_loss = torch.where(first_bad, loss.detach().float(), bad_loss)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.grad_clip > 0:
@@ -244,7 +322,11 @@ def fit(
             sched.step()
             loss_sum += loss.detach() * len(y)
             correct += (logits.argmax(-1) == y).sum()
-        val_lp = predict(method, model, val, data, device, cfg.eval_batch_size)
+        if int(bad_step) >= 0:  # the epoch's one look at the flag
+            raise NonFiniteLoss(f"non-finite training loss {float(bad_loss)} at epoch {epoch + 1}, "
+                                f"step {int(bad_step) + 1} of {steps_per_epoch}")
+        val_lp = predict(method, model, val, data, device, cfg.eval_batch_size, precision=cfg.precision,
+                         batch_passes=cfg.batch_passes)
         val_acc = float((val_lp.argmax(1) == val.y).mean())
         val_nll = float(-val_lp[np.arange(len(val.y)), val.y].mean())
         row = {
@@ -265,7 +347,11 @@ def fit(
             on_epoch(row)
         due = cfg.checkpoint_every and (epoch + 1) % cfg.checkpoint_every == 0
         if on_checkpoint is not None and epoch + 1 < cfg.epochs and (due or (not cfg.checkpoint_every and row["seconds"] > 60)):
-            on_checkpoint(_training_state(epoch + 1, model, opt, sched, gen, best, time.perf_counter() - start, device))
+            state = _training_state(epoch + 1, model, opt, sched, gen, best, time.perf_counter() - start, device)
+            if aug_gen is not gen:
+                state["aug_gen"] = aug_gen.get_state()
+            on_checkpoint(state)
     model.load_state_dict(best.state_dict)
     best.seconds = time.perf_counter() - start
+    best.compile = forward.status
     return best

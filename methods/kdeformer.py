@@ -158,6 +158,8 @@ class KDEformer(TrainedMethod):
     (``train_attention = "softmax"``) trained exactly and swapped in for prediction.  Its
     randomness (LSH directions, residual samples) gives ``samples`` Monte-Carlo passes."""
 
+    batched_samples = False  # one set of LSH directions per forward, shared by the batch
+
     @dataclass(frozen=True)
     class Options(MonteCarlo):
         train_attention: Literal["kdeformer", "softmax"] = "kdeformer"

@@ -227,6 +227,15 @@ class KEPSVGPAttention(LossTerm, nn.Module):
             mask = mask.bool()
             pad = ~mask[:, None, :, None]  # [B, 1, N, 1]
             q, k = q.masked_fill(pad, 0.0), k.masked_fill(pad, 0.0)  # official: q, k of padding zeroed
+        with torch.autocast(device_type=x.device.type, enabled=False):  # the kernel projections: float32
+            return self._projections(q, k, x_h, mask)
+
+    def _projections(self, q: torch.Tensor, k: torch.Tensor, x_h: torch.Tensor,
+                     mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """e, r from the heads' queries/keys/inputs (:meth:`scores`), at float32 or wider."""
+        h, d = self.heads, self.head_dim
+        q, k, x_h = (t.to(torch.promote_types(t.dtype, torch.float32)) for t in (q, k, x_h))
+        pad = None if mask is None else ~mask[:, None, :, None]
         phi_q, phi_k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
         if self.token_index is not None and mask is None:
             x_h = x_h[:, :, self.token_index]  # [B, h, N', d]
@@ -292,11 +301,12 @@ class KEPSVGPAttention(LossTerm, nn.Module):
         if n != self.n_tokens:
             raise ValueError(f"KEPSVGPAttention was built for {self.n_tokens} tokens, got {n}")
         e, r = self.scores(x, mask)  # [B, h, N, s] each
-        d2 = torch.exp(2 * self.log_lambda)[:, None, :]  # D² = Λ^{-1}: [h, 1, s]
-        a = (e + r if self.merge == "add" else torch.cat([e, r], dim=2)) * d2  # A: [B, h, N|2N, s]
-        f = a @ self.m_u  # μ = A m_u: [B, h, N|2N, s]
-        if self.sample:
-            f = f + self.noise(a, eps)
+        with torch.autocast(device_type=x.device.type, enabled=False):  # the posterior of u: float32
+            d2 = torch.exp(2 * self.log_lambda)[:, None, :]  # D² = Λ^{-1}: [h, 1, s]
+            a = (e + r if self.merge == "add" else torch.cat([e, r], dim=2)) * d2  # A: [B, h, N|2N, s]
+            f = a @ self.m_u.to(a.dtype)  # μ = A m_u: [B, h, N|2N, s]
+            if self.sample:
+                f = f + self.noise(a, eps)
         out = self.final_weight(f)  # [B, h, N|2N, d]
         if self.token_map is not None:
             if mask is not None:  # padded rows (of both halves) add nothing to the token map

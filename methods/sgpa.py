@@ -180,10 +180,24 @@ class ExponentialKernel(nn.Module):
 KERNELS: dict[str, type[nn.Module]] = {"ard": ARDKernel, "exponential": ExponentialKernel}
 
 
-def psd_cholesky(mat: torch.Tensor, jitter: float, tries: int = 4) -> tuple[torch.Tensor, float]:
+def psd_cholesky(mat: torch.Tensor, jitter: float, tries: int = 4,
+                 sync_free: bool | None = None) -> tuple[torch.Tensor, float | torch.Tensor]:
     """Cholesky factor of ``mat + j·I`` for the first ``j`` in jitter·(1, 10, 100, ...) that
-    works for the whole batch; returns the factor and that ``j``."""
+    works for the whole batch; returns the factor and that ``j``.
+
+    ``sync_free`` (default: on CUDA) never reads a device value on the host: every try is
+    factorised in one batched call and the first that works is picked on the device (``j``
+    then is a 0-d tensor; ``tries`` times the work, small next to a sync per layer and
+    step); a matrix that fails every try trips a device-side assertion.  Otherwise the
+    tries run one by one, stopping at the first that works."""
     eye = torch.eye(mat.shape[-1], dtype=mat.dtype, device=mat.device)
+    if mat.is_cuda if sync_free is None else sync_free:
+        js = jitter * torch.pow(10.0, torch.arange(tries, dtype=mat.dtype, device=mat.device))  # [tries]
+        chols, info = torch.linalg.cholesky_ex(mat.unsqueeze(0) + js.view(-1, *[1] * mat.dim()) * eye)
+        ok = (info == 0).reshape(tries, -1).all(1)  # [tries]: the try works for the whole batch
+        torch._assert_async(ok.any(), f"SGPA: matrix not positive definite even with jitter {jitter * 10.0 ** (tries - 1):g}")
+        first = ok.to(torch.int8).argmax().view(1)  # argmax gives the first maximum
+        return chols.index_select(0, first)[0], js.index_select(0, first)[0]
     for attempt in range(tries):
         j = jitter * 10.0**attempt
         chol, info = torch.linalg.cholesky_ex(mat + j * eye)
@@ -417,10 +431,11 @@ class SGPAAttention(LossTerm, nn.Module):
     def posterior(self, x: torch.Tensor, tokens: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> Posterior:
         """Posterior mean, covariance (per ``self.covariance``) and KL for inputs ``x``."""
         gp = self._gp(x, tokens, with_kl=True, mask=mask)
-        if self.covariance == "diag":
-            cov = self._diag_var(gp)
-        else:
-            cov = self._residual(gp).unsqueeze(2) + gp.factor.transpose(-1, -2) @ gp.factor
+        with torch.autocast(device_type=gp.mean.device.type, enabled=False):  # K_qq − AᵀA cancels: float32
+            if self.covariance == "diag":
+                cov = self._diag_var(gp)
+            else:
+                cov = self._residual(gp).unsqueeze(2) + gp.factor.transpose(-1, -2) @ gp.factor
         return Posterior(gp.mean, cov, gp.kl)
 
     def rsample(self, x: torch.Tensor, tokens: torch.Tensor | None = None, eps=None,
@@ -432,6 +447,12 @@ class SGPAAttention(LossTerm, nn.Module):
         return self._draw(self._gp(x, tokens, with_kl=False, mask=mask), eps)
 
     def _draw(self, gp: _GP, eps=None) -> torch.Tensor:
+        """A sample given the layer's GP terms, in float32 whatever the autocast: the residual
+        K_qq − AᵀA before its Cholesky cancels, and bf16 made it indefinite."""
+        with torch.autocast(device_type=gp.mean.device.type, enabled=False):
+            return self._draw_float(gp, eps)
+
+    def _draw_float(self, gp: _GP, eps=None) -> torch.Tensor:
         if self.covariance == "diag":
             std = self._diag_var(gp).clamp_min(1e-12).sqrt()
             return gp.mean + std * (torch.randn_like(gp.mean) if eps is None else eps.to(gp.mean.dtype))

@@ -286,17 +286,23 @@ def test_variances_non_negative_at_large_inputs_and_near_keys():
             assert torch.isfinite(var).all() and (var >= 0).all(), (kernel, variant)
 
 
-def test_psd_cholesky_escalates_the_jitter_only_when_needed():
+@pytest.mark.parametrize("sync_free", [False, True])  # True: every try at once, picked on the device (CUDA's way)
+def test_psd_cholesky_escalates_the_jitter_only_when_needed(sync_free):
     ok = torch.tensor([[2.0, 1.0], [1.0, 2.0]], dtype=torch.float64)
-    chol, j = psd_cholesky(ok, 1e-6)
-    assert j == 1e-6
+    chol, j = psd_cholesky(ok, 1e-6, sync_free=sync_free)
+    assert float(j) == pytest.approx(1e-6, rel=1e-12)
     np.testing.assert_allclose((chol @ chol.T).numpy(), ok.numpy() + 1e-6 * np.eye(2), rtol=1e-12)
     bad = torch.diag(torch.tensor([1.0, 1.0, -5e-6], dtype=torch.float64))  # needs jitter > 5e-6
-    chol, j = psd_cholesky(bad, 1e-6)
-    assert j == pytest.approx(1e-5)
+    chol, j = psd_cholesky(bad, 1e-6, sync_free=sync_free)
+    assert float(j) == pytest.approx(1e-5, rel=1e-12)
     np.testing.assert_allclose((chol @ chol.T).numpy(), bad.numpy() + 1e-5 * np.eye(3), rtol=1e-12)
+    # a batch takes the first jitter that works for every matrix in it
+    both = torch.stack([torch.diag(torch.tensor([1.0, 1.0, 1.0], dtype=torch.float64)), bad])
+    chol, j = psd_cholesky(both, 1e-6, sync_free=sync_free)
+    assert float(j) == pytest.approx(1e-5, rel=1e-12)
+    np.testing.assert_allclose((chol @ chol.transpose(-1, -2)).numpy(), both.numpy() + 1e-5 * np.eye(3), rtol=1e-12)
     with pytest.raises(RuntimeError, match="not positive definite"):
-        psd_cholesky(-torch.eye(2, dtype=torch.float64), 1e-6)
+        psd_cholesky(-torch.eye(2, dtype=torch.float64), 1e-6, sync_free=sync_free)
 
 
 def test_full_covariance_samples_with_duplicate_tokens():

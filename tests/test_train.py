@@ -6,6 +6,7 @@ Expected values come from closed forms, numpy/scipy, or models written in this f
 """
 from __future__ import annotations
 
+import collections
 import math
 
 import numpy as np
@@ -269,15 +270,15 @@ def test_fit_raises_nonfinite_loss_with_epoch(data, bad):
     cfg = TrainConfig(epochs=3, batch_size=50, lr=1e-3, warmup_epochs=0)  # 150 / 50 = 3 steps per epoch
     method = NaNAfter(ok=4, bad=bad)  # the 5th step is step 2 of epoch 2
     model = build(method, data, 0)
-    with pytest.raises(NonFiniteLoss, match=r"epoch 2\b"):
+    with pytest.raises(NonFiniteLoss, match=r"epoch 2, step 2 of 3\b"):
         fit(method, model, data, cfg, CPU, seed=0)
-    assert method.calls == 5  # stopped at once
+    assert method.calls == 6  # the step loop never waits for the flag: it is read at the epoch's end
 
 
 def test_fit_nan_on_first_step_names_epoch_1(data):
     cfg = TrainConfig(epochs=2, batch_size=50, lr=1e-3, warmup_epochs=0)
     method = NaNAfter(ok=0, bad=float("nan"))
-    with pytest.raises(NonFiniteLoss, match=r"epoch 1\b"):
+    with pytest.raises(NonFiniteLoss, match=r"epoch 1, step 1\b"):
         fit(method, build(method, data, 0), data, cfg, CPU, seed=0)
 
 
@@ -346,13 +347,20 @@ class Scripted(nn.Module):
     def __init__(self, table: np.ndarray) -> None:
         super().__init__()
         self.table = torch.from_numpy(table)
-        self.calls = 0
+        self.calls = 0  # passes run (over all batches)
+        self.passes_per_image: collections.Counter = collections.Counter()
         self.modes: list[bool] = []
 
     def forward(self, x):
+        """One call may hold several passes of a batch (the batch repeated): row j is pass
+        j // B of its call, B = the rows before the first image comes round again."""
         idx = x[:, 0, 0, 0].round().long()
-        out = self.table[self.calls % len(self.table), idx]
-        self.calls += 1
+        again = (idx[1:] == idx[0]).nonzero()
+        b = int(again[0]) + 1 if len(again) else len(idx)
+        passes = torch.arange(len(idx)) // b
+        out = self.table[(self.calls + passes) % len(self.table), idx]
+        self.calls += len(idx) // b
+        self.passes_per_image.update(idx.tolist())
         self.modes.append(self.training)
         return out
 
@@ -384,9 +392,10 @@ def test_predict_rgb_channels_reach_the_model_in_nchw_order():
     np.testing.assert_allclose(lp, sp_log_softmax(table[0].astype(np.float64), axis=-1), atol=1e-5)
 
 
+@pytest.mark.parametrize("batch_passes", [False, True])  # S forwards, or one of the batch repeated S times
 @pytest.mark.parametrize("average", ["logits", "probs"])
 @pytest.mark.parametrize("samples,batch", [(5, 4), (1, 100), (3, 11)])
-def test_predict_averaging_rules(average, samples, batch):
+def test_predict_averaging_rules(average, samples, batch, batch_passes):
     n, c = 11, 4
     rng = np.random.default_rng(samples * 10 + batch)
     table = (3.0 * rng.normal(size=(samples, n, c))).astype(np.float32)
@@ -394,7 +403,7 @@ def test_predict_averaging_rules(average, samples, batch):
     model = Scripted(table)
     model.train()
     method = MCDropout(MCDropout.Options(samples=samples, average=average))
-    lp = predict(method, model, data.get("val"), data, CPU, batch)
+    lp = predict(method, model, data.get("val"), data, CPU, batch, batch_passes=batch_passes)
 
     t = table.astype(np.float64)
     if average == "logits":
@@ -404,7 +413,7 @@ def test_predict_averaging_rules(average, samples, batch):
     assert lp.dtype == np.float32 and lp.shape == (n, c)
     np.testing.assert_allclose(lp, expected, atol=2e-5, rtol=1e-5)
     np.testing.assert_allclose(sp_logsumexp(lp.astype(np.float64), axis=1), 0.0, atol=1e-5)
-    assert model.calls == samples * math.ceil(n / batch)
+    assert model.passes_per_image == {i: samples for i in range(n)}
     assert not any(model.modes)  # eval mode for every pass (no Dropout modules here)
 
 
@@ -508,8 +517,9 @@ def test_vit_gradients_reach_every_parameter(pool):
         assert p.grad.abs().sum() > 0, name
 
 
+@pytest.mark.parametrize("batch_passes", [False, True])
 @pytest.mark.parametrize("average", ["logits", "probs"])
-def test_predict_stores_the_decomposition_terms(average):
+def test_predict_stores_the_decomposition_terms(average, batch_passes):
     """entropy_of_mean = H[mean_s p_s] and mean_entropy = mean_s H[p_s] (scipy), whatever
     the predictive's averaging rule; their difference (mutual information) is >= 0."""
     from scipy.stats import entropy as sp_entropy
@@ -519,7 +529,7 @@ def test_predict_stores_the_decomposition_terms(average):
     data = index_bundle(n)
     extras: dict = {}
     method = MCDropout(MCDropout.Options(samples=samples, average=average))
-    predict(method, Scripted(table), data.get("val"), data, CPU, 4, extras)
+    predict(method, Scripted(table), data.get("val"), data, CPU, 4, extras, batch_passes=batch_passes)
     p = sp_softmax(table.astype(np.float64), axis=-1)  # [S, N, C]
     np.testing.assert_allclose(extras["entropy_of_mean"], sp_entropy(p.mean(axis=0), axis=-1), atol=1e-5)
     np.testing.assert_allclose(extras["mean_entropy"], sp_entropy(p, axis=-1).mean(axis=0), atol=1e-5)
