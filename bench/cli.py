@@ -356,14 +356,23 @@ def _main(args: argparse.Namespace) -> int:
         from bench.store import Store
         from bench.train import resolve_device
 
-        device = resolve_device(args.device)
-        console = Console(args.quiet)
+        from bench import distributed
+
+        device = distributed.setup(resolve_device(args.device))  # under torchrun: join its process group
+        rank, size = distributed.world()
+        console = Console(args.quiet or rank > 0)
         plan = make_plan(select(suite, args.methods, args.datasets))
         where = executor_settings(args, suite.executor)
-        console.log(f"suite {suite.name!r}: {len(plan.cells)} cells on {device}, store {store_root}")
-        summary = run_plan(plan, Store(store_root), device, console, describe=suite, executor=where.kind,
-                           workers=where.workers, cells_per_gpu=where.cells_per_gpu, slurm=where.slurm_options(),
-                           plugins=tuple(args.plugin))
+        console.log(f"suite {suite.name!r}: {len(plan.cells)} cells on {device}, store {store_root}"
+                    + (f"; each cell on {size} torchrun processes (DDP)" if size > 1 else ""))
+        try:
+            summary = run_plan(plan, Store(store_root), device, console, describe=suite, executor=where.kind,
+                               workers=where.workers, cells_per_gpu=where.cells_per_gpu, slurm=where.slurm_options(),
+                               plugins=tuple(args.plugin))
+        finally:
+            distributed.teardown()
+        if rank > 0:
+            return 0  # rank 0 stores, analyses and reports
         console.log(f"done: {len(summary.done)} trained, {len(summary.skipped)} skipped, {len(summary.failed)} failed"
                     + (f", {len(summary.elsewhere)} running elsewhere" if summary.elsewhere else ""))
         status = 1 if summary.failed else 0

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bench import distributed
 from bench.data import DataBundle
 from bench.errors import ConfigError, NonFiniteLoss
 from bench.plan import Cell, Plan
@@ -115,10 +116,23 @@ def run_plan(plan: Plan, store: Store, device: torch.device, console: Console, d
     from bench.data import data_settings
     from bench.executors import Job, SlurmOptions, pool, preload, run_job, submitit_run
 
-    datasets = {d.name: load_data(d) for d in plan.suite.datasets}
-    # every cell verified once (sha256 of its files): decides what preflight loads and what runs
-    conditions = {c.key: store.cell(c.key).condition() for c in plan.cells}
-    preflight(plan, datasets, {c.dataset.name for c in plan.cells if conditions[c.key][0] != "complete"})
+    rank, size = distributed.world()
+    if size > 1 and executor != "local":
+        raise ConfigError(f"torchrun trains each cell on its {size} processes together: use --executor local "
+                          f"(got {executor}); to run several cells at once, start several runners instead")
+    if rank > 0:
+        return _follow(plan, device)
+    try:
+        datasets = {d.name: load_data(d) for d in plan.suite.datasets}
+        # every cell verified once (sha256 of its files): decides what preflight loads and what runs
+        conditions = {c.key: store.cell(c.key).condition() for c in plan.cells}
+        preflight(plan, datasets, {c.dataset.name for c in plan.cells if conditions[c.key][0] != "complete"})
+    except BaseException:
+        if size > 1:
+            distributed.announce(None)  # the followers stop too
+        raise
+    if size > 1:
+        distributed.announce("ready")  # the data (and generated caches) are in place for the followers
     if describe is not None:
         from bench.catalog import write_store_description
 
@@ -171,6 +185,29 @@ def run_plan(plan: Plan, store: Store, device: torch.device, console: Console, d
             bar.update(1)
     if bar is not None:
         bar.close()
+    if size > 1:
+        distributed.announce(None)  # no more cells: the followers return
+    return summary
+
+
+def _follow(plan: Plan, device: torch.device) -> RunSummary:
+    """A torchrun rank other than 0: train each cell rank 0 announces with it (same seed,
+    same model, its share of every batch), store nothing, until rank 0 says done."""
+    if distributed.announce() != "ready":
+        return RunSummary()
+    datasets = {d.name: load_data(d) for d in plan.suite.datasets}
+    cells = {c.key: c for c in plan.cells}
+    summary = RunSummary()
+    while (message := distributed.announce()) is not None:
+        cell = cells[message["key"]]
+        method = METHODS.get(cell.method.type)(cell.method.options)
+        seed_everything(cell.seed)
+        model = method.build_model(cell.method.model, datasets[cell.dataset.name]).to(device)
+        try:
+            fit(method, model, datasets[cell.dataset.name], cell.method.train, device, cell.seed, resume=message["resume"])
+            summary.done.append(cell.key)
+        except NonFiniteLoss:  # rank 0 records the failure
+            summary.failed.append(cell.key)
     return summary
 
 
@@ -224,6 +261,8 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
         seed_everything(cell.seed)
         model = method.build_model(cell.method.model, data).to(device)
         reset_peak_memory(device)
+        if distributed.active():  # the other torchrun ranks train this cell with this one
+            distributed.announce({"key": cell.key, "resume": resume})
         bar = console.bar(cell.method.train.epochs, "epochs", leave=False)
         result = fit(method, model, data, cell.method.train, device, cell.seed,
                      on_epoch=(lambda _r: bar.update(1)) if bar else None, resume=resume,

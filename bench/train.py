@@ -27,6 +27,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from bench import distributed
 from bench.data import DataBundle, Split, TokenSplit
 from bench.errors import ConfigError, NonFiniteLoss
 from bench.method import TrainedMethod
@@ -256,7 +257,13 @@ def fit(
     once one took over a minute) ``on_checkpoint`` receives the training state (model,
     optimiser, schedule, RNG states, epoch, best-so-far, log); ``resume`` = such a state
     continues from the next epoch and ends with the same weights as an uninterrupted run
-    (bit for bit on CPU)."""
+    (bit for bit on CPU).
+
+    Inside a process group of K processes (torchrun, :mod:`bench.distributed`) the model
+    trains under DistributedDataParallel: each step's global batch of ``batch_size`` is
+    drawn and augmented as in one process, and each rank takes its K-th part, so the
+    averaged gradients, the logged loss and the weights are the single-process ones (up
+    to float summation order and per-rank dropout noise).  Only rank 0 validates."""
     start = time.perf_counter()
     gen = torch.Generator().manual_seed(seed)  # the epoch order (and, on CPU, the augmentation)
     aug_gen = gen if device.type == "cpu" else torch.Generator(device).manual_seed(seed)
@@ -268,13 +275,23 @@ def fit(
     norm = Normalize(data, device)
     n = len(x_train)
     bs = min(cfg.batch_size, n)
+    rank, size = distributed.world()
+    if bs % size:
+        raise ConfigError(f"train.batch_size {bs} cannot be split over {size} torchrun processes: "
+                          f"use a multiple of {size}, or --nproc_per_node dividing it")
+    part = slice(rank * (bs // size), (rank + 1) * (bs // size))  # this rank's share of every batch
     steps_per_epoch = n // bs  # drop the last partial batch, as the reference recipe does
     total = steps_per_epoch * cfg.epochs
     warmup = steps_per_epoch * cfg.warmup_epochs
 
     opt = make_optimizer(model, cfg, device)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, total, warmup, cfg.lr, cfg.min_lr))
-    forward = CompiledForward(model, compile_wanted(cfg, device))
+    net = model
+    if size > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        net = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    forward = CompiledForward(net, compile_wanted(cfg, device))
 
     def step_loss(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         with autocast(device, cfg.precision):
@@ -302,6 +319,8 @@ def fit(
             if cfg.augment:
                 x = augment(x, cfg.augment, aug_gen)
             y = y_train[idx]
+            if size > 1:
+                x, y = x[part], y[part]
             method.on_train_step(model, epoch * steps_per_epoch + s, total)
             if forward.compiled:
                 try:
@@ -322,13 +341,21 @@ def fit(
             sched.step()
             loss_sum += loss.detach() * len(y)
             correct += (logits.argmax(-1) == y).sum()
+        if size > 1:  # the first step any rank saw a non-finite loss at; global loss and accuracy
+            bad_step = distributed.all_min_(torch.where(bad_step >= 0, bad_step, steps_per_epoch))
+            bad_step = torch.where(bad_step < steps_per_epoch, bad_step, -1)
+            distributed.all_sum_(loss_sum)
+            distributed.all_sum_(correct)
         if int(bad_step) >= 0:  # the epoch's one look at the flag
-            raise NonFiniteLoss(f"non-finite training loss {float(bad_loss)} at epoch {epoch + 1}, "
+            value = f" {float(bad_loss)}" if size == 1 else ""
+            raise NonFiniteLoss(f"non-finite training loss{value} at epoch {epoch + 1}, "
                                 f"step {int(bad_step) + 1} of {steps_per_epoch}")
-        val_lp = predict(method, model, val, data, device, cfg.eval_batch_size, precision=cfg.precision,
-                         batch_passes=cfg.batch_passes)
-        val_acc = float((val_lp.argmax(1) == val.y).mean())
-        val_nll = float(-val_lp[np.arange(len(val.y)), val.y].mean())
+        val_acc = val_nll = float("nan")
+        if rank == 0:
+            val_lp = predict(method, model, val, data, device, cfg.eval_batch_size, precision=cfg.precision,
+                             batch_passes=cfg.batch_passes)
+            val_acc = float((val_lp.argmax(1) == val.y).mean())
+            val_nll = float(-val_lp[np.arange(len(val.y)), val.y].mean())
         row = {
             "epoch": epoch + 1,
             "lr": opt.param_groups[0]["lr"],

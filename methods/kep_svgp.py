@@ -114,6 +114,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bench.distributed import batch_mean
 from bench.errors import ConfigError
 from bench.method import LossTerm, MonteCarlo, TrainedMethod
 from bench.registry import ATTENTIONS, METHODS
@@ -266,14 +267,10 @@ class KEPSVGPAttention(LossTerm, nn.Module):
         the means run over real tokens only."""
         d2 = torch.exp(2 * self.log_lambda)[:, None, :]  # D²: [h, 1, s]
         dtype = torch.promote_types(e.dtype, torch.float32)  # bf16 scores (autocast) summed in float32
-        if mask is None:
-            e_term = 0.5 * (e.to(dtype).pow(2) * d2).sum(-1).mean()
-            r_term = 0.5 * (r.to(dtype).pow(2) * d2).sum(-1).mean()
-        else:
-            real = mask.to(dtype)[:, None, :]  # [B, 1, N]
-            count = real.sum() * e.shape[1]  # real (b, n) pairs × heads
-            e_term = 0.5 * ((e.to(dtype).pow(2) * d2).sum(-1) * real).sum() / count
-            r_term = 0.5 * ((r.to(dtype).pow(2) * d2).sum(-1) * real).sum() / count
+        real = None if mask is None else mask.to(dtype)[:, None, :]  # [B, 1, N]: weight 1 at real tokens
+        # means over the global batch (under DDP too: J² is not linear in them)
+        e_term = 0.5 * batch_mean((e.to(dtype).pow(2) * d2).sum(-1), real)
+        r_term = 0.5 * batch_mean((r.to(dtype).pow(2) * d2).sum(-1), real)
         trace = (self.w_e * self.w_r).sum() / self.heads  # tr(mean_h W̃_eᵀ W̃_r)
         return e_term + r_term - trace
 
