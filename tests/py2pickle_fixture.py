@@ -1,49 +1,13 @@
-"""Write pickles the way the official CIFAR files were written (Python 2, pickle protocol 2).
-
-Byte strings, and ASCII text, become Python-2 ``str`` opcodes (``SHORT_BINSTRING`` /
-``BINSTRING``), and numpy arrays refer to ``numpy.core.multiarray._reconstruct``,
-``numpy.ndarray`` and ``numpy.dtype`` under numpy 1's module name, as in the published
-``cifar-10-batches-py`` and ``cifar-100-python`` files.  A loader tested only on Python 3's
-default pickles could accept those and still refuse the real files.
-"""
+"""Kept for the tests that import ``py2_dumps`` from here: the writer itself lives in
+``benchmarks/synthetic_cifar.py`` (:class:`Py2Pickler`, :func:`py2_dumps`), shared by the
+tests' fixtures and the synthetic-data benchmark, so that it exists once."""
 from __future__ import annotations
 
-import io
-import pickle
-import struct
+import sys
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-class Py2Pickler(pickle._Pickler):
-    def __init__(self, f):
-        super().__init__(f, protocol=2)
-        self.dispatch = dict(pickle._Pickler.dispatch)
-        self.dispatch[bytes] = Py2Pickler.save_py2_str
-        self.dispatch[str] = Py2Pickler.save_text
+from synthetic_cifar import Py2Pickler, py2_dumps  # noqa: E402
 
-    def save_py2_str(self, obj):
-        n = len(obj)
-        if n < 256:
-            self.write(pickle.SHORT_BINSTRING + bytes([n]) + obj)
-        else:
-            self.write(pickle.BINSTRING + struct.pack("<i", n) + obj)
-        self.memoize(obj)
-
-    def save_text(self, obj):
-        if obj.isascii():  # a Python-2 str; only unicode objects were written as unicode
-            self.save_py2_str(obj.encode("ascii"))
-        else:
-            pickle._Pickler.save_str(self, obj)
-
-    def save_global(self, obj, name=None):
-        module = obj.__module__
-        name = name or obj.__qualname__
-        if module.startswith("numpy._core"):
-            module = module.replace("numpy._core", "numpy.core")
-        self.write(pickle.GLOBAL + f"{module}\n{name}\n".encode())
-        self.memoize(obj)
-
-
-def py2_dumps(obj) -> bytes:
-    buf = io.BytesIO()
-    Py2Pickler(buf).dump(obj)
-    return buf.getvalue()
+__all__ = ["Py2Pickler", "py2_dumps"]

@@ -8,6 +8,7 @@ import io
 import os
 import pickle
 import pickletools
+import sys
 import tarfile
 import warnings
 from pathlib import Path
@@ -23,9 +24,13 @@ from bench.options import parse
 from bench.registry import DATASETS
 from bench.data import CORRUPTIONS
 from datasets import cifar, formats  # importing cifar registers cifar10 and cifar100
-from py2pickle_fixture import py2_dumps
 
-CIFAR10_NAMES = [b"airplane", b"automobile", b"bird", b"cat", b"deer", b"dog", b"frog", b"horse", b"ship", b"truck"]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import synthetic_cifar  # noqa: E402  (the official-format writers, shared with benchmarks/)
+from synthetic_cifar import cifar_batch, py2_dumps  # noqa: E402
+
+rows_of = synthetic_cifar.cifar_rows  # NHWC -> the official [N, 3072] rows (R plane, G plane, B plane)
+write = synthetic_cifar.write_file
 PER_BATCH, N_TEST = 40, 30  # CIFAR-10 fixture: 5 x 40 train (20 per class), 30 test
 C100_TRAIN, C100_TEST = 200, 50
 N_SVHN = 12
@@ -39,62 +44,26 @@ def images(n: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, size=(n, 32, 32, 3), dtype=np.uint8)
 
 
-def rows_of(x: np.ndarray) -> np.ndarray:
-    """NHWC -> the official [N, 3072] rows (R plane, G plane, B plane)."""
-    return x.transpose(0, 3, 1, 2).reshape(len(x), -1)
-
-
 def labels_cycle(n: int, k: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).permutation(np.arange(n) % k).astype(np.int64)
 
 
-def cifar_batch(x, labels, key=b"labels", title=b"training batch 1 of 5", extra: dict | None = None) -> dict:
-    batch = {b"batch_label": title, key: [int(v) for v in labels], b"data": rows_of(x),
-             b"filenames": [f"img_{i:05d}.png".encode() for i in range(len(x))]}
-    batch.update(extra or {})
-    return batch
-
-
-def write(path: Path, data: bytes) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
-    return path
-
-
 def write_cifar10(root: Path, *, binary: bool = False) -> dict:
     """Official CIFAR-10 layout (python pickles, or the binary batches); returns the arrays."""
-    xs, ys = [], []
-    for k in range(1, 6):
-        x, y = images(PER_BATCH, k), labels_cycle(PER_BATCH, 10, k)
-        xs.append(x)
-        ys.append(y)
-        if binary:
-            write(root / f"cifar-10-batches-bin/data_batch_{k}.bin", np.column_stack([y.astype(np.uint8), rows_of(x)]).tobytes())
-        else:
-            write(root / f"cifar-10-batches-py/data_batch_{k}",
-                  py2_dumps(cifar_batch(x, y, title=f"training batch {k} of 5".encode())))
-    xt, yt = images(N_TEST, 10), labels_cycle(N_TEST, 10, 10)
-    if binary:
-        write(root / "cifar-10-batches-bin/test_batch.bin", np.column_stack([yt.astype(np.uint8), rows_of(xt)]).tobytes())
-    else:
-        write(root / "cifar-10-batches-py/test_batch", py2_dumps(cifar_batch(xt, yt, title=b"testing batch 1 of 1")))
-        write(root / "cifar-10-batches-py/batches.meta", py2_dumps(
-            {b"label_names": CIFAR10_NAMES, b"num_cases_per_batch": 10000, b"num_vis": 3072}))
-    return {"x_train": np.concatenate(xs), "y_train": np.concatenate(ys), "x_test": xt, "y_test": yt}
+    xs, ys = zip(*[(images(PER_BATCH, k), labels_cycle(PER_BATCH, 10, k)) for k in range(1, 6)])
+    out = {"x_train": np.concatenate(xs), "y_train": np.concatenate(ys),
+           "x_test": images(N_TEST, 10), "y_test": labels_cycle(N_TEST, 10, 10)}
+    synthetic_cifar.write_cifar10(root, out["x_train"], out["y_train"], out["x_test"], out["y_test"], binary=binary)
+    return out
 
 
 def write_cifar100(root: Path) -> dict:
     out = {}
     for split, n, seed in (("train", C100_TRAIN, 20), ("test", C100_TEST, 21)):
         x, fine = images(n, seed), labels_cycle(n, 100, seed)
-        coarse = fine // 5
-        write(root / f"cifar-100-python/{split}",
-              py2_dumps(cifar_batch(x, fine, key=b"fine_labels", title=f"{split}ing batch 1 of 1".encode(),
-                                    extra={b"coarse_labels": [int(v) for v in coarse]})))
-        out[f"x_{split}"], out[f"y_{split}"], out[f"coarse_{split}"] = x, fine, coarse
-    write(root / "cifar-100-python/meta", py2_dumps({
-        b"fine_label_names": [f"fine{i}".encode() for i in range(100)],
-        b"coarse_label_names": [f"coarse{i}".encode() for i in range(20)]}))
+        out[f"x_{split}"], out[f"y_{split}"], out[f"coarse_{split}"] = x, fine, fine // 5
+    synthetic_cifar.write_cifar100(root, out["x_train"], out["y_train"], out["x_test"], out["y_test"],
+                                   coarse_train=out["coarse_train"], coarse_test=out["coarse_test"])
     return out
 
 
@@ -112,8 +81,7 @@ def write_corruptions(directory: Path, x_test: np.ndarray, y_test: np.ndarray, n
 def write_svhn(path: Path) -> dict:
     x = images(N_SVHN, 30)
     y = np.array([10, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 3], dtype=np.uint8).reshape(-1, 1)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    scipy.io.savemat(path, {"X": x.transpose(1, 2, 3, 0), "y": y})
+    synthetic_cifar.write_svhn(path, x, y)
     return {"x": x, "y": y}
 
 
