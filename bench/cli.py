@@ -46,24 +46,23 @@ def _csv(kind):
     return parse
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+def int_at_least(minimum: int):
+    """An argparse ``type``: an integer >= ``minimum`` (the benchmarks' flags use it too)."""
+    what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+
+    return parse
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
+_positive_int = int_at_least(1)
 
 
 def _positive_float(text: str) -> float:
@@ -108,28 +107,29 @@ def build_parser() -> argparse.ArgumentParser:
                    help="corruption severity of the per-corruption table, 1..5 (default: 5)")
     # Executor flags default to None: unset, the suite's [executor] table (or its default) applies.
     table = "the suite's [executor] {key}, else {default}"
+    defaults = ExecutorConfig()
     p.add_argument("--executor", default=None, choices=EXECUTORS,
                    help="where cells run: one after another here (local), a pool of processes on this machine, "
                         "SLURM through submitit, or submitit's local processes (default: "
-                        + table.format(key="kind", default="local") + ")")
+                        + table.format(key="kind", default=defaults.kind) + ")")
     p.add_argument("--workers", type=_positive_int, default=None,
                    help="--executor processes: worker processes on CPU (default: "
-                        + table.format(key="workers", default=2) + ")")
+                        + table.format(key="workers", default=defaults.workers) + ")")
     p.add_argument("--cells-per-gpu", type=_positive_int, default=None,
                    help="--executor processes on CUDA: cells trained at once on each visible GPU (default: "
-                        + table.format(key="cells_per_gpu", default=1) + ")")
+                        + table.format(key="cells_per_gpu", default=defaults.cells_per_gpu) + ")")
     p.add_argument("--slurm-partition", default=None,
                    help="SLURM partition for each cell's job (default: " + table.format(key="partition", default="the cluster's") + ")")
-    p.add_argument("--slurm-gpus", type=_count, default=None,
-                   help="GPUs per cell (default: " + table.format(key="gpus", default=1) + ")")
+    p.add_argument("--slurm-gpus", type=int_at_least(0), default=None,
+                   help="GPUs per cell (default: " + table.format(key="gpus", default=defaults.gpus) + ")")
     p.add_argument("--slurm-cpus", type=_positive_int, default=None,
-                   help="CPUs per cell (default: " + table.format(key="cpus", default=8) + ")")
+                   help="CPUs per cell (default: " + table.format(key="cpus", default=defaults.cpus) + ")")
     p.add_argument("--slurm-mem-gb", type=_positive_float, default=None,
-                   help="memory per cell in GB (default: " + table.format(key="mem_gb", default=32) + ")")
+                   help="memory per cell in GB (default: " + table.format(key="mem_gb", default=f"{defaults.mem_gb:g}") + ")")
     p.add_argument("--slurm-time", type=_positive_int, default=None,
-                   help="time limit per cell in minutes (default: " + table.format(key="time", default=1440) + ")")
+                   help="time limit per cell in minutes (default: " + table.format(key="time", default=defaults.time) + ")")
     p.add_argument("--slurm-array-limit", type=_positive_int, default=None,
-                   help="at most this many cells at once (default: " + table.format(key="array_limit", default=64) + ")")
+                   help="at most this many cells at once (default: " + table.format(key="array_limit", default=defaults.array_limit) + ")")
     p.add_argument("--slurm-option", action="append", default=[], metavar="KEY=VALUE",
                    help="a further sbatch option, e.g. account=myproj or qos=high (repeatable; added to the "
                         "suite's [executor.options], replacing an option of the same name)")

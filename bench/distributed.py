@@ -12,16 +12,30 @@ the batch and enter the loss non-linearly (KEP-SVGP's KSVD term J²) take their 
 the global batch through :func:`batch_mean`; terms linear in the batch mean (cross-entropy,
 SGPA's amortised KL) and parameter-only terms (KL of the inducing variables) need nothing.
 
+Failures: a non-finite loss is seen by every rank at the same step (the gradients are
+averaged) and fails the cell on all of them; any other failure of one rank while the ranks
+train together cannot be recovered (the others wait in a collective), so that rank marks
+the cell failed where it can and :func:`abort` ends it, and torchrun stops the rest.  The
+group's timeout is long (:data:`TIMEOUT`) because rank 0 alone prepares data and predicts
+every evaluation split while the others wait for the next cell.
+
 Without a process group (the usual case) every function here is the identity, at no cost.
 """
 from __future__ import annotations
 
 import os
+import sys
+from datetime import timedelta
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
 
 from bench.errors import ConfigError
+
+
+#: how long a rank waits in a collective (rank 0's data preparation and prediction included)
+TIMEOUT = timedelta(hours=6)
 
 
 def world() -> tuple[int, int]:
@@ -51,8 +65,18 @@ def setup(device: torch.device) -> torch.device:
                               "start at most that many processes (--nproc_per_node)")
         torch.cuda.set_device(local)
         device = torch.device("cuda", local)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=TIMEOUT)
     return device
+
+
+def abort(reason: str) -> NoReturn:
+    """End this rank at once (no collective, no cleanup that could wait on the others):
+    torchrun then stops every rank.  A lock this process held is stale at once (its owner
+    is gone), so the next run takes the cell over."""
+    rank, size = world()
+    sys.stderr.write(f"rank {rank} of {size}: {reason}; stopping every rank\n")
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def teardown() -> None:
@@ -80,12 +104,14 @@ def batch_mean(values: torch.Tensor, weights: torch.Tensor | None = None) -> tor
     counts of every rank are added, differentiably, so a non-linear function of the mean
     (J² of the KSVD term) is the single-process one."""
     if weights is None:
+        if not active():
+            return values.mean()
         total, count = values.sum(), values.numel()
     else:
         total = (values * weights).sum()
         count = weights.sum() * (values.numel() / weights.numel())
-    if not active():
-        return values.mean() if weights is None else total / count
+        if not active():
+            return total / count
     from torch.distributed.nn.functional import all_reduce  # differentiable: gradients reach every rank
 
     count = torch.as_tensor(count, dtype=total.dtype, device=total.device).detach().clone()

@@ -25,8 +25,11 @@ class Cell:
         return f"{self.dataset.name} / {self.method.name} / seed {self.seed}"
 
 
-#: training settings that cannot change a cell's predictions, left out of its key
-NOT_IN_KEY = ("checkpoint_every",)
+#: training settings left out of a cell's key: how a cell is executed, not what it estimates.
+#: Like the device and the executor (not in the key either), they change at most float
+#: round-off (compile) or which random numbers a Monte-Carlo estimate draws (batch_passes);
+#: resuming from a checkpoint changes nothing.  ``precision`` is in the key.
+NOT_IN_KEY = ("checkpoint_every", "compile", "batch_passes")
 
 
 def cell_config(dataset: DatasetSpec, method: MethodSpec, seed: int) -> dict:

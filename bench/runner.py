@@ -112,10 +112,8 @@ def run_plan(plan: Plan, store: Store, device: torch.device, console: Console, d
              plugins: tuple[str, ...] = ()) -> RunSummary:
     """Run every incomplete cell with the chosen executor (:mod:`bench.executors`).
     ``describe`` (the full suite) is recorded in the store's ``suite.json`` once the data
-    loaded and the preflight checks passed, before any cell."""
-    from bench.data import data_settings
-    from bench.executors import Job, SlurmOptions, pool, preload, run_job, submitit_run
-
+    loaded and the preflight checks passed, before any cell.  Under torchrun, rank 0 does
+    all this and the other ranks follow it (:func:`_follow`)."""
     rank, size = distributed.world()
     if size > 1 and executor != "local":
         raise ConfigError(f"torchrun trains each cell on its {size} processes together: use --executor local "
@@ -133,6 +131,21 @@ def run_plan(plan: Plan, store: Store, device: torch.device, console: Console, d
         raise
     if size > 1:
         distributed.announce("ready")  # the data (and generated caches) are in place for the followers
+    try:
+        return _run_jobs(plan, store, device, console, describe, executor, workers, cells_per_gpu, slurm, plugins,
+                         datasets, conditions)
+    finally:
+        if size > 1:
+            distributed.announce(None)  # no more cells: the followers return
+
+
+def _run_jobs(plan, store, device, console, describe, executor, workers, cells_per_gpu, slurm, plugins,
+              datasets, conditions) -> RunSummary:
+    """:func:`run_plan` once the data are loaded and checked: describe the store, submit the
+    incomplete cells to the executor, log each outcome."""
+    from bench.data import data_settings
+    from bench.executors import Job, SlurmOptions, pool, preload, run_job, submitit_run
+
     if describe is not None:
         from bench.catalog import write_store_description
 
@@ -185,8 +198,6 @@ def run_plan(plan: Plan, store: Store, device: torch.device, console: Console, d
             bar.update(1)
     if bar is not None:
         bar.close()
-    if size > 1:
-        distributed.announce(None)  # no more cells: the followers return
     return summary
 
 
@@ -206,8 +217,10 @@ def _follow(plan: Plan, device: torch.device) -> RunSummary:
         try:
             fit(method, model, datasets[cell.dataset.name], cell.method.train, device, cell.seed, resume=message["resume"])
             summary.done.append(cell.key)
-        except NonFiniteLoss:  # rank 0 records the failure
+        except NonFiniteLoss:  # every rank sees it at the same step; rank 0 records the failure
             summary.failed.append(cell.key)
+        except BaseException as exc:  # noqa: BLE001 - rank 0 waits in a collective: stop them all
+            distributed.abort(f"{cell.label}: {type(exc).__name__}: {exc}")
     return summary
 
 
@@ -304,13 +317,13 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
         raise
     except (MemoryError, torch.OutOfMemoryError) as exc:  # this cell is too big; the grid goes on
         m, t = cell.method.model, cell.method.train
-        return _fail(cd, info, (
+        return _fail_cell(cd, info, (
             f"out of memory ({type(exc).__name__}) with model dim {m.dim}, depth {m.depth}, heads {m.heads}, "
             f"batch_size {t.batch_size}, eval_batch_size {t.eval_batch_size}: lower batch_size / "
             "eval_batch_size or the model size, or use a machine with more memory"))
     except Exception as exc:  # a bug or resource error inside one cell must not stop the grid
         console.warn(traceback.format_exc())
-        return _fail(cd, info, f"{type(exc).__name__}: {exc}")
+        return _fail_cell(cd, info, f"{type(exc).__name__}: {exc}")
     info.update(
         {
             "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -328,6 +341,15 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
     (cd.path / TRAIN_STATE).unlink(missing_ok=True)  # the finished cell needs no resumable state
     cd.seal(info)
     return "complete", f"best epoch {result.best_epoch}, test acc {test_acc:.3f}"
+
+
+def _fail_cell(cd: CellDir, info: dict, reason: str) -> tuple[str, str]:
+    """A cell's own failure (not a non-finite loss): recorded, and the grid goes on; under
+    torchrun the other ranks may wait in a collective, so the run stops (torchrun ends them)."""
+    outcome = _fail(cd, info, reason)
+    if distributed.active():
+        distributed.abort(f"cell {info['key']} failed: {reason}")
+    return outcome
 
 
 def _fail(cd: CellDir, info: dict, reason: str) -> tuple[str, str]:

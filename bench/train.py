@@ -126,26 +126,26 @@ def compile_wanted(cfg: TrainConfig, device: torch.device) -> bool:
 
 
 class CompiledForward:
-    """``torch.compile(model)`` when wanted, used until compiling fails (when it is created,
-    or at a call, which is when torch compiles); from then on the eager model, with the
-    reason kept in :attr:`status`."""
+    """``torch.compile(model)`` when wanted.  torch compiles at the first call (the forward)
+    and the first backward, so the loop runs its first step as a *trial*
+    (:attr:`on_trial`): if that step or the creation fails, the eager model takes over for
+    good, with the reason kept in :attr:`status`; after a successful trial an error is an
+    error."""
 
     def __init__(self, model: torch.nn.Module, wanted: bool) -> None:
         self.model, self.fn = model, model
         self.status = "off"
+        self.on_trial = wanted
         if wanted:
             try:
                 self.fn, self.status = torch.compile(model), "on"
             except Exception as exc:  # noqa: BLE001 - any compiler failure falls back
                 self.fall_back(exc)
 
-    @property
-    def compiled(self) -> bool:
-        return self.fn is not self.model
-
     def fall_back(self, exc: BaseException) -> None:
         first = (str(exc).strip().splitlines() or [""])[0][:300]
         self.fn, self.status = self.model, f"failed, trained eagerly: {type(exc).__name__}: {first}"
+        self.on_trial = False
 
 
 def _entropy(log_p: torch.Tensor) -> torch.Tensor:
@@ -293,10 +293,14 @@ def fit(
         net = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     forward = CompiledForward(net, compile_wanted(cfg, device))
 
-    def step_loss(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def step(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward, loss and gradients of one batch (the optimiser steps after)."""
         with autocast(device, cfg.precision):
             logits = forward.fn(norm(x))
-            return method.training_loss(model, logits, y), logits
+            loss = method.training_loss(model, logits, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        return loss, logits
 
     best = TrainResult(copy.deepcopy(model.state_dict()), -1, -1.0)
     first = 0
@@ -322,19 +326,18 @@ def fit(
             if size > 1:
                 x, y = x[part], y[part]
             method.on_train_step(model, epoch * steps_per_epoch + s, total)
-            if forward.compiled:
+            if forward.on_trial:  # the first compiled step: where torch compiles
                 try:
-                    loss, logits = step_loss(x, y)
-                except Exception as exc:  # noqa: BLE001 - compiling failed at its first call
+                    loss, logits = step(x, y)
+                    forward.on_trial = False
+                except Exception as exc:  # noqa: BLE001 - a genuine error recurs in the eager retry
                     forward.fall_back(exc)
-                    loss, logits = step_loss(x, y)
+                    loss, logits = step(x, y)
             else:
-                loss, logits = step_loss(x, y)
+                loss, logits = step(x, y)
             first_bad = (bad_step < 0) & ~torch.isfinite(loss.detach())
             bad_step = torch.where(first_bad, s, bad_step)
             bad_loss = torch.where(first_bad, loss.detach().float(), bad_loss)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
             if cfg.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             opt.step()

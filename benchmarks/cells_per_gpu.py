@@ -312,17 +312,10 @@ def _ks(text: str) -> list[int]:
     return values
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
 def parse_args(argv: list[str]) -> argparse.Namespace:
+    from bench.cli import int_at_least
+
+    _positive = int_at_least(1)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--k", type=_ks, default=[1, 2, 4, 8], help="cells per GPU to time (default 1,2,4,8)")
     ap.add_argument("--cells", type=_positive, default=8, help="cells per run = seeds 0..N-1 (default 8)")

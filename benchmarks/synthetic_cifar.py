@@ -282,17 +282,11 @@ def _classes(text: str) -> tuple[int, ...]:
     return values
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository, for bench.cli
+    from bench.cli import int_at_least
+
+    _count = int_at_least(0)
     p = argparse.ArgumentParser(
         description="Write synthetic CIFAR-10/100 and SVHN files in the official layout and encoding under DIR "
                     "(a --data-root for run_suite.py).")

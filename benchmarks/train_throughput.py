@@ -72,6 +72,7 @@ from bench.data import CORRUPTIONS, SEVERITIES, DataBundle, Split, holdout_size 
 from bench.registry import METHODS  # noqa: E402
 from bench.spec import MODEL_PRESETS, ModelConfig, TrainConfig, load_suite  # noqa: E402
 from bench.train import compile_wanted, fit, predict, resolve_device, seed_everything  # noqa: E402
+import synthetic_cifar  # noqa: E402
 from machine import cpu_model, describe  # noqa: E402
 
 PRESET = "vit_cifar_paper"
@@ -103,9 +104,10 @@ OOD_SIZES = {"svhn": 26_032, "cifar100": 10_000, "cifar10": 10_000}
 
 
 def synthetic_images(n: int, rng: np.random.Generator) -> Split:
-    """``n`` CIFAR-shaped uint8 images of random pixels and random labels of 10 classes."""
-    x = rng.integers(0, 256, size=(n, *IMAGE_SHAPE), dtype=np.uint8)
-    return Split(x, rng.integers(0, CLASSES, size=n).astype(np.int64))
+    """``n`` CIFAR-shaped uint8 images of 10 classes (a colour per class plus noise: the
+    images :mod:`synthetic_cifar` writes to disk; content does not change the cost)."""
+    x, y = synthetic_cifar.synthetic_images(n, synthetic_cifar.class_colours(CLASSES, rng), rng)
+    return Split(x, y)
 
 
 def synthetic_bundle(train: Split, val: Split) -> DataBundle:

@@ -186,18 +186,22 @@ def psd_cholesky(mat: torch.Tensor, jitter: float, tries: int = 4,
     works for the whole batch; returns the factor and that ``j``.
 
     ``sync_free`` (default: on CUDA) never reads a device value on the host: every try is
-    factorised in one batched call and the first that works is picked on the device (``j``
-    then is a 0-d tensor; ``tries`` times the work, small next to a sync per layer and
-    step); a matrix that fails every try trips a device-side assertion.  Otherwise the
-    tries run one by one, stopping at the first that works."""
+    factorised, without gradient, in one batched call, the first that works is picked on
+    the device (``j`` then is a 0-d tensor), and the factor of ``mat + j·I`` is computed
+    once more with gradient (a failed try's factor holds NaN on CUDA, which would reach
+    the gradient through a selection).  A matrix that fails every try gets a NaN factor,
+    so the training loop's non-finite check fails that cell alone (a device-side assert
+    would poison the CUDA context for every later cell).  Otherwise (CPU) the tries run
+    one by one, stopping at the first that works, and failing them all raises."""
     eye = torch.eye(mat.shape[-1], dtype=mat.dtype, device=mat.device)
     if mat.is_cuda if sync_free is None else sync_free:
-        js = jitter * torch.pow(10.0, torch.arange(tries, dtype=mat.dtype, device=mat.device))  # [tries]
-        chols, info = torch.linalg.cholesky_ex(mat.unsqueeze(0) + js.view(-1, *[1] * mat.dim()) * eye)
-        ok = (info == 0).reshape(tries, -1).all(1)  # [tries]: the try works for the whole batch
-        torch._assert_async(ok.any(), f"SGPA: matrix not positive definite even with jitter {jitter * 10.0 ** (tries - 1):g}")
-        first = ok.to(torch.int8).argmax().view(1)  # argmax gives the first maximum
-        return chols.index_select(0, first)[0], js.index_select(0, first)[0]
+        with torch.no_grad():
+            js = jitter * torch.pow(10.0, torch.arange(tries, dtype=mat.dtype, device=mat.device))  # [tries]
+            _, info = torch.linalg.cholesky_ex(mat.detach().unsqueeze(0) + js.view(-1, *[1] * mat.dim()) * eye)
+            ok = (info == 0).reshape(tries, -1).all(1)  # [tries]: the try works for the whole batch
+            j = js.index_select(0, ok.to(torch.int8).argmax().view(1))[0]  # argmax gives the first maximum
+        chol, _ = torch.linalg.cholesky_ex(mat + j * eye)
+        return chol.masked_fill(~ok.any(), float("nan")), j
     for attempt in range(tries):
         j = jitter * 10.0**attempt
         chol, info = torch.linalg.cholesky_ex(mat + j * eye)

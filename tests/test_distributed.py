@@ -69,7 +69,7 @@ def test_two_processes_train_like_one(name, tmp_path):
     for a, b in zip(one.log, two["log"]):
         assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-5)
         assert b["train_acc"] == a["train_acc"]
-        assert b["val_acc"] == a["val_acc"]  # rank 0 validates the same weights
+        assert b["val_acc"] == pytest.approx(a["val_acc"], abs=1 / 60)  # rank 0 validates (nearly) the same weights
     # weights: Adam's normalised step turns round-off in near-zero gradients into up to lr
     # per step in single entries, so compare the whole vector: relative distance < 1e-3
     w1 = torch.cat([v.flatten().double() for v in one.state_dict.values()])

@@ -301,8 +301,28 @@ def test_psd_cholesky_escalates_the_jitter_only_when_needed(sync_free):
     chol, j = psd_cholesky(both, 1e-6, sync_free=sync_free)
     assert float(j) == pytest.approx(1e-5, rel=1e-12)
     np.testing.assert_allclose((chol @ chol.transpose(-1, -2)).numpy(), both.numpy() + 1e-5 * np.eye(3), rtol=1e-12)
-    with pytest.raises(RuntimeError, match="not positive definite"):
-        psd_cholesky(-torch.eye(2, dtype=torch.float64), 1e-6, sync_free=sync_free)
+    if sync_free:  # no host read: a NaN factor, which the training loop's non-finite check catches
+        assert torch.isnan(psd_cholesky(-torch.eye(2, dtype=torch.float64), 1e-6, sync_free=True)[0]).all()
+    else:
+        with pytest.raises(RuntimeError, match="not positive definite"):
+            psd_cholesky(-torch.eye(2, dtype=torch.float64), 1e-6)
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+def test_psd_cholesky_gradient_when_the_first_jitter_fails(device):
+    """The gradient through an escalated jitter is the one of chol(mat + j·I) at that j:
+    finite, and equal between the one-by-one and the sync-free paths (on CUDA a failed
+    try's factor is NaN, which must not reach the gradient)."""
+    base = torch.tensor([[1.0, 0.3, 0.0], [0.3, 1.0, 0.0], [0.0, 0.0, -5e-6]], dtype=torch.float64, device=device)
+    grads = []
+    for sync_free in (False, True):
+        mat = base.clone().requires_grad_()
+        chol, j = psd_cholesky(mat, 1e-6, sync_free=sync_free)
+        assert float(j) == pytest.approx(1e-5, rel=1e-12)
+        (chol * torch.arange(1.0, 10.0, dtype=torch.float64, device=device).view(3, 3)).sum().backward()
+        grads.append(mat.grad)
+    assert torch.isfinite(grads[1]).all()
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-10, atol=1e-12)
 
 
 def test_full_covariance_samples_with_duplicate_tokens():

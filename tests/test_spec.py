@@ -471,8 +471,9 @@ def test_cell_keys_are_deterministic_across_builds():
         {"model": {"dropout": 0.2}},
         {"model": {"attention": "softmax", "depth": 3}},
         {"samples": 5},
+        {"train": {"precision": "bf16"}},
     ],
-    ids=["train.lr", "train.epochs", "model.dropout", "model.depth", "options.samples"],
+    ids=["train.lr", "train.epochs", "model.dropout", "model.depth", "options.samples", "train.precision"],
 )
 def test_changing_a_methods_option_changes_only_its_keys(change):
     before = _keys(copy.deepcopy(BASE))
@@ -485,6 +486,17 @@ def test_changing_a_methods_option_changes_only_its_keys(change):
             assert after[cell] != key, cell
         else:
             assert after[cell] == key, cell
+
+
+@pytest.mark.parametrize("train", [{"compile": True}, {"compile": False}, {"batch_passes": True},
+                                   {"checkpoint_every": 3}])
+def test_how_a_cell_is_executed_is_not_in_its_key(train):
+    """Compilation, batched Monte-Carlo passes and checkpointing (like the device and the
+    executor) change how a cell runs, not what it estimates: same keys."""
+    before = _keys(copy.deepcopy(BASE))
+    raw = copy.deepcopy(BASE)
+    raw["methods"]["mc_dropout"]["train"] = train
+    assert _keys(raw) == before
 
 
 def test_changing_a_dataset_option_changes_its_keys():
