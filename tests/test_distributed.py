@@ -174,3 +174,45 @@ def test_torchrun_with_another_executor_is_a_config_error(tmp_path):
     assert bad.returncode != 0
     assert "use --executor local" in bad.stderr + bad.stdout
     assert not (tmp_path / "r" / "tiny_ddp").exists() or not any((tmp_path / "r" / "tiny_ddp").glob("*/cell.json"))
+
+
+FAILING_PLUGIN = '''\
+"""A method whose training fails on one torchrun rank only (at its 3rd step)."""
+import torch.distributed as dist
+
+from bench.registry import METHODS
+from methods.msp import MSP
+
+
+@METHODS.register("fails_on_rank")
+class FailsOnRank(MSP):
+    steps = 0
+
+    def training_loss(self, model, logits, labels):
+        FailsOnRank.steps += 1
+        if dist.get_rank() == int(__import__("os").environ["FAIL_RANK"]) and FailsOnRank.steps == 3:
+            raise RuntimeError("injected failure")
+        return super().training_loss(model, logits, labels)
+'''
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_failure_on_one_rank_stops_every_rank(tmp_path, rank):
+    """One rank failing mid-training (rank 0: the runner; rank 1: a follower) ends the
+    whole torchrun job promptly (no rank left waiting in a collective) with a non-zero
+    status, and the cell is not complete (rank 0 marks it failed when it is the one)."""
+    (tmp_path / "fails_plugin.py").write_text(FAILING_PLUGIN)
+    suite = tmp_path / "tiny_ddp.toml"
+    suite.write_text(TINY_DDP_SUITE.replace("[methods.msp]", "[methods.fails_on_rank]"))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "FAIL_RANK": str(rank),
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           "run_suite.py", "--suite", str(suite), "--results", str(tmp_path / "results"),
+                           "--reports", str(tmp_path / "reports"), "--device", "cpu", "--plugin", "fails_plugin"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode != 0
+    assert "injected failure" in proc.stdout + proc.stderr
+    infos = [json.loads(f.read_text()) for f in (tmp_path / "results" / "tiny_ddp").glob("*/cell.json")]
+    assert len(infos) == 1 and infos[0]["status"] != "complete"
+    if rank == 0:
+        assert infos[0]["status"] == "failed" and "injected failure" in infos[0]["reason"]
