@@ -216,3 +216,62 @@ def test_a_failure_on_one_rank_stops_every_rank(tmp_path, rank):
     assert len(infos) == 1 and infos[0]["status"] != "complete"
     if rank == 0:
         assert infos[0]["status"] == "failed" and "injected failure" in infos[0]["reason"]
+
+
+def _kill_all(marker: str) -> None:
+    """SIGKILL every process whose command line mentions ``marker``."""
+    import signal
+
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if marker in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
+                os.kill(int(pid), signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            pass
+
+
+def test_a_torchrun_cell_killed_mid_training_resumes_on_every_rank(tmp_path):
+    """SIGKILL a torchrun job right after rank 0 saved a training state; the next torchrun
+    resumes the cell on both ranks (rank 0 hands its state to the follower) and ends with
+    the weights of an uninterrupted torchrun run (within float tolerance)."""
+    import signal
+    import time
+
+    suite = tmp_path / "tiny_ddp.toml"
+    suite.write_text(TINY_DDP_SUITE.replace("epochs = 2", "epochs = 40\ncheckpoint_every = 1"))
+
+    def command(results: str) -> list[str]:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "run_suite.py",
+                "--suite", str(suite), "--results", str(tmp_path / results), "--reports", str(tmp_path / f"r{results}"),
+                "--device", "cpu"]
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    whole = subprocess.run(command("a"), cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    assert whole.returncode == 0, whole.stderr
+    proc = subprocess.Popen(command("b"), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        states = list((tmp_path / "b").rglob("train_state.pt"))
+        try:
+            if states and torch.load(states[0], weights_only=True)["epoch"] >= 3:
+                _kill_all(str(tmp_path / "b"))  # torchrun and both ranks (torchrun's workers have their own sessions)
+                break
+        except (OSError, RuntimeError, EOFError):  # the state is being replaced: look again
+            pass
+        time.sleep(0.005)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    again = subprocess.run(command("b"), cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    assert again.returncode == 0, again.stderr
+    assert "resuming from epoch" in again.stdout + again.stderr, again.stderr
+
+    def cell(root: Path) -> Path:
+        (c,) = [p for p in (root / "tiny_ddp").iterdir() if p.is_dir() and not p.name.startswith(".")]
+        return c
+
+    assert json.loads((cell(tmp_path / "b") / "cell.json").read_text())["resumed_from_epoch"] >= 3
+    a = torch.load(cell(tmp_path / "a") / "checkpoint.pt", weights_only=True)
+    b = torch.load(cell(tmp_path / "b") / "checkpoint.pt", weights_only=True)
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-6)
