@@ -112,11 +112,27 @@ def batch_mean(values: torch.Tensor, weights: torch.Tensor | None = None) -> tor
         count = weights.sum() * (values.numel() / weights.numel())
         if not active():
             return total / count
-    from torch.distributed.nn.functional import all_reduce  # differentiable: gradients reach every rank
-
     count = torch.as_tensor(count, dtype=total.dtype, device=total.device).detach().clone()
     dist.all_reduce(count)
-    return all_reduce(total) / count
+    return _AllSum.apply(total) / count
+
+
+class _AllSum(torch.autograd.Function):
+    """The sum over the ranks, differentiable: the gradient of each rank's input is the sum
+    over the ranks of the output's gradients (the sum's adjoint).  Plain blocking
+    collectives (torch's own differentiable all_reduce is deprecated)."""
+
+    @staticmethod
+    def forward(ctx, t: torch.Tensor) -> torch.Tensor:  # noqa: ARG004
+        t = t.clone()
+        dist.all_reduce(t)
+        return t
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # noqa: ARG004
+        grad = grad.clone()
+        dist.all_reduce(grad)
+        return grad
 
 
 def all_sum_(t: torch.Tensor) -> torch.Tensor:
