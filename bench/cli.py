@@ -62,6 +62,23 @@ def int_at_least(minimum: int):
     return parse
 
 
+def positive_int_list(distinct: bool = False):
+    """An argparse ``type``: comma-separated positive integers, e.g. ``1,2,4,8`` (no
+    repeats when ``distinct``; the benchmarks' list flags)."""
+    what = "distinct positive integers" if distinct else "positive integers"
+
+    def parse(text: str) -> list[int]:
+        try:
+            values = [int(v) for v in text.split(",") if v.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated {what}, e.g. 1,2,4,8; got {text!r}") from None
+        if not values or min(values) < 1 or (distinct and len(set(values)) != len(values)):
+            raise argparse.ArgumentTypeError(f"expected comma-separated {what}, e.g. 1,2,4,8; got {text!r}")
+        return values
+
+    return parse
+
+
 _positive_int = int_at_least(1)
 
 

@@ -101,10 +101,16 @@ def lr_factor(step: int, total: int, warmup: int, lr: float, min_lr: float) -> f
     return (min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))) / lr
 
 
+def enabled(setting: bool | str, device: torch.device) -> bool:
+    """A ``[train]`` switch whose "auto" means "on CUDA" (``compile``, ``batch_passes``; the
+    bf16 of ``precision``): true, or "auto" on a CUDA device."""
+    return setting is True or (setting == "auto" and device.type == "cuda")
+
+
 def autocast(device: torch.device, precision: str = "auto"):
     """The forward pass's precision (``[train] precision``): bf16 autocast for "bf16", and
     for "auto" on CUDA; float32 otherwise.  Layers keep their delicate parts in float32."""
-    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
+    if precision == "bf16" or enabled(precision, device):
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
@@ -119,10 +125,6 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.devic
         return opt_cls(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, **kwargs)
     except (RuntimeError, TypeError, ValueError):  # a torch or parameter type without the fused kernel
         return opt_cls(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-
-
-def compile_wanted(cfg: TrainConfig, device: torch.device) -> bool:
-    return cfg.compile is True or (cfg.compile == "auto" and device.type == "cuda")
 
 
 class CompiledForward:
@@ -176,8 +178,7 @@ def predict(
     norm = Normalize(data, device)
     x_all, _ = to_tensor(split, device)
     samples = method.samples
-    wanted = batch_passes is True or (batch_passes == "auto" and device.type == "cuda")
-    batched = samples > 1 and method.batched_samples and wanted
+    batched = samples > 1 and method.batched_samples and enabled(batch_passes, device)
     chunk = max(1, batch_size // samples) if batched else batch_size
     out, total, aleatoric = [], [], []
     for i in range(0, len(x_all), chunk):
@@ -200,10 +201,11 @@ def predict(
     return torch.cat(out).cpu().numpy().astype(np.float32)
 
 
-def _training_state(epoch: int, model, opt, sched, gen: torch.Generator, best: "TrainResult", seconds: float,
-                    device: torch.device) -> dict:
+def _training_state(epoch: int, model, opt, sched, gen: torch.Generator, aug_gen: torch.Generator,
+                    best: "TrainResult", seconds: float, device: torch.device) -> dict:
     """Everything :func:`fit` needs to continue after ``epoch`` epochs (tensors and plain
-    values only, so ``torch.load(weights_only=True)`` reads it)."""
+    values only, so ``torch.load(weights_only=True)`` reads it); ``aug_gen``, the
+    augmentation's generator, is saved apart when it is not ``gen`` (on the GPU)."""
     state = {
         "epoch": epoch, "model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
         "gen": gen.get_state(), "torch_rng": torch.get_rng_state(), "seconds": seconds,
@@ -212,15 +214,20 @@ def _training_state(epoch: int, model, opt, sched, gen: torch.Generator, best: "
     }
     if device.type == "cuda":
         state["cuda_rng"] = torch.cuda.get_rng_state(device)
+    if aug_gen is not gen:
+        state["aug_gen"] = aug_gen.get_state()
     return state
 
 
-def _restore(state: dict, model, opt, sched, gen: torch.Generator, best: "TrainResult", device: torch.device) -> int:
+def _restore(state: dict, model, opt, sched, gen: torch.Generator, aug_gen: torch.Generator, best: "TrainResult",
+             device: torch.device) -> int:
     """Load a :func:`_training_state`; returns the first epoch still to run."""
     model.load_state_dict(state["model"])
     opt.load_state_dict(state["opt"])
     sched.load_state_dict(state["sched"])
     gen.set_state(state["gen"])
+    if aug_gen is not gen and "aug_gen" in state:
+        aug_gen.set_state(state["aug_gen"])
     torch.set_rng_state(state["torch_rng"])
     if device.type == "cuda" and "cuda_rng" in state:
         torch.cuda.set_rng_state(state["cuda_rng"], device)
@@ -291,7 +298,7 @@ def fit(
         from torch.nn.parallel import DistributedDataParallel
 
         net = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    forward = CompiledForward(net, compile_wanted(cfg, device))
+    forward = CompiledForward(net, enabled(cfg.compile, device))
 
     def step(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Forward, loss and gradients of one batch (the optimiser steps after)."""
@@ -305,9 +312,7 @@ def fit(
     best = TrainResult(copy.deepcopy(model.state_dict()), -1, -1.0)
     first = 0
     if resume is not None:
-        first = _restore(resume, model, opt, sched, gen, best, device)
-        if aug_gen is not gen and "aug_gen" in resume:
-            aug_gen.set_state(resume["aug_gen"])
+        first = _restore(resume, model, opt, sched, gen, aug_gen, best, device)
         start -= float(resume.get("seconds", 0.0))
     for epoch in range(first, cfg.epochs):
         model.train()
@@ -377,10 +382,8 @@ def fit(
             on_epoch(row)
         due = cfg.checkpoint_every and (epoch + 1) % cfg.checkpoint_every == 0
         if on_checkpoint is not None and epoch + 1 < cfg.epochs and (due or (not cfg.checkpoint_every and row["seconds"] > 60)):
-            state = _training_state(epoch + 1, model, opt, sched, gen, best, time.perf_counter() - start, device)
-            if aug_gen is not gen:
-                state["aug_gen"] = aug_gen.get_state()
-            on_checkpoint(state)
+            on_checkpoint(_training_state(epoch + 1, model, opt, sched, gen, aug_gen, best,
+                                          time.perf_counter() - start, device))
     model.load_state_dict(best.state_dict)
     best.seconds = time.perf_counter() - start
     best.compile = forward.status

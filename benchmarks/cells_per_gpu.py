@@ -46,7 +46,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import re
 import shlex
 import signal
@@ -57,7 +56,6 @@ import threading
 import time
 import tomllib
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,7 +63,7 @@ for _p in (str(ROOT), str(ROOT / "benchmarks")):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-from machine import cpu_model, describe  # noqa: E402
+from machine import cpu_model, run_section  # noqa: E402
 from synthetic_cifar import write_synthetic  # noqa: E402
 
 PRESET = "vit_cifar_paper"
@@ -231,8 +229,6 @@ def _f(value: float, fmt: str = "{:,.1f}") -> str:
 
 def render(args: argparse.Namespace, argv: list[str], runs: list[Run], warmup: Run | None, env: dict,
            data_text: str, started: float) -> str:
-    import torch
-
     on_gpu = args.device == "cuda"
     dname = env["device_name"]
     if on_gpu:
@@ -281,43 +277,19 @@ def render(args: argparse.Namespace, argv: list[str], runs: list[Run], warmup: R
     for r in runs:
         for p in r.problems[:5]:
             L.append(f"- K={r.k}: not complete: {p}")
-    exe = Path(sys.executable)
-    exe_text = str(exe.relative_to(ROOT)) if exe.is_relative_to(ROOT) else "python3"
-    cmd = f"{exe_text} benchmarks/cells_per_gpu.py" + ("" if not argv else " " + shlex.join(argv))
-    cuda = f", CUDA {torch.version.cuda}" if on_gpu else ""
-    L += [
-        "",
-        "## Run",
-        "",
-        f"- command: `{cmd}` (repository root)",
-        f"- device: {dname} (`{args.device}`)",
-        f"- torch {torch.__version__}{cuda}, python {platform.python_version()}",
-        f"- machine: {describe()}",
-        f"- date: {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
-        f"- wall time of the whole benchmark: {_f(time.perf_counter() - started, '{:,.0f}')} s",
-    ]
+    L += run_section("cells_per_gpu.py", argv, f"{dname} (`{args.device}`)", time.perf_counter() - started, on_gpu)
     return "\n".join(L) + "\n"
 
 
 # --------------------------------------------------------------------------- main
 
 
-def _ks(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1 or len(set(values)) != len(values):
-        raise argparse.ArgumentTypeError(f"expected distinct positive integers, e.g. 1,2,4,8; got {text!r}")
-    return values
-
-
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    from bench.cli import int_at_least
+    from bench.cli import int_at_least, positive_int_list
 
     _positive = int_at_least(1)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--k", type=_ks, default=[1, 2, 4, 8], help="cells per GPU to time (default 1,2,4,8)")
+    ap.add_argument("--k", type=positive_int_list(distinct=True), default=[1, 2, 4, 8], help="cells per GPU to time (default 1,2,4,8)")
     ap.add_argument("--cells", type=_positive, default=8, help="cells per run = seeds 0..N-1 (default 8)")
     ap.add_argument("--epochs", type=_positive, default=2, help="epochs per cell (default 2)")
     ap.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",

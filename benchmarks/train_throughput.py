@@ -47,12 +47,9 @@ import fnmatch
 import gc
 import importlib
 import math
-import platform
-import shlex
 import sys
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -71,9 +68,10 @@ for _module in ("bench.vit", "datasets", "methods"):
 from bench.data import CORRUPTIONS, SEVERITIES, DataBundle, Split, holdout_size  # noqa: E402
 from bench.registry import METHODS  # noqa: E402
 from bench.spec import MODEL_PRESETS, ModelConfig, TrainConfig, load_suite  # noqa: E402
-from bench.train import compile_wanted, fit, predict, resolve_device, seed_everything  # noqa: E402
+from bench.cli import positive_int_list  # noqa: E402
+from bench.train import enabled, fit, predict, resolve_device, seed_everything  # noqa: E402
 import synthetic_cifar  # noqa: E402
-from machine import cpu_model, describe  # noqa: E402
+from machine import cpu_model, run_section  # noqa: E402
 
 PRESET = "vit_cifar_paper"
 IMAGE_SHAPE = (32, 32, 3)  # H, W, C
@@ -414,7 +412,7 @@ def projection(suite, ours: list[dict], evals: list[dict], device: torch.device)
         src = m.name if m.name in measured else proxy
         if src is None:
             continue
-        want_compile = "on" if compile_wanted(m.train, device) else "off"
+        want_compile = "on" if enabled(m.train.compile, device) else "off"
         cand = [r for r in ours if r["method"] == src and r["compile"] == want_compile] or \
             [r for r in ours if r["method"] == src]
         tr = _nearest(cand, m.train.batch_size)
@@ -595,37 +593,14 @@ def render(res: dict, args: argparse.Namespace, argv: list[str]) -> str:
         L += ["", f"**Total: {total:,.1f} {unit}** for the suite's {len(proj)} trained methods x seeds "
               f"({measured:,.1f} of them from methods measured here; the rest borrow another method's rates)."]
 
-    exe = Path(sys.executable)
-    exe_text = str(exe.relative_to(ROOT)) if exe.is_relative_to(ROOT) else exe.name  # .venv/bin/python, or python3
-    cmd = f"{exe_text} benchmarks/train_throughput.py" + ("" if not argv else " " + shlex.join(argv))
-    cuda = f", CUDA {torch.version.cuda}" if on_gpu else ""
-    L += [
-        "",
-        "## Run",
-        "",
-        f"- command: `{cmd}` (repository root)",
-        f"- device: {dname} (`{dev}`)",
-        f"- torch {torch.__version__}{cuda}, numpy {np.__version__}, python {platform.python_version()}",
-        f"- machine: {describe()}",
-        f"- date: {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
-        f"- wall time of the whole benchmark: {res['wall_s']:,.0f} s",
-    ]
+    L += run_section("train_throughput.py", argv, f"{dname} (`{dev}`)", res["wall_s"], on_gpu,
+                     f", numpy {np.__version__}")
     return "\n".join(L) + "\n"
 
 
 # ======================================================================================
 # Main
 # ======================================================================================
-
-
-def _ints(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
 
 
 def _compile_modes(text: str) -> list[bool]:
@@ -638,7 +613,7 @@ def _compile_modes(text: str) -> list[bool]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--methods", default="msp,mc_dropout,kep_svgp,sgpa", help="comma-separated trained methods")
-    ap.add_argument("--batch-sizes", type=_ints, default=[128, 512, 1024], help="e.g. 128,1024")
+    ap.add_argument("--batch-sizes", type=positive_int_list(), default=[128, 512, 1024], help="e.g. 128,1024")
     ap.add_argument("--compile", type=_compile_modes, default=[True, False], help="on, off or on,off")
     ap.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto", help="our loop and evaluation")
     ap.add_argument("--steps", type=int, default=100, help="timed training steps (our epoch 2; reference)")
