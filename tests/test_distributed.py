@@ -21,7 +21,7 @@ from bench.registry import METHODS
 from bench.spec import ModelConfig, TrainConfig
 from bench.train import fit, seed_everything
 from synthetic import squares_bundle
-from test_end_to_end import REPO
+from test_end_to_end import REPO, one_cell_suite
 
 MODEL = ModelConfig(patch_size=5, dim=16, depth=2, heads=2, mlp_ratio=1.0, dropout=0.0)
 TRAIN = TrainConfig(epochs=3, batch_size=30, lr=3e-3, warmup_epochs=1, augment=("flip",))
@@ -102,29 +102,7 @@ def test_batch_mean_is_the_global_weighted_mean_with_its_gradient(tmp_path):
         np.testing.assert_allclose(got["grad"].numpy()[0], 2 * (2 * mean * np.array(w) / 3), rtol=1e-6)
 
 
-TINY_DDP_SUITE = """
-name = "tiny_ddp"
-seeds = [0]
-[train]
-epochs = 2
-batch_size = 64
-lr = 3e-3
-warmup_epochs = 0
-[model]
-patch_size = 7
-dim = 16
-depth = 1
-heads = 2
-mlp_ratio = 1.0
-dropout = 0.0
-[datasets.mnist5k]
-train_limit = 256
-eval_limit = 64
-ood_size = 32
-corruption_limit = 32
-splits = ["test"]
-[methods.msp]
-"""
+TINY_DDP_SUITE = one_cell_suite("tiny_ddp", model="dropout = 0.0")
 
 
 def _run(root: Path, *launcher: str) -> tuple[subprocess.CompletedProcess, Path]:

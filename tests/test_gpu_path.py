@@ -27,7 +27,7 @@ from bench.registry import METHODS
 from bench.spec import ModelConfig, TrainConfig
 from bench.train import Normalize, autocast, fit, predict, seed_everything, to_tensor
 from synthetic import squares_bundle
-from test_end_to_end import run_suite
+from test_end_to_end import one_cell_suite, run_suite
 
 CPU = torch.device("cpu")
 CUDA_OK = torch.cuda.is_available()
@@ -157,34 +157,11 @@ def test_batched_and_one_by_one_passes_agree_in_distribution(data):
 
 # ----------------------------------------------------------------------------- compile
 
-TINY_COMPILE_SUITE = """
-name = "tiny_compile"
-seeds = [0]
-[train]
-epochs = 2
-batch_size = 64
-lr = 3e-3
-warmup_epochs = 0
-compile = {compile}
-[model]
-patch_size = 7
-dim = 16
-depth = 1
-heads = 2
-mlp_ratio = 1.0
-[datasets.mnist5k]
-train_limit = 256
-eval_limit = 64
-ood_size = 32
-corruption_limit = 32
-splits = ["test"]
-[methods.msp]
-"""
 
 
 def _run_tiny(root: Path, compile_value: str, env: dict) -> tuple[str, dict, np.ndarray]:
     suite = root / f"tiny_{compile_value}.toml"
-    suite.write_text(TINY_COMPILE_SUITE.format(compile=compile_value))
+    suite.write_text(one_cell_suite("tiny_compile", train=f"compile = {compile_value}"))
     proc = run_suite("--suite", str(suite), "--results", str(root / f"results_{compile_value}"),
                      "--reports", str(root / "reports"), "--device", "cpu", env=env)
     assert proc.returncode == 0, proc.stderr
