@@ -51,9 +51,10 @@ Registry
     :class:`Metric` in ``bench.registry.METRICS`` carrying everything else that is said
     about it: kind, label and unit, direction, the convention sentence reports print, its
     vectorised bootstrap kernel (if any) and its place in named selections
-    (:func:`selection`: ``"paper"`` = the KEP-SVGP Table 1 set the report shows by
-    default, ``"shift"`` the columns of the shift tables, ``"severity"`` the metrics
-    plotted against corruption severity).  The registry is the only list of metrics.
+    (:func:`selection`: ``"paper"`` = the KEP-SVGP Table 1 set, ``"default"`` = what
+    analysis computes and the summary and OOD tables show by default (the paper's set
+    with the debiased ECE beside ECE), ``"shift"`` the columns of the shift tables,
+    ``"severity"`` the metrics plotted against corruption severity).  The registry is the only list of metrics.
     Besides the paper's conventions above, every other convention of ``metrics.md`` is
     registered under its own name (``ece_torchmetrics``, ``ece_adaptive``, ``aurc_unique``,
     ``augrc``, ``ood_fpr95_openood``, ...); each docstring states its convention exactly.
@@ -65,7 +66,6 @@ Uncertainty decomposition
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import Callable, Iterator, Mapping
 
 import numpy as np
@@ -244,26 +244,26 @@ class _BinaryCurve:
         fpr, tpr = self.roc()
         return float(fpr[np.argmax(tpr >= target)])
 
-    def fpr_at_tpr_hendrycks(self, target: float = 0.95) -> float:
-        """FPR at recall nearest ``target``, the Hendrycks / TorchUncertainty ``FPRx`` rule.
+    def fpr_at_tpr_tu(self, target: float = 0.95) -> float:
+        """FPR at recall nearest ``target``, TorchUncertainty's ``FPRx`` rule in its arithmetic.
 
         Candidates are every distinct threshold (no point dropped) from the highest down to
-        the first one reaching full recall; the one with |TPR - target| smallest is taken,
-        ties going to the *lowest* threshold (the reference scans the reversed list and
-        takes the first minimum).  FPR = negatives accepted there / all negatives.  NaN if
-        undefined.  The distances are compared exactly, in integers (target = a/b as a
-        fraction: |b TP - a P|), so two recalls equally far from the target always tie,
-        whatever the float type.  TorchUncertainty divides int counts in float32, where such
-        recalls usually tie too (e.g. 18/20 and 20/20 around 0.95); Hendrycks' float64
-        ``fpr_and_fdr_at_recall`` sees |0.9 - 0.95| < |1 - 0.95| and keeps the higher
-        threshold there, so it can differ from this on exact ties.
+        the first one reaching full recall; the one with |recall - target| smallest is
+        taken, ties going to the *lowest* threshold (the reference scans the reversed list
+        and takes the first minimum).  As in TorchUncertainty, the recall is the integer
+        count divided in float32 (torch's default dtype: one correctly rounded division)
+        and the distance is computed in float32 against float32(target), so two candidates
+        tie exactly when their float32 distances are equal: 18/20 and 20/20 around 0.95 tie
+        (float32 0.9 and 1.0 are equally far from float32 0.95), 408/430 and 409/430 do not.
+        FPR = negatives accepted there / all negatives.  NaN if undefined.  Hendrycks'
+        ``fpr_and_fdr_at_recall`` (float64) agrees except on float32 ties, where its float64
+        distances may differ and it keeps the nearer one.
         """
         if not self.defined():
             return float("nan")
         last = int(np.argmax(self.tps == self.n_pos))  # first threshold with full recall
-        frac = Fraction(target).limit_denominator(10**6)
-        tps = self.tps[: last + 1].astype(np.int64)
-        distance = np.abs(frac.denominator * tps - frac.numerator * np.int64(self.n_pos))
+        recall = self.tps[: last + 1].astype(np.float32) / np.float32(self.n_pos)
+        distance = np.abs(recall - np.float32(target))
         j = last - int(np.argmin(distance[::-1]))
         return float(self.fps[j] / self.n_neg)
 
@@ -502,6 +502,41 @@ def _boot_ece(probs, labels, w, n_bins: int = 15):
     return out
 
 
+def _debiased_bin_terms(count: np.ndarray, sum_acc: np.ndarray, sum_conf: np.ndarray) -> np.ndarray:
+    """``n_m (2|g_m| - E|g_m + s_m Z|)`` per bin (0 where empty), any shape.
+
+    g_m = acc_m - conf_m, s_m^2 = acc_m (1 - acc_m) / n_m, Z standard normal;
+    E|g + sZ| = s sqrt(2/pi) exp(-g^2 / 2s^2) + g (1 - 2 Phi(-g/s)) (= |g| when s = 0).
+    """
+    from scipy.special import ndtr
+
+    with np.errstate(invalid="ignore", divide="ignore"):
+        acc = sum_acc / count
+        g = acc - sum_conf / count
+        s = np.sqrt(np.clip(acc * (1.0 - acc), 0.0, None) / count)
+        folded = s * np.sqrt(2.0 / np.pi) * np.exp(-0.5 * (g / s) ** 2) + g * (1.0 - 2.0 * ndtr(-g / s))
+    folded = np.where(s > 0, folded, np.abs(g))
+    return np.where(count > 0, count * (2.0 * np.abs(g) - folded), 0.0)
+
+
+def _boot_ece_debiased(probs, labels, w, n_bins: int = 15):
+    """:func:`ece_debiased` per resample: per-bin counts and sums by one matrix product."""
+    conf, correct = _calibration_pairs(probs, labels, "top_label")
+    bins, conf64, _, _ = _assign_bins(conf, n_bins, "kepsvgp")
+    rows_n = np.arange(labels.shape[0])
+    x = np.zeros((labels.shape[0], 3 * n_bins))  # [count | sum_acc | sum_conf] one-hot per bin
+    x[rows_n, bins] = 1.0
+    x[rows_n, n_bins + bins] = correct
+    x[rows_n, 2 * n_bins + bins] = conf64
+    out = np.empty(w.shape[0])
+    for rows in _chunks(w.shape[0], w.shape[1]):
+        wr = w[rows].astype(np.float64)
+        sums = wr @ x
+        terms = _debiased_bin_terms(sums[:, :n_bins], sums[:, n_bins:2 * n_bins], sums[:, 2 * n_bins:])
+        out[rows] = terms.sum(axis=1) / wr.sum(axis=1)
+    return out
+
+
 def _harmonic(n_max: int) -> np.ndarray:
     """Harmonic numbers ``H_0..H_n_max`` (``H_0 = 0``)."""
     return np.concatenate(([0.0], np.cumsum(1.0 / np.arange(1, n_max + 1))))
@@ -641,8 +676,8 @@ class Metric:
     ``bootstrap`` is the vectorised evaluator over resamples (``(probs, labels, w)`` or
     ``(scores_id, scores_ood, w_id, w_ood)`` -> ``[B]``), or None: then
     ``bench.stats`` evaluates ``fn`` once per resample (exact, slower).  ``selections``
-    maps named selections (:func:`selection`; ``"paper"`` = the KEP-SVGP Table 1 set)
-    to this metric's column position in them.
+    maps named selections (:func:`selection`; ``"paper"`` = the KEP-SVGP Table 1 set,
+    ``"default"`` = the default columns) to this metric's column position in them.
     """
 
     name: str
@@ -653,7 +688,7 @@ class Metric:
     higher_is_better: bool
     convention: str
     bootstrap: Callable[..., np.ndarray] | None = None
-    selections: Mapping[str, int] = field(default_factory=dict)
+    selections: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -685,7 +720,7 @@ def metric(
     convention: str,
     *,
     bootstrap: Callable[..., np.ndarray] | None = None,
-    selections: Mapping[str, int] | None = None,
+    selections: Mapping[str, float] | None = None,
     name: str | None = None,
 ) -> Callable[[_Metric], _Metric]:
     """Decorator: register the function as a :class:`Metric` (named after the function
@@ -726,7 +761,7 @@ def registered(on_scores: bool | None = None) -> list[str]:
 @metric(
     'classification', 'ACC', '%', True,
     'Top-1 accuracy, argmax prediction (ties to the lowest class).',
-    bootstrap=_boot_accuracy, selections={"paper": 0, "shift": 0, "severity": 0},
+    bootstrap=_boot_accuracy, selections={"paper": 0, "default": 0, "shift": 0, "severity": 0},
 )
 def accuracy(probs: np.ndarray, labels: np.ndarray) -> float:
     """Top-1 accuracy in [0, 1].
@@ -849,8 +884,9 @@ def _assign_bins(
       edges; a float64 confidence is compared with those float32 edges, as torch promotes).
     * ``upper_closed``: edges ``np.linspace(0, 1, B+1)`` in the values' precision,
       ``(lo, hi]``, c = 0 in bin 0 (a numpy reference in float64, e.g. SGPA's).
-    * ``torchmetrics``: values cast to float32 (torchmetrics' ``.float()``), float32 edges,
-      ``[lo, hi)`` (``bucketize(right=True) - 1``), so c = 1.0 lands in a hidden slot B.
+    * ``torchmetrics``: values cast to float32 (torchmetrics' ``.float()``), the float32
+      edges of ``torch.linspace(0, 1, B+1)`` (:func:`torch_linspace_float32`), ``[lo, hi)``
+      (``bucketize(right=True) - 1``), so c = 1.0 lands in a hidden slot B.
     * ``fdshifts``: float64 edges linspace(0, 1 + 1e-8, B+1), ``[lo, hi)``
       (``np.digitize(c, edges) - 1``); the 1e-8 stretch keeps c = 1.0 in bin B-1.
     * ``equal_mass``: B bins of equal count (the first N mod B bins one larger, as
@@ -868,9 +904,8 @@ def _assign_bins(
         return bins, values.astype(np.float64), n_bins, edges
     if binning == "torchmetrics":
         v32 = values.astype(np.float32)
-        edges = np.linspace(0.0, 1.0, n_bins + 1)
-        bins = np.searchsorted(edges.astype(np.float32), v32, side="right") - 1  # 1.0 -> slot B
-        return bins, v32.astype(np.float64), n_bins + 1, edges
+        bins = np.searchsorted(torch_linspace_float32(n_bins + 1), v32, side="right") - 1  # 1.0 -> slot B
+        return bins, v32.astype(np.float64), n_bins + 1, np.linspace(0.0, 1.0, n_bins + 1)
     if binning == "fdshifts":
         v64 = values.astype(np.float64)
         edges = np.linspace(0.0, 1.0 + 1e-8, n_bins + 1)
@@ -951,7 +986,7 @@ def calibration_bins(
     'Top-label ECE, 15 (lo, hi] bins on the float32 edges of torch.linspace(0, 1, 16), '
     'compared in float64, confidence 1.0 in the last bin: KEP-SVGP calc_ece bin for bin, '
     'for float32 and float64 inputs.',
-    bootstrap=_boot_ece, selections={"paper": 4, "shift": 1, "severity": 1},
+    bootstrap=_boot_ece, selections={"paper": 4, "default": 4, "shift": 1, "severity": 1},
 )
 def ece(probs: np.ndarray, labels: np.ndarray, *, n_bins: int = 15) -> float:
     """Top-label expected calibration error as a fraction in [0, 1] (not %).
@@ -966,9 +1001,38 @@ def ece(probs: np.ndarray, labels: np.ndarray, *, n_bins: int = 15) -> float:
 
 
 @metric(
+    'calibration', 'ECE-debiased', '%', False,
+    "ECE's 15 (lo, hi] bins with Kumar et al. (2019)'s normal bias correction in closed "
+    'form: per bin 2|acc - conf| - E|acc - conf + sZ|, s^2 = acc(1 - acc)/n_m (the '
+    "infinite-resample limit of uncertainty-calibration's normal_debiased_ce); may be "
+    'slightly negative.',
+    bootstrap=_boot_ece_debiased, selections={"default": 4.5, "shift": 1.5, "severity": 1.5},
+)
+def ece_debiased(probs: np.ndarray, labels: np.ndarray, *, n_bins: int = 15) -> float:
+    """Top-label ECE with the plug-in estimator's upward bias removed, a fraction (not %).
+
+    Plug-in ECE averages |acc_m - conf_m| over bins whose accuracy is itself a noisy
+    estimate, so it is biased upward: a perfectly calibrated model scores about
+    sum_m (n_m/N) s_m sqrt(2/pi) > 0.  Kumar, Liang & Ma (2019, "Verified uncertainty
+    calibration") subtract that bias: with acc_m ~ N(a_m, s_m^2), s_m^2 = a_m (1 - a_m) /
+    n_m, the bias of bin m is E|g_m + s_m Z| - |g_m|, so the corrected term is
+    2|g_m| - E|g_m + s_m Z|.  Their package draws Z 1,000 times; the expectation has a
+    closed form (the folded normal mean), used here, so the result is deterministic.
+    Bins as :func:`ece` (the KEP-SVGP (lo, hi] bins on torch's float32 edges); a bin with
+    a single sample, or with accuracy 0 or 1, has s_m = 0 and keeps its plug-in term (the
+    package refuses bins of fewer than 2 samples, which top-label confidences, never below
+    1/C, always leave empty at the bottom).  Result = sum_m (n_m/N)(2|g_m| - E|g_m + s_m Z|);
+    it can be slightly negative for a well-calibrated model.
+    """
+    stats = calibration_bins(probs, labels, n_bins=n_bins)
+    terms = _debiased_bin_terms(stats["count"], stats["sum_acc"], stats["sum_conf"])
+    return float(terms.sum() / stats["count"].sum())
+
+
+@metric(
     'classification', 'NLL', 'x10', False,
     'Mean -log p(true class) in nats, clamped at the float64 tiny value.',
-    bootstrap=_boot_nll, selections={"paper": 5, "shift": 2, "severity": 2},
+    bootstrap=_boot_nll, selections={"paper": 5, "default": 5, "shift": 2, "severity": 2},
 )
 def nll(probs: np.ndarray, labels: np.ndarray) -> float:
     """Negative log-likelihood in nats: -(1/N) sum_i log p[i, y_i].
@@ -985,7 +1049,7 @@ def nll(probs: np.ndarray, labels: np.ndarray) -> float:
     'classification', 'Brier', 'x100', False,
     'Squared error to the one-hot label summed over classes, mean over samples (range '
     '[0, 2]).',
-    bootstrap=_boot_brier, selections={"paper": 6, "shift": 3},
+    bootstrap=_boot_brier, selections={"paper": 6, "default": 6, "shift": 3},
 )
 def brier(probs: np.ndarray, labels: np.ndarray) -> float:
     """Multi-class Brier score: (1/N) sum_i sum_k (p_ik - 1[y_i = k])^2, range [0, 2].
@@ -1003,7 +1067,7 @@ def brier(probs: np.ndarray, labels: np.ndarray) -> float:
 @metric(
     'failure', 'AURC', 'x1000', False,
     'Riemann mean of selective risk E_i/i over i = 1..N, MSP, stable sort (KEP-SVGP).',
-    bootstrap=_boot_aurc, selections={"paper": 1, "shift": 4},
+    bootstrap=_boot_aurc, selections={"paper": 1, "default": 1, "shift": 4},
 )
 def aurc(probs: np.ndarray, labels: np.ndarray) -> float:
     """Area under the risk-coverage curve (Riemann mean), raw risk (not x1000).
@@ -1042,7 +1106,7 @@ def risk_coverage_curve(probs: np.ndarray, labels: np.ndarray) -> tuple[np.ndarr
     'failure', 'E-AURC', 'x1000', False,
     "AURC (Riemann mean) minus the analytic optimum r + (1 - r) ln(1 - r) (KEP-SVGP; fd-shifts "
     "subtracts the same optimum from its unique-threshold AURC: eaurc_fdshifts).",
-    bootstrap=_boot_eaurc, selections={"paper": 7},
+    bootstrap=_boot_eaurc, selections={"paper": 7, "default": 7},
 )
 def eaurc(probs: np.ndarray, labels: np.ndarray) -> float:
     """Excess AURC: AURC - AURC*, AURC* = r + (1 - r) ln(1 - r), r = error rate.
@@ -1057,7 +1121,7 @@ def eaurc(probs: np.ndarray, labels: np.ndarray) -> float:
 @metric(
     'failure', 'AUROC', '%', True,
     'Misclassification AUROC: correct = positive, score MSP, ties count half.',
-    bootstrap=_boot_failure_auroc, selections={"paper": 2, "shift": 5},
+    bootstrap=_boot_failure_auroc, selections={"paper": 2, "default": 2, "shift": 5},
 )
 def failure_auroc(probs: np.ndarray, labels: np.ndarray) -> float:
     """Misclassification-detection AUROC in [0, 1]: correct = positive, score = MSP.
@@ -1072,7 +1136,7 @@ def failure_auroc(probs: np.ndarray, labels: np.ndarray) -> float:
     'failure', 'FPR95', '%', False,
     'Errors accepted at the sklearn ROC point with TPR nearest 0.95; correct = '
     'positive, score MSP.',
-    bootstrap=_boot_failure_fpr95, selections={"paper": 3},
+    bootstrap=_boot_failure_fpr95, selections={"paper": 3, "default": 3},
 )
 def failure_fpr95(probs: np.ndarray, labels: np.ndarray) -> float:
     """FPR (fraction of errors accepted) at the ROC point with TPR nearest 0.95.
@@ -1087,7 +1151,7 @@ def failure_fpr95(probs: np.ndarray, labels: np.ndarray) -> float:
 @metric(
     'failure', 'AUPR-S', '%', True,
     'Trapezoid area under PR, correct = positive, score MSP.',
-    bootstrap=_boot_failure_aupr_success, selections={"paper": 8},
+    bootstrap=_boot_failure_aupr_success, selections={"paper": 8, "default": 8},
 )
 def failure_aupr_success(probs: np.ndarray, labels: np.ndarray) -> float:
     """AUPR-Success: trapezoid area under precision-recall, correct = positive, score = MSP.
@@ -1102,7 +1166,7 @@ def failure_aupr_success(probs: np.ndarray, labels: np.ndarray) -> float:
 @metric(
     'failure', 'AUPR-E', '%', True,
     'Average precision, error = positive, score -MSP.',
-    bootstrap=_boot_failure_aupr_error, selections={"paper": 9},
+    bootstrap=_boot_failure_aupr_error, selections={"paper": 9, "default": 9},
 )
 def failure_aupr_error(probs: np.ndarray, labels: np.ndarray) -> float:
     """AUPR-Error: average precision with errors = positive and score = -MSP.
@@ -1120,7 +1184,7 @@ def failure_aupr_error(probs: np.ndarray, labels: np.ndarray) -> float:
     'ood', 'AUROC', '%', True,
     'ID-vs-OOD AUROC, ID = positive, score s (higher = ID, MSP by default), ties count '
     'half.',
-    bootstrap=_boot_ood_auroc, selections={"paper": 10},
+    bootstrap=_boot_ood_auroc, selections={"paper": 10, "default": 10},
 )
 def ood_auroc(scores_id: np.ndarray, scores_ood: np.ndarray) -> float:
     """ID-vs-OOD AUROC in [0, 1]; ID = positive, higher score = more ID, ties count half.
@@ -1133,7 +1197,7 @@ def ood_auroc(scores_id: np.ndarray, scores_ood: np.ndarray) -> float:
 @metric(
     'ood', 'AUPR-In', '%', True,
     'Average precision, ID = positive, score s (higher = ID).',
-    bootstrap=_boot_ood_aupr_in, selections={"paper": 11},
+    bootstrap=_boot_ood_aupr_in, selections={"paper": 11, "default": 11},
 )
 def ood_aupr_in(scores_id: np.ndarray, scores_ood: np.ndarray) -> float:
     """AUPR-In: average precision with ID = positive and score s.
@@ -1146,7 +1210,7 @@ def ood_aupr_in(scores_id: np.ndarray, scores_ood: np.ndarray) -> float:
 @metric(
     'ood', 'AUPR-Out', '%', True,
     'Average precision, OOD = positive, score -s.',
-    bootstrap=_boot_ood_aupr_out, selections={"paper": 12},
+    bootstrap=_boot_ood_aupr_out, selections={"paper": 12, "default": 12},
 )
 def ood_aupr_out(scores_id: np.ndarray, scores_ood: np.ndarray) -> float:
     """AUPR-Out: average precision with OOD = positive and score -s.
@@ -1160,7 +1224,7 @@ def ood_aupr_out(scores_id: np.ndarray, scores_ood: np.ndarray) -> float:
     'ood', 'FPR95', '%', False,
     'OOD accepted (s >= tau, ties accepted) at the largest tau keeping >= 95% of ID; ID '
     '= positive.',
-    bootstrap=_boot_ood_fpr95, selections={"paper": 13},
+    bootstrap=_boot_ood_fpr95, selections={"paper": 13, "default": 13},
 )
 def ood_fpr95(scores_id: np.ndarray, scores_ood: np.ndarray) -> float:
     """Fraction of OOD samples accepted at the threshold keeping at least 95% of ID.
@@ -1200,12 +1264,17 @@ def ece_torchmetrics(probs: np.ndarray, labels: np.ndarray, *, n_bins: int = 15)
     (B+1)-th bin that still counts in the sum.  ECE = sum over the B+1 slots of
     (n_m/N)|acc_m - conf_m|.  Differs from :func:`ece` for confidences on interior edges
     (which go up one bin) and at 1.0 (a bin of its own instead of pooling with
-    (1 - 1/B, 1)).  Edges are k/B correctly rounded to float32.  torch's own float32
-    ``linspace`` is off by one ulp at some interior edges, depending on the platform (on
-    an x86 CPU with B = 15: 0.2, 0.4 and 7/15 one ulp high, 8/15, 0.6 and 2/3 one ulp
-    low), so a confidence lying exactly on such an edge (float32 0.2, say) can land one
-    bin lower in torch than here; every other confidence bins identically.  Exact at
-    0, 1.0 and dyadic edges (B a power of 2).
+    (1 - 1/B, 1)).  The edges are torch's float32 ``linspace(0, 1, B+1)`` bit for bit
+    (:func:`torch_linspace_float32`; some interior edges lie one ulp off k/B there), so a
+    confidence lying exactly on an edge bins as in torchmetrics.  The sums run in float64
+    (torchmetrics: float32), a difference below 1e-6.  Equals torchmetrics'
+    ``MulticlassCalibrationError(n_bins=B, norm="l1")``, and ``BinaryCalibrationError`` fed
+    the float32 top-label confidence and correctness.  torchmetrics is not consistent with
+    itself on float64 input: its binary class skips the float32 cast and bins float64
+    confidences on float64 edges (confidences 11/15 correct and 0.75 wrong: one float32
+    bin, ECE 0.2417 in the multiclass class and here; two float64 bins, 0.5083 in the
+    binary class).  ``BinaryCalibrationError`` on the probability of class 1 measures the
+    positive class, not the top label (torchmetrics #1105).
     """
     stats = calibration_bins(probs, labels, n_bins=n_bins, binning="torchmetrics")
     return _calibration_error(stats, "l1")
@@ -1285,8 +1354,9 @@ def ece_classwise(probs: np.ndarray, labels: np.ndarray, *, n_bins: int = 15) ->
 @metric(
     'calibration', 'aECE', '%', False,
     "Top-label ECE on 15 equal-mass bins, stable sort by (float64 confidence, index) "
-    "(TorchUncertainty aECE, which casts confidences to float32 first: float64 confidences "
-    "equal in float32 can fall into other bins there; N < 15 gives NaN there, 0 here).",
+    "(TorchUncertainty aECE, which sorts float32 confidences with an unstable sort: tied "
+    "confidences that a bin boundary splits can fall into other bins there; N < 15 gives "
+    "NaN there, 0 here).",
 )
 def ece_adaptive(probs: np.ndarray, labels: np.ndarray, *, n_bins: int = 15) -> float:
     """Adaptive (equal-mass) top-label ECE, TorchUncertainty's aECE with 15 bins.
@@ -1295,9 +1365,15 @@ def ece_adaptive(probs: np.ndarray, labels: np.ndarray, *, n_bins: int = 15) -> 
     index) (stable, so ties at a bin boundary split by input order) and cut into B bins of
     equal count, the first N mod B one larger (``torch.tensor_split``); ECE formula as
     :func:`ece`.  With N < B the empty bins contribute 0 (TorchUncertainty gives NaN).
-    TorchUncertainty casts confidences to float32 before sorting, so *distinct* float64
-    confidences that round to the same float32 value become ties there and may be ordered
-    (and binned) differently; float32 inputs are binned identically.
+    Distinct confidences bin as in TorchUncertainty when they are distinct in float32.
+    Tied confidences that a bin boundary splits are where the two differ: TorchUncertainty
+    casts to float32 and sorts with ``torch.sort``, which is not stable, so which of the
+    tied samples fall on each side follows torch's sorting algorithm, not the input order.
+    Minimal example: 20 samples, every confidence float32 0.7, the first 14 correct, 4
+    bins: here the bins hold samples 0-4, 5-9, 10-14, 15-19 (gaps .3, .3, .1, .7), ECE
+    0.35; TorchUncertainty 0.13 on a CPU sorts the tied indices as 10, 19, 18, ..., 11, 0,
+    9, ..., 1 and gives 0.30.  Neither order is more right: bins that split ties are
+    arbitrary in any equal-mass scheme.
     """
     stats = calibration_bins(probs, labels, n_bins=n_bins, binning="equal_mass")
     return _calibration_error(stats, "l1")
@@ -1605,21 +1681,22 @@ def ood_fpr95_openood(scores_id: np.ndarray, scores_ood: np.ndarray) -> float:
 
 @metric(
     'ood', 'FPR95-TU', '%', False,
-    "ID flagged as OOD at the threshold with OOD recall nearest 0.95 (distances compared "
-    "exactly, ties to the lowest threshold, as TorchUncertainty's float32 recalls tie; "
-    "Hendrycks' float64 code keeps the higher one on exact ties); OOD = positive, score -s.",
+    "ID flagged as OOD at the threshold with OOD recall nearest 0.95, recalls and distances "
+    "in float32 as TorchUncertainty computes them, float32 ties to the lowest threshold "
+    "(Hendrycks' float64 code differs only on float32 ties); OOD = positive, score -s.",
 )
 def ood_fpr95_tu(scores_id: np.ndarray, scores_ood: np.ndarray) -> float:
     """TorchUncertainty ``FPR95`` (Hendrycks' ``fpr_and_fdr_at_recall``): OOD positive.
 
     ``scores_id`` [N1], ``scores_ood`` [N2]; higher score = more ID; OOD = positive with
     score -s (TorchUncertainty's ``-MSP``).  Over every distinct threshold down to the
-    first reaching full OOD recall, the one with recall nearest 0.95, distances compared
-    exactly (ties to the lowest threshold, as TorchUncertainty's float32 recalls tie); returns
-    the fraction of ID samples flagged as OOD there.  Hendrycks' float64 version breaks exact
-    ties towards the higher threshold (see ``_BinaryCurve.fpr_at_tpr_hendrycks``).
+    first reaching full OOD recall, the one with recall nearest 0.95, in TorchUncertainty's
+    float32 arithmetic (``_BinaryCurve.fpr_at_tpr_tu``); returns the fraction of ID samples
+    flagged as OOD there.  Example: OOD scores 0..429 and ID scores (408.5, 1e4) give 0.0
+    (recall 408/430 is nearer 0.95 than 409/430 in float32), as TorchUncertainty and
+    Hendrycks' code do.
     """
-    return _ood_curve(scores_id, scores_ood, ood_positive=True).fpr_at_tpr_hendrycks(0.95)
+    return _ood_curve(scores_id, scores_ood, ood_positive=True).fpr_at_tpr_tu(0.95)
 
 
 @metric(

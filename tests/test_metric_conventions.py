@@ -826,10 +826,13 @@ def test_every_registered_metric_carries_its_report_metadata():
         assert m.scale == {"%": 100.0, "x100": 100.0, "x1000": 1000.0, "x10": 10.0, "": 1.0}[m.unit], name
         assert m.label and m.convention.endswith(".") and "\n" not in m.convention
     # named selections are orderings of registered metrics, not lists of their own
-    for sel in ("paper", "shift", "severity"):
+    for sel in ("paper", "default", "shift", "severity"):
         picked = M.selection(sel)
         assert picked and len(set(picked)) == len(picked) and set(picked) <= set(M.registered())
-    assert set(M.selection("shift")) <= set(DEFAULTS) and set(M.selection("severity")) <= set(M.selection("shift"))
+    # the default columns are the paper's and more; shift columns are default columns
+    assert set(DEFAULTS) <= set(M.selection("default"))
+    assert set(M.selection("shift")) <= set(M.selection("default"))
+    assert set(M.selection("severity")) <= set(M.selection("shift"))
 
 
 def test_a_metric_must_state_a_valid_kind_unit_and_convention():
@@ -986,3 +989,125 @@ def test_saturated_confidences_are_ranked_in_input_order():
     first = (0.2 * ((1 + 1 / 2) + (1 / 2 + 1 / 3) + (1 / 3 + 1 / 4) + (1 / 4 + 1 / 5)) / 2) / 0.8
     assert M.aurc_trapezoid(p, np.array([1, 0, 0, 0, 0])) == pytest.approx(first, abs=1e-15)
     assert M.aurc_trapezoid(p, np.array([0, 0, 0, 0, 1])) == pytest.approx(0.2 * (0 + 1 / 5) / 2 / 0.8, abs=1e-15)
+
+
+# ====================================================================== peers, run here
+# torchmetrics and uncertainty-calibration are test dependencies (requirements.txt): the
+# conventions named after them are checked against the packages themselves.
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_ece_torchmetrics_equals_torchmetrics_on_edges_ties_and_float32(seed):
+    """Top-label, l1, 15 bins: MulticlassCalibrationError, and BinaryCalibrationError fed the
+    top-label confidence and correctness.  Odd seeds round every probability to a multiple
+    of 1/15, so confidences lie on (or one ulp from) torch's float32 edges: the case that
+    correctly rounded edges k/15 bin differently (up to 0.09 apart)."""
+    torch = pytest.importorskip("torch")
+    from torchmetrics.classification import BinaryCalibrationError, MulticlassCalibrationError
+
+    rng = np.random.default_rng(seed)
+    for n, c in ((300, 10), (57, 2), (500, 3)):
+        p, y = make_case(n, c, int(rng.integers(1 << 30)))
+        if seed % 2:
+            p = np.round(p * 15) / 15
+        for probs in (p, p.astype(np.float32)):
+            tm = MulticlassCalibrationError(num_classes=c, n_bins=15, norm="l1")(torch.as_tensor(probs), torch.as_tensor(y))
+            assert M.ece_torchmetrics(probs, y) == pytest.approx(float(tm), abs=1e-6)
+            conf = torch.as_tensor(probs).max(dim=1)
+            correct = (conf.indices == torch.as_tensor(y)).long()
+            tb = BinaryCalibrationError(n_bins=15, norm="l1")(conf.values.float(), correct)
+            assert M.ece_torchmetrics(probs, y) == pytest.approx(float(tb), abs=1e-6)
+
+
+def test_torchmetrics_binary_class_bins_float64_input_in_float64():
+    """The docstring's example of torchmetrics disagreeing with itself: ours follows the
+    multiclass class (float32 cast) on float64 input."""
+    torch = pytest.importorskip("torch")
+    from torchmetrics.classification import BinaryCalibrationError, MulticlassCalibrationError
+
+    p, y = np.array([[11 / 15, 4 / 15], [0.75, 0.25]]), np.array([0, 1])  # correct, wrong
+    tm = MulticlassCalibrationError(num_classes=2, n_bins=15, norm="l1")(torch.as_tensor(p), torch.as_tensor(y))
+    tb = BinaryCalibrationError(n_bins=15, norm="l1")(torch.tensor([11 / 15, 0.75], dtype=torch.float64),
+                                                      torch.tensor([1, 0]))
+    assert M.ece_torchmetrics(p, y) == pytest.approx(float(tm), abs=1e-7) == pytest.approx(abs(1 - (11 / 15 + 0.75)) / 2, abs=1e-7)
+    assert float(tb) == pytest.approx((1 - 11 / 15 + 0.75) / 2)
+
+
+def test_ood_fpr95_tu_counts_only_float32_ties_as_ties():
+    """OOD scores 0..429, ID scores 408.5 and 1e4 (OOD positive, score -s): recalls 408/430
+    and 409/430 are equally far from 0.95 as fractions, but not in TorchUncertainty's float32
+    arithmetic, where 408/430 is nearer; at that threshold no ID sample is flagged."""
+    s_ood, s_id = np.arange(430.0), np.array([408.5, 1e4])
+    c = np.float32(0.95)
+    assert abs(np.float32(408) / np.float32(430) - c) < abs(np.float32(409) / np.float32(430) - c)
+    assert M.ood_fpr95_tu(s_id, s_ood) == 0.0 == tu_fprx(s_id, s_ood)
+    # the same construction for every OOD size 20k + 10 up to 5,000 (an exact rational tie each time)
+    for k in range(250):
+        n = 20 * k + 10
+        s_ood, s_id = np.arange(float(n)), np.array([19 * k + 9.5, 1e4])
+        assert M.ood_fpr95_tu(s_id, s_ood) == tu_fprx(s_id, s_ood), n
+
+
+def test_ece_adaptive_splits_tied_confidences_in_input_order():
+    """The docstring's minimal example: 20 confidences of float32 0.7, the first 14 correct,
+    4 equal-mass bins of 5 in input order: gaps .3, .3, .1 (4 of 5 correct), .7."""
+    p = np.tile(np.array([[0.7, 0.3]], np.float32), (20, 1))
+    y = np.array([0] * 14 + [1] * 6)
+    assert M.ece_adaptive(p, y, n_bins=4) == pytest.approx((0.3 + 0.3 + 0.1 + 0.7) / 4, abs=1e-6)
+
+
+def test_ece_debiased_bin_terms_are_the_folded_normal_correction():
+    """Three hand bins of ECE's 15: the corrected term of each is 2|g| - E|g + sZ|, with the
+    folded normal's mean from scipy; a bin of one sample keeps its plug-in term."""
+    from scipy.stats import foldnorm
+
+    conf = np.array([0.55] * 4 + [0.75] * 10 + [0.95])
+    correct = np.array([1, 0, 1, 0] + [1] * 9 + [0] + [1])
+    p, y = np.stack([conf, 1 - conf], axis=1), np.where(correct == 1, 0, 1)
+    expected = 0.0
+    for c in (0.55, 0.75, 0.95):
+        hits = correct[conf == c]
+        n, acc = hits.size, hits.mean()
+        g, s = acc - c, np.sqrt(acc * (1 - acc) / n)
+        folded = foldnorm(abs(g) / s, scale=s).mean() if s > 0 else abs(g)
+        expected += n * (2 * abs(g) - folded)
+    assert M.ece_debiased(p, y) == pytest.approx(expected / conf.size, abs=1e-12)
+    assert M.ece_debiased(p, y) < M.ece(p, y)
+
+
+def test_ece_debiased_is_uncertainty_calibrations_normal_debiased_ce():
+    """On ECE's bins, against the package's Monte-Carlo estimator (20,000 draws; it needs
+    two samples in every bin it is given, so it is given the non-empty bins)."""
+    np.random.seed(0)  # the package draws from numpy's global generator
+    from calibration.utils import normal_debiased_ce
+
+    rng = np.random.default_rng(7)
+    for _ in range(5):
+        conf = rng.uniform(0.5, 1.0, 3000)
+        correct = rng.random(3000) < conf - rng.uniform(0.0, 0.15)
+        p, y = np.stack([conf, 1 - conf], axis=1), np.where(correct, 0, 1)
+        bins = np.clip(np.searchsorted(M.torch_linspace_float32(16).astype(np.float64), conf, side="left") - 1, 0, 14)
+        binned = [np.stack([conf[bins == m], correct[bins == m].astype(float)], axis=1)
+                  for m in range(15) if (bins == m).any()]
+        assert M.ece_debiased(p, y) == pytest.approx(normal_debiased_ce(binned, power=1, resamples=20000), abs=5e-4)
+
+
+def test_ece_debiased_bias_against_the_truth():
+    """200 test sets of 1,000 (2 classes, top-label confidence uniform on [0.5, 1]).
+    Overconfident by 5 points everywhere (true ECE 0.05): the debiased ECE is closer to the
+    truth than the plug-in by more than half of the plug-in's bias.  Calibrated (true ECE
+    0): the correction is partial, as it is for |.| at 0: with every bin gap g ~ N(0, s^2),
+    E[2|g| - E|g + sZ|] = (2 - sqrt 2) E|g|, so the debiased mean is 0.59 x the plug-in's."""
+    rng = np.random.default_rng(11)
+    for shift, check in ((0.05, "miscalibrated"), (0.0, "calibrated")):
+        plug_in, debiased = [], []
+        for _ in range(200):
+            conf = rng.uniform(0.5, 1.0, 1000)
+            correct = rng.random(1000) < conf - shift
+            p, y = np.stack([conf, 1 - conf], axis=1), np.where(correct, 0, 1)
+            plug_in.append(M.ece(p, y))
+            debiased.append(M.ece_debiased(p, y))
+        if check == "miscalibrated":
+            assert abs(np.mean(debiased) - shift) < 0.5 * (np.mean(plug_in) - shift)
+        else:
+            assert np.mean(debiased) == pytest.approx((2 - np.sqrt(2)) * np.mean(plug_in), rel=0.1)
