@@ -41,10 +41,11 @@ import pandas as pd
 from bench import stats
 from bench.catalog import Catalog, Preds
 from bench.data import corruption_of, is_ood
+from bench.errors import ConfigError
 from bench.metrics import entropy, get_metric, selection
 from bench.store import atomic_write_bytes, atomic_write_json
 
-ANALYSIS_SCHEMA = 2  # bump when the files' columns or meaning change
+ANALYSIS_SCHEMA = 3  # bump when the files' columns or meaning change
 ANALYSIS_DIR = "analysis"
 BOOTSTRAP_RESAMPLES = 1000
 BOOTSTRAP_SEED = 0
@@ -54,7 +55,11 @@ SEVERITY_RESAMPLES = 200  # 75 splits x a few metrics stay fast on CIFAR-sized s
 
 METRIC_COLUMNS = ["dataset", "method", "seed", "split", "metric", "score", "value"]
 SUMMARY_COLUMNS = ["dataset", "method", "split", "table", "metric", "score", "n_seeds", "mean", "std",
-                   "ci_low", "ci_high", "p_value", "p_holm", "verdict"]
+                   "ci_low", "ci_high", "p_value", "p_holm", "verdict", "test", "seeds_needed"]
+SIGNIFICANCE = stats.SEEDS_AND_SAMPLES  # the default test behind a mark (stats.SIGNIFICANCE_TESTS)
+#: ``test`` column: what a p-value accounts for
+TESTS = {"both": "seeds+samples", "one_run": "samples only (one run)",
+         stats.SAMPLES_SEEDS_FIXED: "samples, seeds fixed"}
 SEVERITY_COLUMNS = ["dataset", "method", "severity", "metric", "n_seeds", "mean", "std", "ci_low", "ci_high"]
 CE_COLUMNS = ["dataset", "method", "corruption", "ce"]
 EFFICIENCY_COLUMNS = ["dataset", "method", "parameters", "train_seconds", "predict_seconds_per_1000",
@@ -65,7 +70,8 @@ DAMAGED_COLUMNS = ["cell", "dataset", "method", "seed", "reason"]
 #: file -> (AnalysisResults field, columns, string columns)
 FILES: dict[str, tuple[str, list[str], tuple[str, ...]]] = {
     "metrics.csv.gz": ("metrics", METRIC_COLUMNS, ("dataset", "method", "split", "metric", "score")),
-    "summary.csv": ("summary", SUMMARY_COLUMNS, ("dataset", "method", "split", "table", "metric", "score", "verdict")),
+    "summary.csv": ("summary", SUMMARY_COLUMNS, ("dataset", "method", "split", "table", "metric", "score", "verdict",
+                                                 "test")),
     "severity.csv": ("severity", SEVERITY_COLUMNS, ("dataset", "method", "metric")),
     "corruption_errors.csv": ("corruption_errors", CE_COLUMNS, ("dataset", "method", "corruption")),
     "efficiency.csv": ("efficiency", EFFICIENCY_COLUMNS, ("dataset", "method")),
@@ -90,12 +96,18 @@ class AnalysisResults:
 
     ``summary`` (one row per dataset, method, split, metric, score): ``table``
     (``in_distribution`` for ``test``, ``shift``, ``ood``), ``n_seeds``, ``mean``, ``std``
-    (over seeds, ddof=1; NaN for one seed), ``ci_low``/``ci_high`` (95% paired bootstrap
-    interval of the seed-mean over test samples), ``p_value`` and ``p_holm`` (paired
-    bootstrap z-test of the difference to ``reference``; Holm-corrected across the
-    comparisons of one dataset's table, the ``"paper"`` selection's metrics as one family
-    and any further analysed metrics as another) and ``verdict`` (``"ref"``, ``"better"``/``"worse"``
-    where p_holm < 0.05 in the metric's good direction, else ``""``).
+    (over seeds, ddof=1; NaN for one seed), ``ci_low``/``ci_high`` (95% interval of the
+    seed-mean), ``p_value`` and ``p_holm`` (test of the difference to ``reference``;
+    Holm-corrected across the comparisons of one dataset's table, the ``"paper"``
+    selection's metrics as one family and any further analysed metrics as another),
+    ``verdict`` (``"ref"``; ``"better"``/``"worse"`` where p_holm < 0.05 in the metric's
+    good direction; ``"better (one run)"``/``"worse (one run)"`` when one side's seed
+    variation could not be measured; else ``""``), ``test`` (what the p-value accounts
+    for, :data:`TESTS`) and ``seeds_needed`` (:func:`bench.stats.seeds_needed`).  With the
+    default ``significance`` (``seeds_and_samples``) intervals and tests add the
+    seed-level variance to the paired test-sample bootstrap (:mod:`bench.stats`); with
+    ``samples_seeds_fixed`` they are the percentile interval and z-test over test samples
+    with the trained seeds held fixed.
 
     ``severity``: the metric averaged over the corruption types evaluated at a severity
     (1..5; 0 = the clean ``test`` split; -1 = every corruption split), then mean/std over
@@ -125,6 +137,7 @@ class AnalysisResults:
     corruption_errors: pd.DataFrame = field(default_factory=pd.DataFrame)
     efficiency: pd.DataFrame = field(default_factory=pd.DataFrame)
     analysed_metrics: list[str] = field(default_factory=list)  # the metrics the files hold
+    significance: str = SIGNIFICANCE  # the test behind the marks and intervals (stats.SIGNIFICANCE_TESTS)
     # dataset -> {metric shown in the tables: metric shown in its place} (e.g. CoLA's
     # accuracy column shows MCC, as the paper's Table 1): the data set's headline_metrics
     headlines: dict[str, dict[str, str]] = field(default_factory=dict)
@@ -142,8 +155,8 @@ def table_of(split: str) -> str:
 
 
 def analysed_metrics(picked: list[str] | None = None) -> list[str]:
-    """The metrics analysis computes: the ``"paper"`` selection plus any picked ones."""
-    names = list(dict.fromkeys(selection("paper") + list(picked or [])))
+    """The metrics analysis computes: the ``"default"`` selection plus any picked ones."""
+    names = list(dict.fromkeys(selection("default") + list(picked or [])))
     for n in names:
         get_metric(n)  # unknown names raise ConfigError, listing the registered ones
     return names
@@ -188,10 +201,18 @@ def evaluate(preds: Preds, names: list[str]) -> list[tuple[str, str, str, float]
     return rows
 
 
+def check_significance(significance: str) -> str:
+    if significance not in stats.SIGNIFICANCE_TESTS:
+        raise ConfigError(f"unknown significance test {significance!r}; known: {', '.join(stats.SIGNIFICANCE_TESTS)}")
+    return significance
+
+
 def analyse(catalog: Catalog, metrics: list[str] | None = None, resamples: int = BOOTSTRAP_RESAMPLES,
-            seed: int = BOOTSTRAP_SEED) -> AnalysisResults:
+            seed: int = BOOTSTRAP_SEED, significance: str = SIGNIFICANCE) -> AnalysisResults:
     """Every table of the report, computed from the catalog's stored predictions.
-    ``metrics``: the metrics to compute (default :func:`analysed_metrics`)."""
+    ``metrics``: the metrics to compute (default :func:`analysed_metrics`);
+    ``significance``: the test behind marks and intervals (:data:`bench.stats.SIGNIFICANCE_TESTS`)."""
+    check_significance(significance)
     names = list(metrics) if metrics is not None else analysed_metrics()
     classes = {d: catalog.dataset_class(d) for d in catalog.datasets}
     headlines = {d: dict(swaps) for d, c in classes.items() if (swaps := getattr(c, "headline_metrics", None))}
@@ -230,6 +251,9 @@ def analyse(catalog: Catalog, metrics: list[str] | None = None, resamples: int =
     seeds: dict[tuple[str, str], list[int]] = {}
     for d, m, s in cache:
         seeds.setdefault((d, m), []).append(s)
+    # methods whose units are training seeds (trained, or one member per replicate): two of
+    # them with the same seeds are compared seed by seed
+    by_seed = {e.name for e in catalog.methods if e.kind == "trained" or e.method.members_per_replicate() == 1}
     failures_df = pd.DataFrame(failures, columns=FAILURE_COLUMNS)
     if len(failures_df):
         failures_df = failures_df.sort_values(["dataset", "method", "seed", "reason"], kind="stable").reset_index(drop=True)
@@ -244,11 +268,13 @@ def analyse(catalog: Catalog, metrics: list[str] | None = None, resamples: int =
         damaged=pd.DataFrame(damaged, columns=DAMAGED_COLUMNS),
         load_predictions=catalog.predictions,
         reference=catalog.reference,
-        summary=_summary(metrics_df, cache, seeds, catalog.reference, names, resamples, seed, headlines),
-        severity=_severity(metrics_df, cache, seeds, names, seed),
+        summary=_summary(metrics_df, cache, seeds, catalog.reference, names, resamples, seed, headlines,
+                         by_seed, significance),
+        severity=_severity(metrics_df, cache, seeds, names, seed, significance),
         corruption_errors=_corruption_errors(metrics_df, catalog.reference),
         efficiency=_efficiency(catalog),
         analysed_metrics=names,
+        significance=significance,
         headlines=headlines,
         notes=notes,
     )
@@ -257,13 +283,14 @@ def analyse(catalog: Catalog, metrics: list[str] | None = None, resamples: int =
 # ------------------------------------------------------------------ files and the cache
 
 
-def fingerprint(catalog: Catalog, metrics: list[str], resamples: int, seed: int) -> str:
+def fingerprint(catalog: Catalog, metrics: list[str], resamples: int, seed: int,
+                significance: str = SIGNIFICANCE) -> str:
     """sha256 of everything the analysis files depend on (see the module docstring)."""
     here = Path(__file__).parent
     code = {name: hashlib.sha256((here / name).read_bytes()).hexdigest() for name in _CODE}
     fns = {name: hashlib.sha256(_source(get_metric(name).fn).encode()).hexdigest() for name in metrics}
     blob = json.dumps({"schema": ANALYSIS_SCHEMA, "metrics": metrics, "resamples": resamples, "seed": seed,
-                       "code": code, "functions": fns, "store": catalog.fingerprint()},
+                       "significance": significance, "code": code, "functions": fns, "store": catalog.fingerprint()},
                       sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -352,6 +379,7 @@ def load(out: Path, load_predictions: Callable | None = None) -> AnalysisResults
         load_predictions=load_predictions or missing,
         reference=meta["reference"],
         analysed_metrics=list(meta["metrics"]),
+        significance=str(meta["options"].get("significance", SIGNIFICANCE)),
         headlines={d: dict(v) for d, v in meta.get("headlines", {}).items()},
         notes=dict(meta.get("notes", {})),
         **frames,
@@ -359,28 +387,40 @@ def load(out: Path, load_predictions: Callable | None = None) -> AnalysisResults
 
 
 def analyse_store(catalog: Catalog, out: Path, metrics: list[str] | None = None,
-                  resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> tuple[AnalysisResults, bool]:
+                  resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED,
+                  significance: str = SIGNIFICANCE) -> tuple[AnalysisResults, bool]:
     """The analysis of ``catalog`` as written under ``out``: reused when its key matches,
     else recomputed and written.  Returns ``(results read from the files, reused)``."""
     names = analysed_metrics(metrics)
-    key = fingerprint(catalog, names, resamples, seed)
+    key = fingerprint(catalog, names, resamples, seed, check_significance(significance))
     meta = read_manifest(out)
     reused = meta is not None and meta.get("key") == key
     if not reused:
-        save(analyse(catalog, names, resamples, seed), out, key, {"resamples": resamples, "seed": seed})
+        save(analyse(catalog, names, resamples, seed, significance), out, key,
+             {"resamples": resamples, "seed": seed, "significance": significance})
     return load(out, catalog.predictions), reused
 
 
 # ---------------------------------------------------------------------- the statistics
 
 
+def _units(metrics_df: pd.DataFrame, keys: list[str]) -> dict[tuple, dict[int, float]]:
+    """``keys`` tuple -> {seed or replicate: value on the full split} (the units of a mean)."""
+    units: dict[tuple, dict[int, float]] = {}
+    for *k, s, v in metrics_df[keys + ["seed", "value"]].itertuples(index=False, name=None):
+        units.setdefault(tuple(k), {})[int(s)] = float(v)
+    return units
+
+
 def _summary(metrics_df: pd.DataFrame, cache: dict, seeds: dict, reference: str, names: list[str],
-             resamples: int, seed: int, headlines: dict[str, dict[str, str]] | None = None) -> pd.DataFrame:
+             resamples: int, seed: int, headlines: dict[str, dict[str, str]] | None = None,
+             by_seed: set[str] | frozenset[str] = frozenset(), significance: str = SIGNIFICANCE) -> pd.DataFrame:
     """Mean/std over seeds for every (dataset, method, split, metric, score); on ``test``
-    and OOD splits also the paired bootstrap CI of the seed-mean and the test against the
-    reference method, Holm-corrected per (dataset, table) within the paper selection (with
-    a dataset's ``headlines`` swapped in: CoLA's MCC for accuracy), and separately among
-    any further metrics."""
+    and OOD splits also the CI of the seed-mean and the test against the reference method
+    (``significance``; methods in ``by_seed`` are keyed by training seed and compared seed
+    by seed when both sides have the same seeds), Holm-corrected per (dataset, table)
+    within the paper selection (with a dataset's ``headlines`` swapped in: CoLA's MCC for
+    accuracy), and separately among any further metrics."""
     if metrics_df.empty:
         return pd.DataFrame(columns=SUMMARY_COLUMNS)
     labelled, on_scores = _by_inputs(names)
@@ -388,7 +428,7 @@ def _summary(metrics_df: pd.DataFrame, cache: dict, seeds: dict, reference: str,
     g = metrics_df.groupby(keys, sort=False)["value"]
     out = g.agg(n_seeds="count", mean="mean", std=lambda v: v.std(ddof=1) if len(v) > 1 else np.nan).reset_index()
     out.insert(3, "table", out["split"].map(table_of))
-    dist: dict[tuple, np.ndarray] = {}  # bootstrap distribution of the seed-mean
+    boots: dict[tuple, dict[int, np.ndarray]] = {}  # key -> seed -> the metric on every resample
     for dataset in out["dataset"].unique():
         weights = {}
         for (dn, _method, _s), preds in cache.items():
@@ -399,15 +439,14 @@ def _summary(metrics_df: pd.DataFrame, cache: dict, seeds: dict, reference: str,
                     n = len(preds[split]["labels"])
                     weights.setdefault(split, _weights(n, resamples, seed, split))
         for method in out.loc[out["dataset"] == dataset, "method"].unique():
-            per_seed: dict[tuple, list[np.ndarray]] = {}
             for s in seeds.get((dataset, method), []):
                 preds = cache[(dataset, method, s)]
                 if "test" not in preds:
                     continue
                 probs = np.exp(preds["test"]["log_probs"].astype(np.float64))
                 for name in labelled:
-                    per_seed.setdefault(("test", name, ""), []).append(
-                        stats.boot_metric(name, probs, preds["test"]["labels"], weights["test"]))
+                    boots.setdefault((dataset, method, "test", name, ""), {})[s] = stats.boot_metric(
+                        name, probs, preds["test"]["labels"], weights["test"])
                 test_scores = ood_scores(preds["test"])
                 for split in preds:
                     if not is_ood(split):
@@ -416,22 +455,36 @@ def _summary(metrics_df: pd.DataFrame, cache: dict, seeds: dict, reference: str,
                     for score in SCORES:
                         if score in scores and score in test_scores:
                             for name in on_scores:
-                                per_seed.setdefault((split, name, score), []).append(stats.boot_ood_metric(
-                                    name, test_scores[score], scores[score], weights["test"], weights[split]))
-            for (split, name, score), values in per_seed.items():
-                dist[(dataset, method, split, name, score)] = stats.seed_mean_distribution(values)
+                                boots.setdefault((dataset, method, split, name, score), {})[s] = stats.boot_ood_metric(
+                                    name, test_scores[score], scores[score], weights["test"], weights[split])
+    dist = {k: stats.seed_mean_distribution(list(per_seed.values())) for k, per_seed in boots.items()}
 
-    ci = [stats.bootstrap_ci(dist[k]) if k in dist else (np.nan, np.nan) for k in out[keys].itertuples(index=False, name=None)]
+    units = _units(metrics_df, keys)
+    rows = list(out[keys].itertuples(index=False, name=None))
+    means = dict(zip(rows, out["mean"]))
+    both = significance == stats.SEEDS_AND_SAMPLES
+    ci = [(np.nan, np.nan) if k not in dist else
+          stats.seed_mean(units[k], boots[k]).interval() if both else stats.bootstrap_ci(dist[k]) for k in rows]
     out["ci_low"], out["ci_high"] = [c[0] for c in ci], [c[1] for c in ci]
-    means = dict(zip(out[keys].itertuples(index=False, name=None), out["mean"]))
-    p_values, ref_means = [], []
-    for k in out[keys].itertuples(index=False, name=None):
+    p_values, directions, tests, needed = [], [], [], []
+    for k in rows:
         ref = (k[0], reference, *k[2:])
-        ref_means.append(means.get(ref, np.nan))
         if k[1] == reference or k not in dist or ref not in dist:
-            p_values.append(np.nan)
+            p_values.append(np.nan), directions.append(0.0), tests.append(""), needed.append(np.nan)
+            continue
+        if both:
+            pair = (units[k], boots[k], units[ref], boots[ref], k[1] in by_seed and reference in by_seed)
+            est = stats.difference(*pair)
+            p_values.append(est.p_value())
+            directions.append(est.center)
+            tests.append(TESTS["both"] if est.measured else TESTS["one_run"])
+            needed.append(stats.seeds_needed(*pair))
         else:
-            p_values.append(stats.paired_z_test(dist[k] - dist[ref], float(means[k] - means[ref])))
+            observed = float(means[k] - means[ref])
+            p_values.append(stats.paired_z_test(dist[k] - dist[ref], observed))
+            directions.append(observed)
+            tests.append(TESTS[stats.SAMPLES_SEEDS_FIXED])
+            needed.append(np.nan)
     out["p_value"] = p_values
     out["p_holm"] = np.nan
     # Holm families: one dataset's table, the paper selection apart from metrics picked on
@@ -446,19 +499,23 @@ def _summary(metrics_df: pd.DataFrame, cache: dict, seeds: dict, reference: str,
         if finite:
             out.loc[finite, "p_holm"] = stats.holm(out.loc[finite, "p_value"].to_numpy())
     out["verdict"] = [
-        _verdict(method, metric, mean, ref_mean, p, reference)
-        for method, metric, mean, ref_mean, p in zip(out["method"], out["metric"], out["mean"], ref_means, out["p_holm"])
+        _verdict(method, metric, direction, p, reference, test)
+        for method, metric, direction, p, test in zip(out["method"], out["metric"], directions, out["p_holm"], tests)
     ]
+    out["test"], out["seeds_needed"] = tests, needed
     return out[SUMMARY_COLUMNS]
 
 
-def _verdict(method: str, metric: str, mean: float, ref_mean: float, p_holm: float, reference: str) -> str:
-    """``ref`` for the reference; ``better``/``worse`` when significant after Holm."""
+def _verdict(method: str, metric: str, direction: float, p_holm: float, reference: str, test: str) -> str:
+    """``ref`` for the reference; ``better``/``worse`` when significant after Holm (the sign
+    of ``direction``, the estimated difference to the reference, against the metric's
+    good direction), with `` (one run)`` when a side's seed variation was not measured."""
     if method == reference:
         return "ref"
     if not (np.isfinite(p_holm) and p_holm < ALPHA):
         return ""
-    return "better" if (mean > ref_mean) == get_metric(metric).higher_is_better else "worse"
+    verdict = "better" if (direction > 0) == get_metric(metric).higher_is_better else "worse"
+    return verdict + (" (one run)" if test == TESTS["one_run"] else "")
 
 
 @functools.lru_cache(maxsize=8)  # a few [B, N] matrices per analysis (test, OOD sets, severity)
@@ -480,12 +537,14 @@ def _severity_of(split: str) -> int | None:
     return corruption[1] if corruption else None
 
 
-def _severity(metrics_df: pd.DataFrame, cache: dict, seeds: dict, names: list[str], seed: int) -> pd.DataFrame:
+def _severity(metrics_df: pd.DataFrame, cache: dict, seeds: dict, names: list[str], seed: int,
+              significance: str = SIGNIFICANCE) -> pd.DataFrame:
     """Labelled-split metrics averaged over corruption types per severity (0 = clean test,
     -1 = every corruption split), then mean and std over seeds; for the analysed metrics
-    of the ``"severity"`` selection also a 95% paired bootstrap interval of the seed-mean
-    (each split resampled with its own shared index matrix, the corruption average taken
-    per resample)."""
+    of the ``"severity"`` selection also a 95% interval of the seed-mean, built as the
+    summary's (``significance``) from a paired bootstrap over test samples (each split
+    resampled with its own shared index matrix, the corruption average taken per
+    resample) and, by default, the seeds' spread."""
     df = metrics_df[metrics_df["score"] == ""].copy()
     df["severity"] = df["split"].map(_severity_of)
     df = df.dropna(subset=["severity"])
@@ -500,20 +559,24 @@ def _severity(metrics_df: pd.DataFrame, cache: dict, seeds: dict, names: list[st
     out = g.agg(n_seeds="count", mean="mean", std=lambda v: v.std(ddof=1) if len(v) > 1 else np.nan).reset_index()
     banded = [n for n in selection("severity") if n in names]
     bands = _severity_bands(df, cache, seeds, banded, seed)
-    keys = out[["dataset", "method", "severity", "metric"]].itertuples(index=False, name=None)
-    ci = [bands.get(k, (np.nan, np.nan)) for k in keys]
+    keys = ["dataset", "method", "severity", "metric"]
+    units = _units(per_seed, keys)
+    ci = [(np.nan, np.nan) if k not in bands else
+          stats.seed_mean(units[k], bands[k]).interval() if significance == stats.SEEDS_AND_SAMPLES
+          else stats.bootstrap_ci(stats.seed_mean_distribution(list(bands[k].values())))
+          for k in out[keys].itertuples(index=False, name=None)]
     out["ci_low"], out["ci_high"] = [c[0] for c in ci], [c[1] for c in ci]
     return out.sort_values(["dataset", "method", "severity", "metric"], kind="stable",
                            key=_display_key(out))[SEVERITY_COLUMNS].reset_index(drop=True)
 
 
 def _severity_bands(df: pd.DataFrame, cache: dict, seeds: dict, names: list[str],
-                    seed: int) -> dict[tuple, tuple[float, float]]:
-    """(dataset, method, severity, metric) -> bootstrap CI of the corruption-averaged seed-mean."""
+                    seed: int) -> dict[tuple, dict[int, np.ndarray]]:
+    """(dataset, method, severity, metric) -> seed -> the corruption-averaged metric on
+    every resample [B] (each split resampled with its own shared matrix)."""
     split_severity = dict(zip(df["split"], df["severity"]))
     bands = {}
     for (dataset, method), seed_list in seeds.items():
-        per_seed: dict[tuple[int, str], list[np.ndarray]] = {}
         for s in seed_list:
             preds = cache[(dataset, method, s)]
             sums: dict[tuple[int, str], list[np.ndarray]] = {}
@@ -529,10 +592,8 @@ def _severity_bands(df: pd.DataFrame, cache: dict, seeds: dict, names: list[str]
                     sums.setdefault((sev, name), []).append(value)
                     if sev > 0:
                         sums.setdefault((-1, name), []).append(value)
-            for k, values in sums.items():
-                per_seed.setdefault(k, []).append(np.mean(values, axis=0))
-        for (sev, name), values in per_seed.items():
-            bands[(dataset, method, sev, name)] = stats.bootstrap_ci(stats.seed_mean_distribution(values))
+            for (sev, name), values in sums.items():
+                bands.setdefault((dataset, method, sev, name), {})[s] = np.mean(values, axis=0)
     return bands
 
 

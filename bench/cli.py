@@ -26,6 +26,7 @@ from pathlib import Path
 from bench.errors import ConfigError
 from bench.executors import EXECUTORS, ExecutorConfig
 from bench.registry import DuplicateName
+from bench.stats import SEEDS_AND_SAMPLES as SIGNIFICANCE, SIGNIFICANCE_TESTS
 
 # modules whose import registers the built-in attention layers, metrics, methods and datasets
 BUILTIN_PLUGINS = ("bench.vit", "bench.metrics", "methods", "datasets")
@@ -119,7 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="import MODULE so its registrations take part (repeatable)")
     p.add_argument("--format", type=_csv("formats"), default=("md", "tex", "csv"), help="table formats (md,tex,csv)")
     p.add_argument("--metrics", type=_csv("metrics"),
-                   help="metric names to show in the report (default: the KEP-SVGP paper's set; any name from `list`)")
+                   help="metric names to show in the report (default: the KEP-SVGP paper's set and the debiased "
+                        "ECE; any name from `list`)")
+    p.add_argument("--significance", default=SIGNIFICANCE, choices=SIGNIFICANCE_TESTS,
+                   help="the test behind the report's marks and intervals: seeds_and_samples (default: seed-level "
+                        "and test-sample variation) or samples_seeds_fixed (paired bootstrap over test samples, "
+                        "trained seeds held fixed)")
     p.add_argument("--severity", type=_positive_int, default=5,
                    help="corruption severity of the per-corruption table, 1..5 (default: 5)")
     # Executor flags default to None: unset, the suite's [executor] table (or its default) applies.
@@ -197,11 +203,11 @@ def cmd_list() -> int:
     print("attention layers:")
     for name in ATTENTIONS.names():
         print(f"  {name:<22} {first_line(ATTENTIONS.get(name))}")
-    print("metrics (name [kind] label (unit), higher/lower is better; * = in the default \"paper\" selection):")
+    print("metrics (name [kind] label (unit), higher/lower is better; * = a default column):")
     for name in METRICS.names():
         m = METRICS.get(name)
         unit = f" ({m.unit})" if m.unit else ""
-        star = "*" if "paper" in m.selections else " "
+        star = "*" if "default" in m.selections else " "
         print(f"  {name:<28}{star} [{m.kind}] {m.label}{unit}, {'higher' if m.higher_is_better else 'lower'} is better")
     print("suites:")
     print("  " + ", ".join(available_suites()))
@@ -449,7 +455,7 @@ def _report(suite, store_root: Path, out_dir: Path, args: argparse.Namespace, sh
     """Analyse the store (or reuse its analysis files) and write the report."""
     started = time.perf_counter()
     readme, reused, troubles = write_suite_report(suite, store_root, out_dir, args.format, shown, args.datasets,
-                                                  args.metrics, args.severity, planned)
+                                                  args.metrics, args.severity, planned, args.significance)
     if not args.quiet:
         how = "reused the analysis files" if reused else "analysed the store"
         print(f"report: {readme} ({how}; {time.perf_counter() - started:.1f} s)", file=sys.stderr)
@@ -461,7 +467,8 @@ def _report(suite, store_root: Path, out_dir: Path, args: argparse.Namespace, sh
 
 
 def write_suite_report(suite, store_root: Path, out_dir: Path, formats, methods, datasets, metrics=None,
-                       severity: int = 5, planned: set[str] = frozenset()) -> tuple[Path, bool, int]:
+                       severity: int = 5, planned: set[str] = frozenset(),
+                       significance: str = SIGNIFICANCE) -> tuple[Path, bool, int]:
     """Analyse the store (``suite`` selects and orders; ``None`` = the store alone), write
     the analysis files and the report; returns the README path, whether the analysis files
     were reused, and how many failed/interrupted/damaged cells the report names.  A
@@ -486,6 +493,6 @@ def write_suite_report(suite, store_root: Path, out_dir: Path, formats, methods,
                           f"{list(catalog.seeds)}); check --seeds/--datasets/--methods or run the suite first. "
                           "Nothing was written.")
     picked = list(metrics) if metrics else None
-    results, reused = analyse_store(catalog, Path(out_dir) / ANALYSIS_DIR, picked)
+    results, reused = analyse_store(catalog, Path(out_dir) / ANALYSIS_DIR, picked, significance=significance)
     write_report(results, out_dir, tuple(formats), methods, picked, severity)
     return Path(out_dir) / "README.md", reused, len(results.failures) + len(results.damaged)

@@ -33,14 +33,48 @@ Exactness contract (tested)
     registered later) are evaluated exactly by an explicit loop over resamples.
 
 Intervals and tests
-    :func:`bootstrap_ci` gives the percentile interval; :func:`seed_mean_distribution` the
-    bootstrap distribution of a mean over seeds (every seed on the same resamples);
-    :func:`paired_z_test` the two-sided test of "difference = 0" that analysis uses and :func:`holm`
-    the Holm-Bonferroni adjustment across the comparisons of one table.
+    Two sources of variation stand behind a seed-mean: the training seeds and the test
+    samples, crossed (every seed is evaluated on the same test set).  A reader who re-runs
+    the benchmark draws new seeds and, in effect, a new test set: the variance of a
+    seed-mean is then sigma_seed^2 / S + sigma_image^2 / N + sigma_own^2 / (S N), the last
+    term being each seed's own errors on particular test images.  Two measured quantities
+    estimate it: the spread of the S per-seed values on the full test set (s^2 estimates
+    sigma_seed^2 + sigma_own^2 / N, so s^2 / S is the first and last term) and the test
+    images' shared part sigma_image^2 / N, which is the bootstrap variance of the
+    seed-mean over test samples with the seeds held fixed (:func:`seed_mean_distribution`,
+    V_T = sigma_image^2 / N + sigma_own^2 / (S N)) less the seeds' own part; with V_s the
+    mean of each seed's own bootstrap variance (sigma_image^2 / N + sigma_own^2 / N),
+    sigma_own^2 / (S N) = (V_s - V_T) / (S - 1).  So the variance is
+    s^2 / S + V_T - (V_s - V_T) / (S - 1).  Adding s^2 / S to V_T without the correction
+    would count each seed's own errors twice and cover about 99% instead of 95% where they
+    dominate (as for accuracy).  The estimate is referred to a t distribution with S - 1
+    degrees of freedom (the smaller S - 1 of two methods: the lower bound of the
+    Welch-Satterthwaite df, as in Hsu's conservative Welch test), the bootstrap part
+    counted as exact.  With three seeds the plug-in Welch-Satterthwaite df is
+    anticonservative (an unluckily small s^2 shrinks the interval and raises its df at
+    once: 91-93% coverage and 5-7% false positives in the coverage study), and a bootstrap
+    over the seeds would shrink their variance by 2/3 and use normal quantiles where t with
+    2 degrees of freedom has 4.3 instead of 1.96.  The centre is the point
+    estimate minus the bootstrap's bias estimate (mean of the distribution minus the
+    point), which moves a biased statistic such as plug-in ECE back towards the truth
+    instead of leaving its interval beside the estimate.  ``benchmarks/coverage.py``
+    measures the coverage of the intervals and the false-positive rate of the tests.
+
+    :func:`seed_mean` gives one seed-mean (its interval), :func:`difference` a difference
+    to the reference (its two-sided test; paired over seeds where both methods were
+    trained from the same seeds, Welch otherwise) and :func:`seeds_needed` the number of
+    seeds per method at which a difference of the observed size would be significant with
+    80% power.  Where one side is a single run (one seed, one ensemble replicate), its
+    seed variance cannot be measured: the result says so (``measured = False``) and uses
+    what can be measured.  :func:`paired_z_test` is the test-sample-only z-test (seeds held
+    fixed), kept as the ``samples_seeds_fixed`` option; :func:`bootstrap_ci` the
+    percentile interval; :func:`holm` the Holm-Bonferroni adjustment across the
+    comparisons of one table.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -57,6 +91,11 @@ __all__ = [
     "seed_mean_distribution",
     "paired_z_test",
     "holm",
+    "SIGNIFICANCE_TESTS",
+    "TwoLevel",
+    "seed_mean",
+    "difference",
+    "seeds_needed",
 ]
 
 DEFAULT_RESAMPLES = 1000
@@ -274,3 +313,187 @@ def holm(p_values: Sequence[float]) -> np.ndarray:
     out = np.full(p.shape, np.nan)
     out[finite] = adjusted
     return out
+
+
+# ------------------------------------------------------ seeds and test samples together
+
+SEEDS_AND_SAMPLES = "seeds_and_samples"  # default: seed-level variance + paired test-sample bootstrap
+SAMPLES_SEEDS_FIXED = "samples_seeds_fixed"  # paired bootstrap z-test over test samples, seeds fixed
+#: The tests behind a significance mark (``bench.analysis`` option ``significance``).
+SIGNIFICANCE_TESTS = (SEEDS_AND_SAMPLES, SAMPLES_SEEDS_FIXED)
+
+Units = Mapping[int, float]  # seed (or replicate) -> the metric on the full split
+Boots = Mapping[int, np.ndarray]  # seed -> the metric on every resample [B] (shared resamples)
+
+
+@dataclass(frozen=True)
+class TwoLevel:
+    """A seed-mean (or a difference of two) with both sources of variation.
+
+    ``center``: point estimate minus the test-sample bootstrap's bias estimate; ``se``:
+    sqrt(test-sample variance + seed-level variance of the mean); ``df``: its degrees of
+    freedom (S - 1, the smaller of two sides; ``inf`` when no seed-level part was
+    measured); ``measured``:
+    every side's seed variance was measured (at least two finite units each).  NaN
+    ``center``/``se`` when the bootstrap has fewer than two finite values.
+    """
+
+    center: float
+    se: float
+    df: float
+    measured: bool
+
+    def _quantile(self, q: float) -> float:
+        from scipy.stats import norm, t
+
+        return float(norm.ppf(q) if not np.isfinite(self.df) else t.ppf(q, self.df))
+
+    def interval(self, level: float = 0.95) -> tuple[float, float]:
+        if not 0.0 < level < 1.0:
+            raise ValueError(f"level must lie in (0, 1), got {level!r}")
+        if not (np.isfinite(self.center) and np.isfinite(self.se)):
+            return float("nan"), float("nan")
+        half = self._quantile(0.5 + level / 2.0) * self.se
+        return self.center - half, self.center + half
+
+    def p_value(self) -> float:
+        """Two-sided p-value of "the quantity is 0"."""
+        from scipy.stats import norm, t
+
+        if not (np.isfinite(self.center) and np.isfinite(self.se)):
+            return float("nan")
+        if self.center == 0.0:
+            return 1.0
+        if self.se == 0.0:
+            return 0.0
+        z = abs(self.center) / self.se
+        return float(min(1.0, 2.0 * (norm.sf(z) if not np.isfinite(self.df) else t.sf(z, self.df))))
+
+
+@dataclass(frozen=True)
+class _Side:
+    """The units of one mean: finite values [S] and their bootstrap rows [S, B]."""
+
+    values: np.ndarray
+    boot: np.ndarray
+
+    @classmethod
+    def of(cls, units: Units, boots: Boots, seeds: Sequence[int] | None = None) -> _Side:
+        keys = [k for k in (sorted(units) if seeds is None else seeds) if np.isfinite(units[k])]
+        b = len(next(iter(boots.values()))) if boots else 0
+        return cls(np.array([units[k] for k in keys], dtype=np.float64),
+                   np.array([boots[k] for k in keys], dtype=np.float64).reshape(len(keys), b))
+
+    def __sub__(self, other: _Side) -> _Side:
+        return _Side(self.values - other.values, self.boot - other.boot)
+
+    @property
+    def n(self) -> int:
+        return int(self.values.size)
+
+    def mean_dist(self) -> np.ndarray:
+        """Bootstrap distribution [B] of the mean over units (NaN where a unit is NaN)."""
+        return self.boot.mean(axis=0) if self.n else np.full(self.boot.shape[1], np.nan)
+
+    def own(self) -> float:
+        """The part of the mean's bootstrap variance that is the units' own test-sample
+        noise, (mean_s var(boot_s) - var(mean of boot)) / (S - 1) (sigma_own^2 / (S N) of
+        the module docstring; it is also in the units' spread); 0 below two units."""
+        if self.n < 2:
+            return 0.0
+        each = float(np.mean([_variance(row) for row in self.boot]))
+        return max(0.0, (each - _variance(self.mean_dist())) / (self.n - 1))
+
+    def seed_part(self, seeds: int | None = None) -> tuple[float, float]:
+        """``(s^2 / S, S - 1)``: the variance of the mean from the units' spread (seed-level
+        variation and each unit's own test-sample noise) with ``seeds`` units (default: as
+        many as measured); ``(nan, 0)`` below two units."""
+        if self.n < 2:
+            return float("nan"), 0.0
+        s = self.n if seeds is None else seeds
+        return float(self.values.var(ddof=1)) / s, float(s - 1)
+
+
+def _variance(values: np.ndarray) -> float:
+    v = np.asarray(values, dtype=np.float64)
+    v = v[np.isfinite(v)]
+    return float(v.var(ddof=1)) if v.size >= 2 else float("nan")
+
+
+def _combine(test_variance: float, spreads: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """``(se, df)`` of a test-sample variance (exact) plus the measured seed-level
+    ``(variance, df)`` parts: se^2 = the sum; df = the smallest df of the parts (the lower
+    bound of the Welch-Satterthwaite df), ``inf`` when no part was measured."""
+    parts = [(v, df) for v, df in spreads if np.isfinite(v)]
+    variance = test_variance + sum(v for v, _ in parts)
+    return float(np.sqrt(variance)), min((df for _, df in parts), default=float("inf"))
+
+
+def _estimate(point: float, dist: np.ndarray, sides: Sequence[_Side]) -> TwoLevel:
+    """``point`` (a mean, or a difference of means) with its test-sample bootstrap ``dist``
+    [B] and the seed-level parts of ``sides`` (module docstring)."""
+    d = np.asarray(dist, dtype=np.float64)
+    d = d[np.isfinite(d)]
+    measured = all(side.n >= 2 for side in sides)
+    if d.size < 2 or not np.isfinite(point):
+        return TwoLevel(float("nan"), float("nan"), float("nan"), measured)
+    shared = max(0.0, float(d.var(ddof=1)) - sum(side.own() for side in sides))  # the images' part
+    se, df = _combine(shared, [side.seed_part() for side in sides])
+    return TwoLevel(2.0 * float(point) - float(d.mean()), se, float(df), measured)
+
+
+def _sides(units_a: Units, boots_a: Boots, units_b: Units, boots_b: Boots, paired: bool) -> list[_Side]:
+    """The independent seed-level parts of mean(a) - mean(b): the per-seed differences
+    when ``paired`` and both have the same seeds, else each side."""
+    if paired and set(units_a) == set(units_b):
+        seeds = [k for k in sorted(units_a) if np.isfinite(units_a[k]) and np.isfinite(units_b[k])]
+        return [_Side.of(units_a, boots_a, seeds) - _Side.of(units_b, boots_b, seeds)]
+    return [_Side.of(units_a, boots_a), _Side.of(units_b, boots_b)]
+
+
+def seed_mean(units: Units, boots: Boots) -> TwoLevel:
+    """A seed-mean with both sources of variation (``.interval()`` is its CI).
+
+    ``units``: seed -> the metric on the full split; ``boots``: seed -> the metric on
+    every resample of that split (one resample matrix shared by the seeds).  With one unit
+    only the test-sample noise is measured (``measured`` False)."""
+    side = _Side.of(units, boots)
+    return _estimate(float(side.values.mean()) if side.n else float("nan"), side.mean_dist(), [side])
+
+
+def difference(units_a: Units, boots_a: Boots, units_b: Units, boots_b: Boots, paired: bool) -> TwoLevel:
+    """mean(a) - mean(b) with both sources of variation (``.p_value()`` tests it against 0).
+
+    ``units_*``/``boots_*`` as for :func:`seed_mean`, on the same resamples (the test-sample
+    part is paired); ``paired`` = both are keyed by the same training seeds (then the
+    seed-level part is the spread of the per-seed differences, else Welch's two spreads)."""
+    a, b = _Side.of(units_a, boots_a), _Side.of(units_b, boots_b)
+    point = float(a.values.mean() - b.values.mean()) if a.n and b.n else float("nan")
+    return _estimate(point, a.mean_dist() - b.mean_dist(), _sides(units_a, boots_a, units_b, boots_b, paired))
+
+
+def seeds_needed(units_a: Units, boots_a: Boots, units_b: Units, boots_b: Boots, paired: bool,
+                 alpha: float = 0.05, power: float = 0.8, most: int = 1000) -> float:
+    """Seeds per method at which a true difference equal to the observed one would be
+    significant (two-sided ``alpha``, before any multiplicity correction) with probability
+    ``power``: the smallest S >= 2 with |d| / se(S) >= t_{1-alpha/2} + t_{power} (t with
+    S - 1 df; d = the bias-corrected difference).  se(S) keeps the
+    measured variance components and scales the ones that shrink with more seeds: the
+    spread of the per-seed values (seed-level variance and each seed's own test-sample
+    errors) by 1/S, the test images' shared part not at all.  ``inf`` when no count up to ``most`` reaches it; NaN when a
+    seed variance could not be measured or the difference is undefined."""
+    from scipy.stats import norm, t
+
+    now = difference(units_a, boots_a, units_b, boots_b, paired)
+    if not now.measured or not np.isfinite(now.center):
+        return float("nan")
+    sides = _sides(units_a, boots_a, units_b, boots_b, paired)
+    d = abs(now.center)
+    shared = now.se ** 2 - sum(side.seed_part()[0] for side in sides)  # the test images' part
+    for seeds in range(2, most + 1):
+        se, df = _combine(shared, [side.seed_part(seeds) for side in sides])
+        crit = (t.ppf(1 - alpha / 2, df) + t.ppf(power, df)) if np.isfinite(df) else \
+            (norm.ppf(1 - alpha / 2) + norm.ppf(power))
+        if d >= crit * se:
+            return float(seeds)
+    return float("inf")

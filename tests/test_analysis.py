@@ -194,3 +194,49 @@ def test_catalog_picks_the_planned_cell_else_the_newest_and_names_incomplete_one
     probs, labels = alone.predictions("mnist5k", "msp", 0, "test")
     np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-5)
     assert labels.dtype == np.int64
+
+
+def _seed_store(tmp_path, accuracy: dict[str, list[float]], n: int = 2000):
+    """msp and mc_dropout, seeds 0-2, on one shared test set of ``n`` images; each cell gets
+    exactly the accuracy given, its errors on random images of its own."""
+    suite = build_suite({"name": "seeds", "seeds": [0, 1, 2], "reference": "msp", "datasets": {"mnist5k": {}},
+                         "methods": {"msp": {}, "mc_dropout": {"samples": 5}}})
+    plan = make_plan(suite)
+    store = Store(tmp_path / "seeds")
+    labels = np.random.default_rng(0).integers(0, C, n)  # the same test images for every cell
+    for i, cell in enumerate(plan.cells):
+        rng = np.random.default_rng(i + 1)
+        correct = rng.permutation(n) < round(accuracy[cell.method.name][cell.seed] * n)
+        logits = rng.normal(size=(n, C))
+        logits[np.arange(n), np.where(correct, labels, (labels + 1) % C)] += 10.0  # always the argmax
+        cd = store.cell(cell.key)
+        cd.reset()
+        for split in ("val", "test"):
+            cd.write_preds(split, log_softmax(logits, axis=1).astype(np.float32), labels)
+        cd.seal({"key": cell.key, "dataset": cell.dataset.name, "method": cell.method.name, "seed": cell.seed,
+                 "config": cell.config})
+    return open_store(store.root, suite, {c.key for c in plan.cells})
+
+
+def _accuracy_row(results):
+    s = results.summary
+    return s[(s.method == "mc_dropout") & (s.split == "test") & (s.metric == "accuracy")].iloc[0]
+
+
+def test_a_difference_within_the_seeds_spread_gets_no_mark(tmp_path):
+    """Seeds that disagree far more than the test samples do: the seeds-fixed test marks the
+    mean difference of 3.3 points, the seed-aware default does not (paired over seeds:
+    differences 8, -4 and 6 points)."""
+    catalog = _seed_store(tmp_path, {"msp": [0.70, 0.80, 0.90], "mc_dropout": [0.78, 0.76, 0.96]})
+    fixed = _accuracy_row(analyse(catalog, resamples=200, significance="samples_seeds_fixed"))
+    assert fixed.verdict == "better" and fixed.test == "samples, seeds fixed"
+    both = _accuracy_row(analyse(catalog, resamples=200))
+    assert both.verdict == "" and both.p_value > 0.2 and both.test == "seeds+samples"
+    assert both.ci_high - both.ci_low > 3 * (fixed.ci_high - fixed.ci_low)  # the seeds' spread is in it
+    assert both.ci_low <= both["mean"] <= both.ci_high
+
+
+def test_a_difference_that_every_seed_repeats_keeps_its_mark(tmp_path):
+    catalog = _seed_store(tmp_path, {"msp": [0.70, 0.80, 0.90], "mc_dropout": [0.75, 0.85, 0.955]})
+    row = _accuracy_row(analyse(catalog, resamples=200))
+    assert row.verdict == "better" and row.p_holm < 0.05 and row.seeds_needed <= 3

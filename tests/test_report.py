@@ -29,11 +29,11 @@ REFERENCE = "msp"
 SEEDS = [0, 1, 2]
 CORRUPTIONS = ["shift/gaussian_noise/1", "shift/gaussian_noise/5", "shift/contrast/5"]
 SPLITS = ["test", *CORRUPTIONS, "shift/digits_box", "ood/svhn"]
-CLASSIFICATION = ["accuracy", "ece", "nll", "brier", "aurc", "eaurc", "failure_auroc",
+CLASSIFICATION = ["accuracy", "ece", "ece_debiased", "nll", "brier", "aurc", "eaurc", "failure_auroc",
                   "failure_fpr95", "failure_aupr_success", "failure_aupr_error"]
 OOD = ["ood_auroc", "ood_aupr_in", "ood_aupr_out", "ood_fpr95"]
 FAIL_REASON = "NonFiniteLoss: loss became nan at epoch 3"
-TABLE_NAMES = ["summary", "shift_severity", "shift_corruption", "shift_other", "shift_splits", "ood", "efficiency"]
+TABLE_NAMES = ["summary", "seeds_needed", "shift_severity", "shift_corruption", "shift_other", "shift_splits", "ood", "efficiency"]
 
 # hand-picked values the assertions check against
 ACC = {("toy_a", "msp"): [0.80, 0.82, 0.84], ("toy_a", "mc_dropout"): [0.85, 0.86, 0.87]}
@@ -42,6 +42,10 @@ VERDICTS = {  # (dataset, method, split, metric, score) -> verdict; the rest: ""
     ("toy_a", "mc_dropout", "test", "accuracy", ""): "better",
     ("toy_a", "mc_dropout", "test", "ece", ""): "worse",
     ("toy_a", "mc_dropout", "ood/svhn", "ood_auroc", "entropy"): "better",
+}
+SEEDS_NEEDED = {  # (dataset, method, split, metric, score) -> seeds per method; the rest: NaN
+    ("toy_a", "mc_dropout", "test", "accuracy", ""): 4.0,
+    ("toy_a", "mc_dropout", "test", "ece", ""): float("inf"),
 }
 CE = {"msp": {"gaussian_noise": 1.0, "contrast": 1.0, "mCE": 1.0},
       "mc_dropout": {"gaussian_noise": 0.8, "contrast": 0.9, "mCE": 0.85},
@@ -54,14 +58,16 @@ EFFICIENCY = {  # parameters, train_seconds, predict_seconds_per_1000, peak_memo
 
 # scales of KEP-SVGP Table 1, written out here independently of bench.report
 SCALES = {"accuracy": 100, "aurc": 1000, "failure_auroc": 100, "failure_fpr95": 100,
-          "ece": 100, "nll": 10, "brier": 100, "eaurc": 1000, "failure_aupr_success": 100,
+          "ece": 100, "ece_debiased": 100, "nll": 10, "brier": 100, "eaurc": 1000, "failure_aupr_success": 100,
           "failure_aupr_error": 100,
           "ood_auroc": 100, "ood_aupr_in": 100, "ood_aupr_out": 100, "ood_fpr95": 100}
 SUMMARY_HEADERS = [("ACC (%)", "accuracy"), ("AURC (x1000)", "aurc"), ("AUROC (%)", "failure_auroc"),
-                   ("FPR95 (%)", "failure_fpr95"), ("ECE (%)", "ece"), ("NLL (x10)", "nll"),
+                   ("FPR95 (%)", "failure_fpr95"), ("ECE (%)", "ece"), ("ECE-debiased (%)", "ece_debiased"),
+                   ("NLL (x10)", "nll"),
                    ("Brier (x100)", "brier"), ("E-AURC (x1000)", "eaurc"),
                    ("AUPR-S (%)", "failure_aupr_success"), ("AUPR-E (%)", "failure_aupr_error")]
-SHIFT_HEADERS = [("ACC (%)", "accuracy"), ("ECE (%)", "ece"), ("NLL (x10)", "nll"),
+SHIFT_HEADERS = [("ACC (%)", "accuracy"), ("ECE (%)", "ece"), ("ECE-debiased (%)", "ece_debiased"),
+                 ("NLL (x10)", "nll"),
                  ("Brier (x100)", "brier"), ("AURC (x1000)", "aurc"), ("AUROC (%)", "failure_auroc")]
 OOD_HEADERS = [("AUROC (%)", "ood_auroc"), ("AUPR-In (%)", "ood_aupr_in"),
                ("AUPR-Out (%)", "ood_aupr_out"), ("FPR95 (%)", "ood_fpr95")]
@@ -116,6 +122,8 @@ def _summary(metrics: pd.DataFrame) -> pd.DataFrame:
     out["verdict"] = verdicts
     out["p_value"] = [np.nan if v == "ref" else 0.001 if v else 0.5 for v in verdicts]
     out["p_holm"] = out["p_value"] * 2
+    out["test"] = ["" if v == "ref" else "seeds+samples" for v in verdicts]
+    out["seeds_needed"] = [SEEDS_NEEDED.get(k, np.nan) for k in out[keys].itertuples(index=False, name=None)]
     out = out.sample(frac=1.0, random_state=3)  # the report must not rely on the row order
     return out.reset_index(drop=True)
 
@@ -129,7 +137,7 @@ def _severity() -> pd.DataFrame:
             bonus = {"msp": 0.0, "mc_dropout": 0.05, "broken": -0.1}[method]
             for sev in (0, 1, 5, -1):
                 level = 2.5 if sev < 0 else sev
-                for metric in ["accuracy", "ece", "nll", "brier", "aurc", "failure_auroc"]:
+                for metric in ["accuracy", "ece", "ece_debiased", "nll", "brier", "aurc", "failure_auroc"]:
                     mean = 0.9 - 0.08 * level + bonus if metric == "accuracy" else 0.05 + 0.04 * level
                     rows.append((dataset, method, sev, metric, 3, mean, 0.02, mean - 0.03, mean + 0.04))
     cols = ["dataset", "method", "severity", "metric", "n_seeds", "mean", "std", "ci_low", "ci_high"]
@@ -265,7 +273,7 @@ def test_every_expected_file_exists(report):
         expected |= {out / "tables" / f"{table}.{fmt}" for fmt in ("md", "tex", "csv")}
     for d in DATASETS:
         expected.add(out / "plots" / f"risk_coverage_{sanitize(d)}.png")
-        for metric in ("accuracy", "ece", "nll"):
+        for metric in ("accuracy", "ece", "ece_debiased", "nll"):
             expected.add(out / "plots" / f"severity_{sanitize(d)}_{metric}.png")
         for m in METHODS:
             if not ran(d, m):
@@ -314,7 +322,7 @@ def test_summary_csv_is_raw_with_ci_p_and_verdict(report, results):
     df = pd.read_csv(out / "tables" / "summary.csv", keep_default_na=False, na_values=["nan"])
     assert list(df.columns[:3]) == ["dataset", "method", "n_seeds"]
     assert list(df.columns[3:]) == [f"{metric}_{s}" for _, metric in SUMMARY_HEADERS
-                                    for s in ("mean", "std", "ci_low", "ci_high", "p_holm", "verdict")]
+                                    for s in ("mean", "std", "ci_low", "ci_high", "p_holm", "verdict", "test")]
     row = df[(df.dataset == "toy_a") & (df.method == "mc_dropout")].iloc[0]
     assert row["accuracy_mean"] == pytest.approx(0.86, abs=1e-9)  # unscaled
     assert row["accuracy_std"] == pytest.approx(0.01, abs=1e-9)
@@ -322,12 +330,44 @@ def test_summary_csv_is_raw_with_ci_p_and_verdict(report, results):
     assert row["accuracy_ci_high"] == pytest.approx(0.86 + CI_ABOVE, abs=1e-9)
     assert row["accuracy_p_holm"] == pytest.approx(0.002)
     assert row["accuracy_verdict"] == "better" and row["ece_verdict"] == "worse"
-    assert row["nll_verdict"] == "" and row["n_seeds"] == 3
+    assert row["nll_verdict"] == "" and row["n_seeds"] == 3 and row["accuracy_test"] == "seeds+samples"
     ref = df[(df.dataset == "toy_a") & (df.method == "msp")].iloc[0]
     assert ref["accuracy_verdict"] == "ref" and np.isnan(ref["accuracy_p_holm"])
     assert np.isnan(ref["failure_auroc_mean"])
     broken = df[(df.dataset == "toy_a") & (df.method == "broken")].iloc[0]
     assert broken["n_seeds"] == 0 and np.isnan(broken["accuracy_mean"])
+
+
+def test_seeds_needed_table_shows_counts_unreachable_and_undefined(report):
+    out, _ = report
+    rows = md_rows(out / "tables" / "seeds_needed.md")
+    mc = find(rows, Dataset="toy_a", Method="mc_dropout")
+    assert mc["ACC (%)"] == "4" and mc["ECE (%)"] == "> 1000" and mc["NLL (x10)"] == "n/a"
+    assert set(list(find(rows, Dataset="toy_a", Method="msp").values())[2:]) == {"ref"}
+    df = pd.read_csv(out / "tables" / "seeds_needed.csv", keep_default_na=False, na_values=["nan"])
+    row = df[(df.dataset == "toy_a") & (df.method == "mc_dropout")].iloc[0]
+    assert row["accuracy_seeds_needed"] == 4 and np.isinf(row["ece_seeds_needed"]) and np.isnan(row["nll_seeds_needed"])
+    assert "\\textbf" not in (out / "tables" / "seeds_needed.tex").read_text(encoding="utf-8")  # no "best" count
+
+
+def test_one_run_marks_are_hollow_and_the_seed_fixed_option_says_so(tmp_path, fast_plots):
+    results = make_results()
+    summary = results.summary.copy()
+    one_run = (summary.dataset == "toy_a") & (summary.method == "mc_dropout") & (summary.split == "test")
+    summary.loc[one_run & (summary.metric == "accuracy"), "verdict"] = "better (one run)"
+    summary.loc[one_run & (summary.metric == "ece"), "verdict"] = "worse (one run)"
+    results.summary = summary
+    write_report(results, tmp_path / "a", ("md", "tex"))
+    row = find(md_rows(tmp_path / "a" / "tables" / "summary.md"), Dataset="toy_a", Method="mc_dropout")
+    assert row["ACC (%)"].endswith(" △") and row["ECE (%)"].endswith(" ▽")
+    tex_row = tex_lines(tmp_path / "a" / "tables" / "summary.tex", 2)["toy\\_a/mc\\_dropout"]
+    assert tex_row[0].endswith("$^{(\\uparrow)}$") and tex_row[4].endswith("$^{(\\downarrow)}$")
+    readme = (tmp_path / "a" / "README.md").read_text(encoding="utf-8")
+    assert "re-training both with new seeds" in readme
+    results.significance = "samples_seeds_fixed"
+    write_report(results, tmp_path / "b", ("md",))
+    readme = (tmp_path / "b" / "README.md").read_text(encoding="utf-8")
+    assert "trained seeds held fixed" in readme and "re-training both with new seeds" not in readme
 
 
 def test_all_nan_metric_renders_na_and_failed_method_gets_failed_row(report):
@@ -354,7 +394,8 @@ def test_readme_lists_failures_and_embeds_tables_and_plots(report):
     readme = (out / "README.md").read_text(encoding="utf-8")
     assert readme.startswith("# uqbench report: synthetic\n")
     assert "Reference method: `msp`" in readme
-    for words in ("ddof=1", "paired", "bootstrap", "Holm", "▲", "▼", "(ref)", "p_holm < 0.05"):
+    for words in ("ddof=1", "paired", "bootstrap", "Holm", "▲", "▼", "△", "▽", "(ref)", "p_holm < 0.05",
+                  "re-training both with new seeds and re-drawing the test set", "reports/perf/coverage.md"):
         assert words in readme, words
     failed = readme_section(readme, "## Failed cells")
     for seed in SEEDS:
@@ -370,7 +411,8 @@ def test_readme_lists_failures_and_embeds_tables_and_plots(report):
     toy_a = readme_section(readme, "## toy_a")
     heads = [ln for ln in toy_a.splitlines() if ln.startswith("### ")]
     assert [h.split(":")[0].split(" (")[0] for h in heads] == [
-        "### Summary", "### Shift", "### Shift", "### Shift", "### Shift", "### OOD detection", "### Efficiency"]
+        "### Summary", "### Seeds needed for the observed differences", "### Shift", "### Shift", "### Shift",
+        "### Shift", "### OOD detection", "### Efficiency"]
     assert readme.index("## Failed cells") < readme.index("## Plots")
 
 
@@ -427,7 +469,7 @@ def test_severity_plots_have_one_line_and_ci_band_per_method(results, tmp_path, 
     monkeypatch.setattr(Axes, "fill_between", spy_fill)
     write_report(results, tmp_path, formats=("md",))
     assert sorted(bands) == sorted(f"severity_{sanitize(d)}_{m}.png" for d in DATASETS
-                                   for m in ("accuracy", "ece", "nll"))
+                                   for m in ("accuracy", "ece", "ece_debiased", "nll"))
     acc = bands["severity_toy_a_accuracy.png"]
     assert len(acc) == 2  # msp, mc_dropout (broken failed on toy_a)
     x, lo, hi = acc[1]  # mc_dropout: 0.9 - 0.08 s + 0.05, CI [-0.03, +0.04], in %

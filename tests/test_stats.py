@@ -336,3 +336,101 @@ def test_paired_z_test_matches_the_normal_tail_and_is_not_floored_by_b():
     # (at least 2/(B+1) = 0.002, times 60 > 0.05) cannot
     assert S.holm([S.paired_z_test(diff, 0.05)] + [0.5] * 59)[0] < 0.05
     assert 60 * 2 / 1001 > 0.05
+
+
+# --------------------------------------------- seeds and test samples (two-level statistics)
+
+def flat(units: dict, b: int = 100) -> dict:
+    """Bootstrap rows without test-sample noise: every resample gives the full-set value."""
+    return {k: np.full(b, v) for k, v in units.items()}
+
+
+def test_two_level_without_test_noise_is_the_classical_t_interval_and_t_tests():
+    """With no test-sample noise the seed-mean interval is Student's t interval and the
+    difference tests are scipy's paired and Welch t-tests."""
+    from scipy import stats as sp
+
+    a, b = np.array([0.71, 0.80, 0.86, 0.78]), np.array([0.75, 0.84, 0.85, 0.90])
+    units_a, units_b = dict(enumerate(a)), dict(enumerate(b))
+    lo, hi = S.seed_mean(units_a, flat(units_a)).interval()
+    assert (lo, hi) == pytest.approx(sp.t.interval(0.95, len(a) - 1, loc=a.mean(), scale=sp.sem(a)), rel=1e-12)
+    paired = S.difference(units_a, flat(units_a), units_b, flat(units_b), paired=True)
+    assert paired.p_value() == pytest.approx(sp.ttest_rel(a, b).pvalue, rel=1e-10) and paired.measured
+    # unpaired: Welch's statistic on the smaller S - 1 degrees of freedom (Hsu's conservative df)
+    welch = S.difference(units_a, flat(units_a), units_b, flat(units_b), paired=False)
+    t_welch = (a.mean() - b.mean()) / np.sqrt(a.var(ddof=1) / 4 + b.var(ddof=1) / 4)
+    assert t_welch == pytest.approx(sp.ttest_ind(a, b, equal_var=False).statistic, rel=1e-12)
+    assert welch.p_value() == pytest.approx(2 * sp.t.sf(abs(t_welch), 3), rel=1e-10)
+    # units keyed by different seeds cannot be paired: Welch
+    other = {k + 10: v for k, v in units_b.items()}
+    assert S.difference(units_a, flat(units_a), other, flat(other), paired=True).p_value() == pytest.approx(
+        welch.p_value(), rel=1e-12)
+
+
+def test_two_level_of_single_runs_is_the_bootstrap_z_test_and_seeds_without_spread_use_t():
+    from scipy.stats import norm, t
+
+    rng = np.random.default_rng(3)
+    noise = rng.normal(0.0, 0.01, (3, 2000))
+    noise -= noise.mean(axis=1, keepdims=True)  # no bootstrap bias: the centre stays at the point
+    boots_a, boots_b = {0: 0.80 + noise[0]}, {0: 0.78 + noise[1]}
+    diff = boots_a[0] - boots_b[0]
+    one = S.difference({0: 0.80}, boots_a, {0: 0.78}, boots_b, paired=True)
+    assert not one.measured and one.p_value() == pytest.approx(S.paired_z_test(diff, 0.02), rel=1e-10)
+    assert one.p_value() == pytest.approx(2 * norm.sf(0.02 / diff.std(ddof=1)), rel=1e-10)
+    # three seeds that agree exactly, every seed with the same test-sample noise: the
+    # bootstrap variance is all shared, and the t quantile has S - 1 = 2 df
+    three_a = {k: 0.80 + noise[0] for k in range(3)}
+    three_b = {k: 0.78 + noise[1] for k in range(3)}
+    est = S.difference(dict.fromkeys(range(3), 0.80), three_a, dict.fromkeys(range(3), 0.78), three_b, paired=True)
+    assert est.measured and est.df == 2
+    assert est.p_value() == pytest.approx(2 * t.sf(0.02 / diff.std(ddof=1), 2), rel=1e-10)
+
+
+def test_two_level_variance_counts_each_seeds_own_test_noise_once():
+    """se^2 = V_T + s^2/S - (mean_s V_s - V_T)/(S - 1) (the crossed-design estimate of the
+    module docstring), written out with numpy; one run: the bootstrap alone."""
+    rng = np.random.default_rng(5)
+    shared = rng.normal(0.0, 0.01, 1000)  # the test images' effect, common to every seed
+    rows = np.stack([0.8 + d + shared + rng.normal(0.0, 0.02, 1000) for d in (-0.05, 0.0, 0.06)])
+    units = {k: float(rows[k].mean()) for k in range(3)}
+    est = S.seed_mean(units, dict(enumerate(rows)))
+    v_t, v_s = rows.mean(axis=0).var(ddof=1), rows.var(axis=1, ddof=1).mean()
+    variance = np.var(list(units.values()), ddof=1) / 3 + v_t - (v_s - v_t) / 2
+    assert est.se == pytest.approx(np.sqrt(variance), rel=1e-12)
+    assert est.df == 2
+    one = S.seed_mean({0: units[0]}, {0: rows[0]})
+    assert not one.measured and one.se == pytest.approx(rows[0].std(ddof=1), rel=1e-12) and np.isinf(one.df)
+
+
+def test_two_level_centre_removes_the_bootstrap_bias():
+    """A statistic whose resamples run 0.01 above it (as plug-in ECE's do): the interval is
+    centred 0.01 below the point, where the percentile interval sits 0.01 above."""
+    row = np.random.default_rng(0).normal(0.06, 0.005, 1000)
+    est = S.seed_mean({0: 0.05}, {0: row})
+    assert est.center == pytest.approx(0.05 - (row.mean() - 0.05), abs=1e-12)
+    lo, hi = est.interval()
+    assert (lo + hi) / 2 == pytest.approx(est.center) and hi < S.bootstrap_ci(row)[1] - 0.015
+
+
+def test_seeds_needed_reaches_80_percent_power_by_the_noncentral_t():
+    """Paired, no test noise, effect size 1 (difference = seed sd): the exact power of the
+    paired t-test (noncentral t) is >= 0.8 at the returned count and < 0.8 one seed fewer;
+    G*Power's table gives 10 for this case."""
+    from scipy import stats as sp
+
+    def power(n: int, effect: float) -> float:
+        crit = sp.t.ppf(0.975, n - 1)
+        nc = effect * np.sqrt(n)
+        return sp.nct.sf(crit, n - 1, nc) + sp.nct.cdf(-crit, n - 1, nc)
+
+    a = dict(enumerate(np.array([1.0, -1.0, 1.0, -1.0]) * np.sqrt(3) / 2 + 1.0))  # mean 1, sd 1
+    b = dict.fromkeys(range(4), 0.0)
+    n = S.seeds_needed(a, flat(a), b, flat(b), paired=True)
+    assert n == 10
+    assert power(int(n), 1.0) >= 0.79 and power(int(n) - 1, 1.0) < 0.8
+    # test-image noise shared by every seed, larger than the difference can carry: no seed count helps
+    shared = np.random.default_rng(1).normal(0.0, 3.0, 500)
+    assert np.isinf(S.seeds_needed(a, {k: v + shared for k, v in a.items()}, b, flat(b, 500), paired=True))
+    # a side with one run: its seed variance is unknown
+    assert np.isnan(S.seeds_needed({0: 1.0}, flat({0: 1.0}), {0: 0.0}, flat({0: 0.0}), paired=True))

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 import pandas as pd
 from tabulate import tabulate
 
-from bench.report.tables import CI_DECIMALS, TABLES, Column, _md_escape, _Table, _to_markdown
+from bench.report.tables import CI_DECIMALS, NOT_REACHED, TABLES, Column, _md_escape, _Table, _to_markdown
+from bench.stats import SAMPLES_SEEDS_FIXED
 
 if TYPE_CHECKING:
     from bench.analysis import AnalysisResults
@@ -16,34 +17,63 @@ if TYPE_CHECKING:
 NOTES = "NOTES.md"  # written by hand, never by the report: inlined at the top of README.md
 
 
-def _note(reference: str) -> str:
+def _marks_note(significance: str) -> str:
+    """What a mark and an interval mean, for the test the analysis used."""
+    if significance == SAMPLES_SEEDS_FIXED:
+        return (
+            "A mark `▲`/`▼` means that the method is better/worse than the reference (in the "
+            "metric's good direction) beyond the noise of the test samples alone, the trained "
+            "seeds held fixed (`--significance samples_seeds_fixed`: a paired bootstrap z-test, "
+            "the difference over the standard deviation of its bootstrap distribution on the "
+            "same resampled samples, Holm-corrected across the comparisons of one dataset's "
+            "table, p_holm < 0.05); it ignores seed-to-seed variation, so a re-run with new seeds "
+            "need not repeat it. `[lo, hi]` is the percentile bootstrap interval over test "
+            f"samples ({CI_DECIMALS} decimal). "
+        )
+    return (
+        "**A mark `▲`/`▼` means that the method is better/worse than the reference, in the "
+        "metric's good direction, by more than re-training both with new seeds and re-drawing "
+        "the test set would produce by chance (p_holm < 0.05).** The test adds the spread of "
+        "the per-seed values (s²/S; of the per-seed differences where both methods were "
+        "trained from the same seeds) to the test images' shared part of the paired bootstrap "
+        "variance over test samples (1,000 resamples), and refers the difference, less its "
+        "bootstrap bias, to a t distribution with S - 1 degrees of freedom; Holm-corrected "
+        "across the comparisons of one dataset's table (the KEP-SVGP paper's metrics as one "
+        "family, any other metric as another). `△`/`▽`: the same test where one side is a "
+        "single run (one seed, or an ensemble with one replicate), whose seed variation "
+        "cannot be measured; the mark then rests on test-sample noise (and the other side's "
+        "seeds) only, and a re-run with new seeds may not repeat it. `[lo, hi]` "
+        f"({CI_DECIMALS} decimal) is the 95% interval of the seed-mean built the same way "
+        "(test samples only for a single run). The coverage of these intervals and the "
+        "false-positive rate of the marks are measured by simulation in "
+        "`reports/perf/coverage.md` (`benchmarks/coverage.py`). *Seeds needed* gives, per "
+        "comparison, the seeds per method at which a true difference of the observed size "
+        "would be significant (5%, before Holm) with 80% power at the measured variances "
+        f"(`{NOT_REACHED}`: more seeds alone would not do; `n/a`: a side with one run). "
+    )
+
+
+def _note(reference: str, significance: str) -> str:
     ref = f"`{reference}`" if reference else "(none: no marks)"
     return (
         f"Reference method: {ref}. Cells are mean ± std over seeds (std with ddof=1; a single "
         "seed shows the mean only) at the scale in each column header (see *Conventions*). "
-        "For ensembles the \"seeds\" are replicates (independent draws of member seeds). In "
-        "the summary and OOD tables, `[lo, hi]` is the 95% confidence interval of the "
-        f"seed-mean (paired percentile bootstrap over test samples, {CI_DECIMALS} decimal), "
-        "and a mark compares the method with the reference, tagged `(ref)`: `▲` "
-        "significantly better, `▼` significantly worse, in the metric's good direction "
-        "(higher or lower), no mark = no significant difference. The test is a paired "
-        "bootstrap z-test (the difference to the reference over the standard deviation of "
-        "its bootstrap distribution on the same resampled samples), Holm-corrected across "
-        "all comparisons of one dataset's table, significant when p_holm < 0.05. Percentile "
-        "intervals of biased statistics (notably ECE, which resampling inflates) can lie "
-        "beside the point estimate. The severity table averages each metric over the corruptions "
+        "For ensembles the \"seeds\" are replicates (independent draws of member seeds). "
+        + _marks_note(significance) +
+        "The severity table averages each metric over the corruptions "
         "evaluated at a severity; its CI (`ci_low`/`ci_high` in the CSV, the band of the "
-        "severity plots) is the analysis' 95% interval of that seed-mean. `n/a` means the metric is undefined for every "
+        "severity plots) is the analysis' 95% interval of that seed-mean, built as above. `n/a` means the metric is undefined for every "
         "seed (e.g. failure AUROC when all predictions are correct) and `failed` that no "
         "seed of the method finished (see *Failed cells*). LaTeX (`tables/*.tex`, "
         "booktabs): best value per column in bold within each dataset and "
-        "split/score/severity/corruption group, marks as `$^\\uparrow$`/`$^\\downarrow$`. "
+        "split/score/severity/corruption group, marks as `$^\\uparrow$`/`$^\\downarrow$` "
+        "(one run: `$^{(\\uparrow)}$`/`$^{(\\downarrow)}$`). "
         "Machine-readable raw (unscaled) values: `tables/*.csv`, with `<metric>_mean`, "
-        "`_std`, `_ci_low`, `_ci_high`, `_p_holm`, `_verdict` per metric (severity `-1` = "
+        "`_std`, `_ci_low`, `_ci_high`, `_p_holm`, `_verdict`, `_test` per metric (severity `-1` = "
         "every corruption split). Every number of these tables comes from the analysis files "
         "in `analysis/` (tidy CSV: `metrics.csv.gz` per dataset, method, seed, split, metric "
-        "and score; `summary.csv` with mean, std, CI and p-values; `analysis.json` with the "
-        "options and the store fingerprint they were computed from)."
+        "and score; `summary.csv` with mean, std, CI, p-values and seeds needed; `analysis.json` "
+        "with the options and the store fingerprint they were computed from)."
     )
 
 
@@ -102,7 +132,7 @@ def readme_text(
     notes = out_dir / NOTES
     if notes.is_file():  # the run's hand-written discussion (e.g. a comparison with a paper)
         parts += [notes.read_text(encoding="utf-8").strip(), ""]
-    parts += [_note(results.reference), ""]
+    parts += [_note(results.reference, results.significance), ""]
     shown = {t.spec.name for t in tables}
     skipped = [s.name for s in TABLES if s.name not in shown]
     if skipped:

@@ -113,7 +113,9 @@ class TableSpec:
     named ``selection`` (``bench.metrics.selection``) unless the caller picks metrics.
     ``source`` names the row builder (:data:`_SOURCES`), ``csv_stats`` the raw statistics
     written per metric column to the CSV, ``marks`` whether Markdown/LaTeX cells show the CI
-    and the significance mark (and the reference method is tagged).
+    and the significance mark (and the reference method is tagged).  ``cell`` is what a
+    metric cell shows: ``"estimate"`` (mean ± std [CI] mark) or ``"seeds_needed"`` (the
+    seeds per method a difference of the observed size to the reference would need).
     """
 
     name: str
@@ -127,14 +129,17 @@ class TableSpec:
     marks: bool = False
     empty: str = "No rows."  # what the table says when it has none
     in_readme: bool = True  # False: written to tables/ only (too long to inline), linked from the README
+    cell: str = "estimate"
 
 
-_SUMMARY_STATS = ("mean", "std", "ci_low", "ci_high", "p_holm", "verdict")
+_SUMMARY_STATS = ("mean", "std", "ci_low", "ci_high", "p_holm", "verdict", "test")
 _SEVERITY_STATS = ("mean", "std", "ci_low", "ci_high")
 
 TABLES: tuple[TableSpec, ...] = (
-    TableSpec("summary", "Summary (test split)", "test", (), False, "paper",
+    TableSpec("summary", "Summary (test split)", "test", (), False, "default",
               _SUMMARY_STATS, marks=True, empty="No test split was evaluated."),
+    TableSpec("seeds_needed", "Seeds needed for the observed differences (test split)", "test", (), False,
+              "default", ("seeds_needed",), empty="No test split was evaluated.", cell="seeds_needed"),
     TableSpec("shift_severity", "Shift: metric vs. corruption severity (0 = clean test, "
               "all = every corruption split)", "severity", (("Severity", "severity"),),
               False, "shift", _SEVERITY_STATS, empty="No corruption split was evaluated."),
@@ -148,7 +153,7 @@ TABLES: tuple[TableSpec, ...] = (
               (("Split", "split"),), False, "shift", ("mean", "std"),
               empty="No shift split was evaluated.", in_readme=False),
     TableSpec("ood", "OOD detection (test split = in-distribution)", "ood",
-              (("Split", "split"), ("Score", "score")), True, "paper", _SUMMARY_STATS,
+              (("Split", "split"), ("Score", "score")), True, "default", _SUMMARY_STATS,
               marks=True, empty="No OOD split was evaluated."),
     TableSpec("efficiency", "Efficiency", "efficiency", (), None, "", (),
               extra=EFFICIENCY_COLUMNS, empty="No efficiency record (cell.json) was found."),
@@ -161,8 +166,10 @@ NA = "n/a"  # no finite value for any seed
 FAILED = "failed"  # every seed of the (dataset, method) failed
 REF_TAG = " (ref)"
 CI_DECIMALS = 1
-MD_MARKS = {"better": " ▲", "worse": " ▼"}
-TEX_MARKS = {"better": r"$^\uparrow$", "worse": r"$^\downarrow$"}
+MD_MARKS = {"better": " ▲", "worse": " ▼", "better (one run)": " △", "worse (one run)": " ▽"}
+TEX_MARKS = {"better": r"$^\uparrow$", "worse": r"$^\downarrow$",
+             "better (one run)": r"$^{(\uparrow)}$", "worse (one run)": r"$^{(\downarrow)}$"}
+NOT_REACHED = "> 1000"  # seeds_needed: no seed count up to 1,000 reaches significance
 CSV_FLOAT_FORMAT = "%.10g"
 
 
@@ -211,6 +218,8 @@ class _Stat:
     ci_high: float = math.nan
     p_holm: float = math.nan
     verdict: str = ""
+    test: str = ""  # what the p-value accounts for (bench.analysis.TESTS)
+    seeds_needed: float = math.nan
 
 
 _NONE = _Stat()
@@ -273,7 +282,7 @@ class _Index:
 
         ix.seeds = {k: len(v) for k, v in results.seeds.items()}
         for r in _records(results.summary, ["dataset", "method", "split", "score", "metric", "n_seeds",
-                                            *_SUMMARY_STATS]):
+                                            *_SUMMARY_STATS, "seeds_needed"]):
             key, rk = (r["dataset"], r["method"]), (r["split"], "" if pd.isna(r["score"]) else str(r["score"]))
             for col in columns(r["dataset"], r["metric"]):
                 ix.summary.setdefault(key, {}).setdefault(rk, {})[col] = _stat(r)
@@ -298,10 +307,14 @@ class _Index:
         return (rank.get(split, len(rank)), split)
 
 
+def _text(x) -> str:
+    return "" if x is None or pd.isna(x) else str(x)
+
+
 def _stat(record: dict) -> _Stat:
-    verdict = record.get("verdict", "")
     return _Stat(*(_float(record.get(s)) for s in ("mean", "std", "ci_low", "ci_high", "p_holm")),
-                 verdict="" if verdict is None or pd.isna(verdict) else str(verdict))
+                 verdict=_text(record.get("verdict")), test=_text(record.get("test")),
+                 seeds_needed=_float(record.get("seeds_needed")))
 
 
 def _score_key(score: str) -> tuple:
@@ -436,6 +449,8 @@ class _Table:
         if row.failed:
             return FAILED, ""
         stat = row.stats.get(col.key, _NONE)
+        if self.spec.cell == "seeds_needed":
+            return _seeds_text(stat, row.method == self.reference), ""
         if not math.isfinite(stat.mean):
             return ("" if row.partial and col.key not in row.stats else NA), ""
         text = col.text(stat.mean)
@@ -456,6 +471,8 @@ class _Table:
         direction, has no best.
         """
         mask = np.zeros((len(self.rows), len(self.columns)), dtype=bool)
+        if self.spec.cell != "estimate":
+            return mask
         groups: dict[tuple, list[int]] = {}
         for i, row in enumerate(self.rows):
             if not row.failed:
@@ -473,6 +490,16 @@ class _Table:
                 for i in finite:
                     mask[i, j] = col.text(means[i]) == best
         return mask
+
+
+def _seeds_text(stat: _Stat, is_reference: bool) -> str:
+    """A ``seeds_needed`` cell: ``ref``, ``n/a`` (undefined, or a side with one run), the
+    count, or :data:`NOT_REACHED`."""
+    if is_reference:
+        return "ref"
+    if math.isnan(stat.seeds_needed):
+        return NA
+    return NOT_REACHED if math.isinf(stat.seeds_needed) else str(int(stat.seeds_needed))
 
 
 def _key_text(value) -> str:
@@ -576,7 +603,7 @@ def _to_csv(table: _Table) -> str:
             rec[c.key] = row.stats.get(c.key, _NONE).mean
         records.append(rec)
     frame = pd.DataFrame.from_records(records, columns=keys + values)
-    floats = [c for c in values if not c.endswith("_verdict")]
+    floats = [c for c in values if not c.endswith(("_verdict", "_test"))]
     frame = frame.astype({"n_seeds": "int64"} | {c: "float64" for c in floats})
     return frame.to_csv(index=False, float_format=CSV_FLOAT_FORMAT, na_rep="nan", lineterminator="\n")
 
