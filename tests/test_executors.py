@@ -1,19 +1,15 @@
-"""Scale-out: the per-cell lock (atomic take, heartbeat, stale break), two runners on one
-store, the process-pool executor with 2 workers and the submitit path with submitit's
-local executor, for real; and the sbatch script submitit would write for SLURM."""
+"""Scale-out: two runners on one store, the process-pool executor with 2 workers and the
+submitit path with submitit's local executor, for real; and the sbatch script submitit
+would write for SLURM.  The per-cell lock itself is tested in test_lock.py."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
-
-from bench.lock import CellLock
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -58,47 +54,6 @@ def _run(tmp_path: Path, *extra: str, results: str = "results", table: str = "")
 def _trained(stderr: str) -> list[str]:
     """Cell labels this runner trained (one "complete in" line per trained cell)."""
     return [line.split("] ", 1)[1].split(":")[0] for line in stderr.splitlines() if ": complete in " in line]
-
-
-# ---------------------------------------------------------------------------- the lock
-
-
-def test_lock_is_exclusive_beats_and_breaks_only_when_stale(tmp_path):
-    path = tmp_path / "cell.lock"
-    a = CellLock(path, heartbeat=0.05, stale_after=0.5)
-    b = CellLock(path, heartbeat=0.05, stale_after=0.5)
-    assert a.acquire() and not b.acquire()
-    info = b.holder()
-    assert info["pid"] == os.getpid() and info["age"] < 0.5
-    time.sleep(0.8)  # longer than stale_after: only the heartbeat keeps it alive
-    assert not b.acquire() and b.holder()["age"] < 0.5
-    a.release()
-    assert not path.exists() and b.acquire()
-    b._stop.set()  # a runner that died: no more heartbeats
-    b._thread.join()
-    old = os.stat(path).st_mtime
-    os.utime(path, (old - 10, old - 10))
-    c = CellLock(path, heartbeat=0.05, stale_after=0.5)
-    assert c.stale() and c.acquire()  # broken and taken
-    assert json.loads(path.read_text())["token"] == c._token
-    b.held = True
-    b.release()  # the dead runner's late release must not remove the new owner's lock
-    assert path.exists()
-    c.release()
-    assert not path.exists()
-    with pytest.raises(ValueError):
-        CellLock(path, heartbeat=1.0, stale_after=1.0)
-
-
-def test_a_lock_left_by_a_killed_process_on_this_host_is_stale_at_once(tmp_path):
-    path = tmp_path / "cell.lock"
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    path.write_text(json.dumps({"host": __import__("socket").gethostname(), "pid": int(dead.stdout), "since": 0}))
-    lock = CellLock(path)  # fresh mtime, but its owner is gone
-    assert lock.stale() and lock.acquire()
-    lock.release()
-    path.write_text(json.dumps({"host": __import__("socket").gethostname(), "pid": os.getpid(), "since": 0}))
-    assert not CellLock(path).stale() and not CellLock(path).acquire()  # a live owner keeps it
 
 
 # ---------------------------------------------------------------------------- runners and executors
