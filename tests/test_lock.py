@@ -11,6 +11,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from bench.lock import CellLock
 
 ELSEWHERE = "node-elsewhere.invalid"  # a holder on another host: only its heartbeat tells whether it lives
@@ -70,6 +72,23 @@ def test_a_lock_left_by_a_killed_process_on_this_host_is_stale_at_once(tmp_path)
     lock.release()
     _plant(path, socket.gethostname(), os.getpid(), age=3600)  # a live owner keeps it, whatever its heartbeat
     assert not CellLock(path).stale() and not CellLock(path).acquire()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="process start times come from Linux /proc")
+def test_a_pid_now_used_by_a_later_process_does_not_keep_the_lock(tmp_path):
+    path = tmp_path / "cell.lock"
+    path.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": 1, "since": 0}))
+    assert CellLock(path).stale()  # this pid lives, but it is a process started after the owner
+
+
+def test_a_host_name_shared_by_another_machine_falls_back_to_the_heartbeat(tmp_path):
+    path = tmp_path / "cell.lock"
+    lock = CellLock(path, heartbeat=1.0, stale_after=60.0)
+    twin = {"host": socket.gethostname(), "pid": _dead_pid(), "machine": "another-boot pid:[1]", "since": 0}
+    path.write_text(json.dumps(twin))  # its pid means nothing here: a fresh heartbeat holds it
+    assert not lock.stale() and not lock.acquire()
+    os.utime(path, (time.time() - 600, time.time() - 600))
+    assert lock.stale()
 
 
 def test_a_holder_on_another_host_is_judged_by_its_heartbeat_both_ways(tmp_path):
