@@ -1,11 +1,12 @@
 """Where cells run: one cell function, :func:`run_job`, behind three executors.
 
 * ``local`` (default): the cells one after another in this process.
-* ``processes``: a pool of ``--workers N`` processes on this machine
-  (``concurrent.futures.ProcessPoolExecutor``, spawned, so CUDA and OpenMP start clean in
-  each).  On CUDA, workers are spread over the visible GPUs and ``--cells-per-gpu K`` runs
-  K cells on each GPU at once (N = GPUs x K); on CPU the cores are shared out
-  (``torch.set_num_threads``).
+* ``processes``: a pool of ``--workers N`` processes on this machine (:func:`pool`;
+  spawned, so CUDA and OpenMP start clean in each), one cell at a time in each.  A worker
+  that dies (the OOM killer's SIGKILL, a segfault) fails the cell it was running, with the
+  signal named; a fresh worker takes its place and the other cells go on.  On CUDA,
+  workers are spread over the visible GPUs and ``--cells-per-gpu K`` runs K cells on each
+  GPU at once (N = GPUs x K); on CPU the cores are shared out (``torch.set_num_threads``).
 * ``slurm`` (and ``submitit-local``, the same jobs as local processes, for testing and for
   a workstation): one job per cell through **submitit**, as a SLURM job array with the
   partition, GPUs and CPUs per cell, memory, time limit, array throttle and extra sbatch
@@ -27,7 +28,9 @@ enters a cell's key or the store: they decide where a cell runs, not what it com
 from __future__ import annotations
 
 import os
+import signal
 import time
+from contextlib import suppress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -237,14 +240,27 @@ def release_on_preemption() -> None:
 # --------------------------------------------------------------------------- executors
 
 
-def _pool_init(devices, threads: int) -> None:
-    """Worker start: claim a device from the shared queue (spreads workers over GPUs)."""
+def _pool_worker(conn, device: str | None, threads: int) -> None:
+    """A pool worker: run each job received on ``conn`` and send its outcome back, until
+    ``None`` comes (its device: ``device``, e.g. ``"cuda:1"``; None: the job's own)."""
     global _DEVICE
-    _DEVICE = devices.get() if devices is not None else None
+    _DEVICE = device
     if threads:
         import torch
 
         torch.set_num_threads(threads)
+    while True:
+        try:
+            job = conn.recv()
+        except EOFError:  # the pool's process is gone
+            return
+        if job is None:
+            return
+        try:
+            outcome = _pool_run(job)
+        except Exception as exc:  # noqa: BLE001  (outside the cell's own failure handling: report it)
+            outcome = Outcome(job.cell.key, job.cell.label, "failed", f"{type(exc).__name__}: {exc}"[:500], 0.0)
+        conn.send(outcome)
 
 
 def _pool_run(job: Job) -> Outcome:
@@ -253,29 +269,105 @@ def _pool_run(job: Job) -> Outcome:
     return run_job(job)
 
 
+def _death(process, key: str) -> str:
+    """Why a pool worker stopped while running cell ``key``: its signal or exit status."""
+    process.join(timeout=10)
+    code = process.exitcode
+    if code is None:  # it closed its pipe but lives on: stop it
+        process.kill()
+        process.join()
+        return f"worker stopped answering while running {key}"
+    if code < 0:
+        try:
+            return f"worker killed by {signal.Signals(-code).name} while running {key}"
+        except ValueError:
+            return f"worker killed by signal {-code} while running {key}"
+    return f"worker exited with status {code} while running {key}"
+
+
+def _record_death(job: Job, reason: str) -> Outcome:
+    """The outcome of a cell whose worker process died (``reason``), recorded in the
+    store as the cell's failure (``status`` shows it, the next run redoes the cell) unless
+    another runner holds the cell meanwhile; the dead worker's own lock is stale at once
+    (:mod:`bench.lock`) and is broken here.  A cell its worker completed before dying
+    stays complete."""
+    from bench.lock import LOCK_SUFFIX, CellLock
+    from bench.runner import _fail
+    from bench.store import Store
+
+    cell = job.cell
+    store = Store(Path(job.store_root))
+    cd = store.cell(cell.key)
+    with CellLock(store.root / f"{cell.key}{LOCK_SUFFIX}") as held:
+        if held and cd.condition()[0] == "complete":
+            return Outcome(cell.key, cell.label, "complete", f"stored already ({reason})", 0.0)
+        if held:  # its record so far, else (it died before it began the cell) who the cell is
+            info = cd.read_cell() or {"key": cell.key, "dataset": cell.dataset.name, "method": cell.method.name,
+                                      "seed": cell.seed, "config": cell.config}
+            _fail(cd, info, reason)
+    return Outcome(cell.key, cell.label, "failed", f"{reason}; the next run retries it", 0.0)
+
+
 def pool(jobs: list[Job], workers: int, devices: list[str] | None):
     """Yield each job's :class:`Outcome` as it finishes, from ``workers`` spawned processes
-    (``devices``: one entry per worker, e.g. ``["cuda:0", "cuda:0", "cuda:1", "cuda:1"]``)."""
+    (``devices``: one entry per worker, e.g. ``["cuda:0", "cuda:0", "cuda:1", "cuda:1"]``).
+
+    Each worker runs one job at a time.  A worker that dies (the OOM killer, a segfault)
+    fails only the cell it was running, with its signal named (:func:`_record_death`); a
+    fresh worker on the same device takes the next job, and the other workers go on."""
     import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from multiprocessing.connection import wait
 
     ctx = mp.get_context("spawn")
-    queue = None
-    if devices:
-        queue = ctx.Manager().Queue()
-        for d in devices:
-            queue.put(d)
-    threads = max(1, (os.cpu_count() or 1) // workers)
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_pool_init,
-                             initargs=(queue, threads)) as ex:
-        futures = {ex.submit(_pool_run, job): job for job in jobs}
-        for fut in as_completed(futures):
-            job = futures[fut]
-            try:
-                yield fut.result()
-            except Exception as exc:  # noqa: BLE001  (a worker that died: the cell is failed or left incomplete)
-                yield Outcome(job.cell.key, job.cell.label, "failed",
-                              f"worker died ({type(exc).__name__}: {exc}); the cell is left for the next run", 0.0)
+    slots = list(devices) if devices else [None] * workers
+    threads = max(1, (os.cpu_count() or 1) // len(slots))
+    todo = list(reversed(jobs))
+    started = []
+    busy: dict = {}  # our end of a busy worker's pipe -> (its process, its device, its job)
+
+    def assign(conn, process, device: str | None) -> None:
+        job = todo.pop()
+        busy[conn] = (process, device, job)
+        with suppress(OSError):  # it died meanwhile: the loop below sees it and fails the job
+            conn.send(job)
+
+    def start(device: str | None) -> None:
+        ours, theirs = ctx.Pipe()
+        process = ctx.Process(target=_pool_worker, args=(theirs, device, threads), name="uqbench pool worker")
+        process.start()
+        started.append(process)
+        theirs.close()  # only the worker holds its end now: its death ends the pipe
+        assign(ours, process, device)
+
+    try:
+        for device in slots[:len(todo)]:
+            start(device)
+        while busy:
+            ready = wait([*busy, *(process.sentinel for process, _, _ in busy.values())])
+            for conn in [c for c, (process, _, _) in busy.items() if c in ready or process.sentinel in ready]:
+                process, device, job = busy.pop(conn)
+                try:
+                    outcome = conn.recv()
+                except (EOFError, OSError):  # the worker died before answering
+                    conn.close()
+                    outcome = _record_death(job, _death(process, job.cell.key))
+                    if todo:
+                        start(device)
+                else:
+                    if todo:
+                        assign(conn, process, device)
+                    else:
+                        with suppress(OSError):  # no more jobs: it may stop
+                            conn.send(None)
+                yield outcome
+    finally:
+        for process, _, _ in busy.values():  # stopped early (an error or ^C in this process)
+            process.terminate()
+        for process in started:
+            process.join(timeout=60)
+            if process.is_alive():  # hung on its way out
+                process.kill()
+                process.join()
 
 
 def submitit_executor(folder: Path, kind: str, slurm: SlurmOptions):

@@ -3,13 +3,19 @@ submitit path with submitit's local executor, for real; and the sbatch script su
 would write for SLURM.  The per-cell lock itself is tested in test_lock.py."""
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
+
+from bench.store import CellDir
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -85,6 +91,54 @@ def test_process_pool_with_two_workers_matches_the_local_run(tmp_path):
     assert pooled.returncode == 0, err
     assert len(_trained(err)) == 4 and "2 worker(s)" in err and "queued or running" in err
     pd.testing.assert_frame_equal(_summary(tmp_path), reference)  # the same numbers, cell for cell
+
+
+def _kill_first_lock_holder(store: Path, done: threading.Event, killed: list[str]) -> None:
+    """SIGKILL the first worker that locks a cell of ``store`` (the lock file names its
+    owner's pid); the cell's key goes to ``killed``.  Gives up when ``done`` is set."""
+    while not done.is_set():
+        for lock in store.glob("*.lock"):
+            try:
+                pid = json.loads(lock.read_text())["pid"]
+            except (OSError, ValueError, KeyError):
+                continue  # just created, its owner not yet written
+            os.kill(pid, signal.SIGKILL)
+            killed.append(lock.name.removesuffix(".lock"))
+            return
+        time.sleep(0.01)
+
+
+def test_a_killed_worker_fails_only_its_cell_and_the_next_run_retries_it(tmp_path, capsys):
+    """SIGKILL, as the OOM killer sends it, to the worker training one of two cells: that
+    cell is failed with the signal named, the other completes, the exit status is 1, and
+    running the same command again trains the failed cell alone."""
+    from bench.cli import main
+
+    command = ["--suite", str(_suite(tmp_path)), "--results", str(tmp_path / "results"), "--reports",
+               str(tmp_path / "reports"), "--data-root", str(tmp_path / "data"),
+               "--executor", "processes", "--workers", "2", "--methods", "msp"]
+    store = tmp_path / "results" / "tiny"
+    done, killed = threading.Event(), []
+    killer = threading.Thread(target=_kill_first_lock_holder, args=(store, done, killed))
+    killer.start()
+    try:
+        code = main(command)
+    finally:
+        done.set()
+        killer.join()
+    err = capsys.readouterr().err
+    assert killed, err
+    key = killed[0]
+    assert code == 1, err
+    assert f"worker killed by SIGKILL while running {key}" in err, err
+    assert len(_trained(err)) == 1, err  # the other worker's cell
+    state, reason = CellDir(store / key).condition()
+    assert state == "failed" and f"worker killed by SIGKILL while running {key}" in reason
+    assert not list(store.glob("*.lock"))
+    assert main(command) == 0
+    err = capsys.readouterr().err
+    assert len(_trained(err)) == 1 and "complete, skipped" in err, err
+    assert CellDir(store / key).condition()[0] == "complete"
 
 
 POOL_TABLE = '\n[executor]\nkind = "processes"\nworkers = 2\n'
