@@ -28,6 +28,8 @@ enters a cell's key or the store: they decide where a cell runs, not what it com
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import signal
 import time
 from contextlib import suppress
@@ -80,7 +82,16 @@ class SlurmOptions:
     extra: dict[str, str] = field(default_factory=dict)  # further sbatch options, e.g. {"account": "x"}
 
     def parameters(self) -> dict:
-        """submitit ``update_parameters`` keywords for SLURM."""
+        """submitit ``update_parameters`` keywords for SLURM; a partition or extra option that
+        would not stay on its own ``#SBATCH`` line (:func:`sbatch_option_problem`) is a
+        ConfigError."""
+        from bench.errors import ConfigError
+
+        for key, value in self.extra.items():
+            if problem := sbatch_option_problem(key, value):
+                raise ConfigError(f"sbatch option {shown(key)}: {problem}")
+        if problem := sbatch_text_problem(self.partition or ""):
+            raise ConfigError(f"SLURM partition: {problem}")
         params = {"timeout_min": self.time_min, "slurm_array_parallelism": self.array_limit,
                   "gpus_per_node": self.gpus_per_cell, "cpus_per_task": self.cpus_per_cell,
                   "mem_gb": self.mem_gb, "tasks_per_node": 1, "nodes": 1}
@@ -94,6 +105,36 @@ class SlurmOptions:
 def sbatch_option_name(key: str) -> str:
     """An extra sbatch option's name as submitit takes it: ``--mail-type`` -> ``mail_type``."""
     return key.strip().lstrip("-").replace("-", "_")
+
+
+_SBATCH_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")  # an option name as sbatch_option_name leaves it
+
+
+def shown(text: str) -> str:
+    """``text`` as one line of a message: itself when printable, else its repr (``'a\\nb'``)."""
+    return text if text.isprintable() else repr(text)
+
+
+def sbatch_text_problem(text: str) -> str | None:
+    """Why ``text`` cannot go into the batch script (None: it can).  Each SLURM setting
+    becomes one line ``#SBATCH --name=value`` of the script: a newline (or any other
+    control character) would begin a line of its own, a shell command."""
+    bad = next((c for c in text if not c.isprintable()), None)
+    if bad is None:
+        return None
+    return (f"{text!r} contains the control character U+{ord(bad):04X}; each sbatch setting is one "
+            "line of printable text in the batch script, so remove it")
+
+
+def sbatch_option_problem(key: str, value: str) -> str | None:
+    """Why the extra sbatch option ``key = value`` cannot be used (None: it can): a control
+    character in either (:func:`sbatch_text_problem`), or a name unlike sbatch's option
+    names (letters, digits, ``-``, ``_``)."""
+    problem = sbatch_text_problem(key) or sbatch_text_problem(value)
+    if problem is None and not _SBATCH_NAME.fullmatch(sbatch_option_name(key)):
+        problem = (f"{key!r} is not an sbatch option name: letters, digits, '-' and '_', starting with a letter "
+                   "(e.g. account, mail-type)")
+    return problem
 
 
 @dataclass(frozen=True)
@@ -144,14 +185,18 @@ def parse_executor(table: object, path: str = "executor", problems: Problems | N
     if config is not None:
         options = {}
         for key, value in config.options.items():
-            sub = f"{path}.options.{key}"
+            sub = f"{path}.options.{shown(key)}"
             name = sbatch_option_name(key)
             if not name:
                 problems.add(sub, "an sbatch option needs a name, e.g. account = \"myproject\"")
             elif isinstance(value, bool) or not isinstance(value, (str, int)):
                 problems.add(sub, f"expected a string or an integer (the sbatch option's value), got {value!r}")
+            elif problem := sbatch_option_problem(key, str(value)):
+                problems.add(sub, problem)
             else:
                 options[name] = str(value)
+        if problem := sbatch_text_problem(config.partition):
+            problems.add(f"{path}.partition", problem)
         config = replace(config, options=options)
     if own:
         problems.raise_if_any()
@@ -370,14 +415,28 @@ def pool(jobs: list[Job], workers: int, devices: list[str] | None):
                 process.join()
 
 
+def require_executor(kind: str) -> None:
+    """Refuse, before any work, an executor this machine cannot run (a ConfigError): slurm
+    and submitit-local need submitit, slurm also SLURM's ``sbatch`` and ``srun`` on PATH."""
+    from bench.errors import ConfigError
+
+    if kind not in ("slurm", "submitit-local"):
+        return
+    try:
+        import submitit  # noqa: F401
+    except ImportError:
+        raise ConfigError(f"--executor {kind} needs submitit: pip install submitit==1.5.4") from None
+    missing = [tool for tool in ("sbatch", "srun") if kind == "slurm" and shutil.which(tool) is None]
+    if missing:
+        raise ConfigError(f"--executor slurm: no {' or '.join(missing)} on PATH, so no SLURM here; run on a "
+                          "SLURM login node, or use --executor processes (or submitit-local) on this machine")
+
+
 def submitit_executor(folder: Path, kind: str, slurm: SlurmOptions):
     """A submitit executor writing its scripts and logs under ``folder``."""
-    try:
-        import submitit
-    except ImportError:
-        from bench.errors import ConfigError
+    require_executor(kind)
+    import submitit
 
-        raise ConfigError("--executor slurm needs submitit: pip install submitit==1.5.4") from None
     if kind == "slurm":
         ex = submitit.AutoExecutor(folder=str(folder), cluster="slurm")
         ex.update_parameters(**slurm.parameters())

@@ -227,3 +227,66 @@ def test_sbatch_script_for_slurm(tmp_path, monkeypatch):
                  "#SBATCH --mem=40GB", "#SBATCH --time=600", "#SBATCH --array=0-19%16", "#SBATCH --account=uq",
                  "#SBATCH --qos=high", "#SBATCH --signal=USR2@", "#SBATCH --ntasks-per-node=1"):
         assert line in text, (line, text)
+
+
+# ---------------------------------------------------------------------------- SLURM settings, checked before any work
+
+
+def _main_without_slurm(tmp_path: Path, monkeypatch, capsys, *extra: str, table: str = "") -> tuple[int, str]:
+    """``run_suite.py`` in this process, on a PATH without SLURM's programs."""
+    from bench.cli import main
+
+    empty = tmp_path / "no-slurm-bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    code = main(["--suite", str(_suite(tmp_path, table)), "--results", str(tmp_path / "results"), "--reports",
+                 str(tmp_path / "reports"), "--data-root", str(tmp_path / "data"), "--methods", "msp", *extra])
+    return code, capsys.readouterr().err
+
+
+def _nothing_written(tmp_path: Path) -> bool:
+    return not any((tmp_path / d).exists() for d in ("results", "reports", "data"))
+
+
+@pytest.mark.parametrize("table, named", [
+    ('[executor.options]\nqos = "normal\\ntouch X"\n', "executor.options.qos: 'normal\\ntouch X' contains"),
+    ('[executor.options]\n"qos\\ntouch X" = "normal"\n', "executor.options.'qos\\ntouch X': 'qos\\ntouch X' contains"),
+    ('[executor.options]\n"qos;touch X" = "normal"\n', "executor.options.qos;touch X: 'qos;touch X' is not an sbatch"),
+    ('[executor]\npartition = "gpu\\rtouch X"\n', "executor.partition: 'gpu\\rtouch X' contains"),
+])
+def test_sbatch_settings_of_the_suite_that_would_leave_their_line_are_exit_2(tmp_path, monkeypatch, capsys,
+                                                                            table, named):
+    """Each ``[executor]`` setting becomes a line ``#SBATCH --key=value`` of the batch
+    script: a newline in a key or value would make the rest a shell command of its own."""
+    code, err = _main_without_slurm(tmp_path, monkeypatch, capsys, "--executor", "slurm", table="\n" + table)
+    assert code == 2 and named in err, err
+    assert not any(line.lstrip().startswith("touch X") for line in err.splitlines()), err
+    assert _nothing_written(tmp_path)
+
+
+@pytest.mark.parametrize("flag, named", [
+    (("--slurm-option", "qos=normal\ntouch X"), "--slurm-option 'qos=normal\\ntouch X': 'normal\\ntouch X' contains"),
+    (("--slurm-option", "q\tos=normal"), "--slurm-option 'q\\tos=normal': 'q\\tos' contains"),
+    (("--slurm-option", "--qos x=normal"), "--slurm-option '--qos x=normal': '--qos x' is not an sbatch option name"),
+    (("--slurm-partition", "gpu\ntouch X"), "--slurm-partition: 'gpu\\ntouch X' contains"),
+])
+def test_sbatch_flags_that_would_leave_their_line_are_one_line_exit_2(tmp_path, monkeypatch, capsys, flag, named):
+    code, err = _main_without_slurm(tmp_path, monkeypatch, capsys, "--executor", "slurm", *flag)
+    assert code == 2 and err.count("\n") == 1 and named in err, err
+    assert _nothing_written(tmp_path)
+
+
+def test_slurm_options_given_to_the_api_are_checked_where_the_script_is_made():
+    from bench.errors import ConfigError
+    from bench.executors import SlurmOptions
+
+    with pytest.raises(ConfigError, match=r"sbatch option qos: 'high\\ntouch X' contains the control character U\+000A"):
+        SlurmOptions(extra={"qos": "high\ntouch X"}).parameters()
+    assert SlurmOptions(extra={"qos": "high"}).parameters()["slurm_additional_parameters"] == {"qos": "high"}
+
+
+def test_slurm_executor_on_a_machine_without_slurm_is_one_line_exit_2_before_any_write(tmp_path, monkeypatch, capsys):
+    code, err = _main_without_slurm(tmp_path, monkeypatch, capsys, "--executor", "slurm")
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("error: --executor slurm: no sbatch or srun on PATH"), err
+    assert _nothing_written(tmp_path)
