@@ -114,7 +114,9 @@ def test_a_killed_worker_fails_only_its_cell_and_the_next_run_retries_it(tmp_pat
     running the same command again trains the failed cell alone."""
     from bench.cli import main
 
-    command = ["--suite", str(_suite(tmp_path)), "--results", str(tmp_path / "results"), "--reports",
+    suite = tmp_path / "tiny.toml"  # two cells, msp seeds 0 and 1, predicting the test split alone
+    suite.write_text(TINY.replace('splits = ["test", "shift/digits_box", "ood/uniform_noise"]', 'splits = ["test"]'))
+    command = ["--suite", str(suite), "--results", str(tmp_path / "results"), "--reports",
                str(tmp_path / "reports"), "--data-root", str(tmp_path / "data"),
                "--executor", "processes", "--workers", "2", "--methods", "msp"]
     store = tmp_path / "results" / "tiny"
