@@ -180,12 +180,12 @@ class CellLock:
         if self._thread is not None:
             self._thread.join()
         self.held = False
-        with self._guard():
-            try:
+        try:
+            with self._guard():
                 if json.loads(self.path.read_text(encoding="utf-8")).get("token") == self._token:
                     self.path.unlink()
-            except (OSError, ValueError):
-                pass  # broken by another runner as stale (we were too slow): not ours any more
+        except (OSError, ValueError):
+            pass  # broken by another runner as stale (we were too slow), or its directory removed: not ours any more
 
     def _create(self) -> bool:
         """Create the lock file with this process as its owner; False when it exists."""
