@@ -24,14 +24,16 @@ next to the cell directory, ``<store>/<key>.lock``, holding its owner (host, pid
   lock never both take it.
 
 What is guaranteed where: taking a free lock is exclusive wherever ``O_EXCL`` is (every
-filesystem above).  Breaking a stale lock is atomic among runners on one host on any
-filesystem, and across hosts where ``flock`` reaches the file server: NFSv4 and NFSv3 with
-lockd (Linux maps ``flock`` to NFS byte-range locks), Lustre mounted with ``-o flock``,
-GPFS, BeeGFS.  Where ``flock`` is local to each client (NFS mounted ``local_lock=flock`` or
-``nolock``, Lustre ``-o localflock``) two hosts that break the same stale lock in the same
-instant may both take it; where ``flock`` fails outright (Lustre without either option),
-breaking goes on without the guard, with a warning.  A holder on another host is only
-known dead by its heartbeat, so the hosts' clocks must agree within ``stale_after`` (NTP).
+filesystem above).  Breaking a stale lock is atomic among runners on one host wherever
+``flock`` works, and across hosts where ``flock`` reaches the file server: NFSv4 and NFSv3 with
+lockd (Linux maps ``flock`` to NFS byte-range locks), Lustre mounted with ``-o flock``; for
+other cluster filesystems see whether their ``flock`` is cluster-wide (BeeGFS: only with
+``tuneUseGlobalFileLocks``).  Where ``flock`` is local to each client (NFS mounted
+``local_lock=flock`` or ``nolock``, Lustre ``-o localflock``) two hosts that break the same
+stale lock in the same instant may both take it; where ``flock`` fails outright (Lustre
+without either option), breaking goes on without the guard, with a warning.  A holder on
+another host is known dead by its heartbeat alone; where the filesystem stamps times by
+its clients' clocks, those must agree within ``stale_after`` (NTP).
 
 A runner that finds a cell locked by a live owner leaves it alone and says so; the cell's
 own state (complete, resumable training state) is checked again after the lock is taken,
