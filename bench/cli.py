@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from bench.errors import ConfigError
-from bench.executors import EXECUTORS, ExecutorConfig
+from bench.executors import EXECUTORS, ExecutorConfig, require_executor
 from bench.registry import DuplicateName
 from bench.stats import SEEDS_AND_SAMPLES as SIGNIFICANCE, SIGNIFICANCE_TESTS
 
@@ -386,6 +386,7 @@ def _main(args: argparse.Namespace) -> int:
         console = Console(args.quiet or rank > 0)
         plan = make_plan(select(suite, args.methods, args.datasets))
         where = executor_settings(args, suite.executor)
+        require_executor(where.kind)  # e.g. slurm without sbatch: refused before anything is written
         console.log(f"suite {suite.name!r}: {len(plan.cells)} cells on {device}, store {store_root}"
                     + (f"; each cell on {size} torchrun processes (DDP)" if size > 1 else ""))
         try:
@@ -424,15 +425,21 @@ EXECUTOR_FLAGS = {"executor": "kind", "workers": "workers", "cells_per_gpu": "ce
 def executor_settings(args: argparse.Namespace, table: ExecutorConfig) -> ExecutorConfig:
     """The executor to run with: each flag given on the command line, else the suite's
     ``[executor]`` key (``table``, an :class:`~bench.executors.ExecutorConfig`), else its
-    default.  ``--slurm-option`` adds to the table's options, replacing one of the same name."""
-    from bench.executors import sbatch_option_name
+    default.  ``--slurm-option`` adds to the table's options, replacing one of the same name.
+    A partition or option that would not stay on its own line of the batch script is a
+    ConfigError, as in the table."""
+    from bench.executors import sbatch_option_name, sbatch_option_problem, sbatch_text_problem
 
     given = {key: getattr(args, dest) for dest, key in EXECUTOR_FLAGS.items() if getattr(args, dest) is not None}
+    if args.slurm_partition is not None and (problem := sbatch_text_problem(args.slurm_partition)):
+        raise ConfigError(f"--slurm-partition: {problem}")
     options = dict(table.options)
     for item in args.slurm_option:
         key, sep, value = item.partition("=")
-        if not sep or not sbatch_option_name(key):
+        if not sep:
             raise ConfigError(f"--slurm-option {item!r}: expected KEY=VALUE, e.g. account=myproj")
+        if problem := sbatch_option_problem(key, value):
+            raise ConfigError(f"--slurm-option {item!r}: {problem}")
         options[sbatch_option_name(key)] = value.strip()
     return dataclasses.replace(table, **given, options=options)
 

@@ -1,11 +1,12 @@
 """Where cells run: one cell function, :func:`run_job`, behind three executors.
 
 * ``local`` (default): the cells one after another in this process.
-* ``processes``: a pool of ``--workers N`` processes on this machine
-  (``concurrent.futures.ProcessPoolExecutor``, spawned, so CUDA and OpenMP start clean in
-  each).  On CUDA, workers are spread over the visible GPUs and ``--cells-per-gpu K`` runs
-  K cells on each GPU at once (N = GPUs x K); on CPU the cores are shared out
-  (``torch.set_num_threads``).
+* ``processes``: a pool of ``--workers N`` processes on this machine (:func:`pool`;
+  spawned, so CUDA and OpenMP start clean in each), one cell at a time in each.  A worker
+  that dies (the OOM killer's SIGKILL, a segfault) fails the cell it was running, with the
+  signal named; a fresh worker takes its place and the other cells go on.  On CUDA,
+  workers are spread over the visible GPUs and ``--cells-per-gpu K`` runs K cells on each
+  GPU at once (N = GPUs x K); on CPU the cores are shared out (``torch.set_num_threads``).
 * ``slurm`` (and ``submitit-local``, the same jobs as local processes, for testing and for
   a workstation): one job per cell through **submitit**, as a SLURM job array with the
   partition, GPUs and CPUs per cell, memory, time limit, array throttle and extra sbatch
@@ -27,7 +28,11 @@ enters a cell's key or the store: they decide where a cell runs, not what it com
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import signal
 import time
+from contextlib import suppress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -77,7 +82,16 @@ class SlurmOptions:
     extra: dict[str, str] = field(default_factory=dict)  # further sbatch options, e.g. {"account": "x"}
 
     def parameters(self) -> dict:
-        """submitit ``update_parameters`` keywords for SLURM."""
+        """submitit ``update_parameters`` keywords for SLURM; a partition or extra option that
+        would not stay on its own ``#SBATCH`` line (:func:`sbatch_option_problem`) is a
+        ConfigError."""
+        from bench.errors import ConfigError
+
+        for key, value in self.extra.items():
+            if problem := sbatch_option_problem(key, value):
+                raise ConfigError(f"sbatch option {shown(key)}: {problem}")
+        if problem := sbatch_text_problem(self.partition or ""):
+            raise ConfigError(f"SLURM partition: {problem}")
         params = {"timeout_min": self.time_min, "slurm_array_parallelism": self.array_limit,
                   "gpus_per_node": self.gpus_per_cell, "cpus_per_task": self.cpus_per_cell,
                   "mem_gb": self.mem_gb, "tasks_per_node": 1, "nodes": 1}
@@ -91,6 +105,36 @@ class SlurmOptions:
 def sbatch_option_name(key: str) -> str:
     """An extra sbatch option's name as submitit takes it: ``--mail-type`` -> ``mail_type``."""
     return key.strip().lstrip("-").replace("-", "_")
+
+
+_SBATCH_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")  # an option name as sbatch_option_name leaves it
+
+
+def shown(text: str) -> str:
+    """``text`` as one line of a message: itself when printable, else its repr (``'a\\nb'``)."""
+    return text if text.isprintable() else repr(text)
+
+
+def sbatch_text_problem(text: str) -> str | None:
+    """Why ``text`` cannot go into the batch script (None: it can).  Each SLURM setting
+    becomes one line ``#SBATCH --name=value`` of the script: a newline (or any other
+    control character) would begin a line of its own, a shell command."""
+    bad = next((c for c in text if not c.isprintable()), None)
+    if bad is None:
+        return None
+    return (f"{text!r} contains the control character U+{ord(bad):04X}; each sbatch setting is one "
+            "line of printable text in the batch script, so remove it")
+
+
+def sbatch_option_problem(key: str, value: str) -> str | None:
+    """Why the extra sbatch option ``key = value`` cannot be used (None: it can): a control
+    character in either (:func:`sbatch_text_problem`), or a name unlike sbatch's option
+    names (letters, digits, ``-``, ``_``)."""
+    problem = sbatch_text_problem(key) or sbatch_text_problem(value)
+    if problem is None and not _SBATCH_NAME.fullmatch(sbatch_option_name(key)):
+        problem = (f"{key!r} is not an sbatch option name: letters, digits, '-' and '_', starting with a letter "
+                   "(e.g. account, mail-type)")
+    return problem
 
 
 @dataclass(frozen=True)
@@ -141,14 +185,18 @@ def parse_executor(table: object, path: str = "executor", problems: Problems | N
     if config is not None:
         options = {}
         for key, value in config.options.items():
-            sub = f"{path}.options.{key}"
+            sub = f"{path}.options.{shown(key)}"
             name = sbatch_option_name(key)
             if not name:
                 problems.add(sub, "an sbatch option needs a name, e.g. account = \"myproject\"")
             elif isinstance(value, bool) or not isinstance(value, (str, int)):
                 problems.add(sub, f"expected a string or an integer (the sbatch option's value), got {value!r}")
+            elif problem := sbatch_option_problem(key, str(value)):
+                problems.add(sub, problem)
             else:
                 options[name] = str(value)
+        if problem := sbatch_text_problem(config.partition):
+            problems.add(f"{path}.partition", problem)
         config = replace(config, options=options)
     if own:
         problems.raise_if_any()
@@ -237,14 +285,27 @@ def release_on_preemption() -> None:
 # --------------------------------------------------------------------------- executors
 
 
-def _pool_init(devices, threads: int) -> None:
-    """Worker start: claim a device from the shared queue (spreads workers over GPUs)."""
+def _pool_worker(conn, device: str | None, threads: int) -> None:
+    """A pool worker: run each job received on ``conn`` and send its outcome back, until
+    ``None`` comes (its device: ``device``, e.g. ``"cuda:1"``; None: the job's own)."""
     global _DEVICE
-    _DEVICE = devices.get() if devices is not None else None
+    _DEVICE = device
     if threads:
         import torch
 
         torch.set_num_threads(threads)
+    while True:
+        try:
+            job = conn.recv()
+        except EOFError:  # the pool's process is gone
+            return
+        if job is None:
+            return
+        try:
+            outcome = _pool_run(job)
+        except Exception as exc:  # noqa: BLE001  (outside the cell's own failure handling: report it)
+            outcome = Outcome(job.cell.key, job.cell.label, "failed", f"{type(exc).__name__}: {exc}"[:500], 0.0)
+        conn.send(outcome)
 
 
 def _pool_run(job: Job) -> Outcome:
@@ -253,39 +314,129 @@ def _pool_run(job: Job) -> Outcome:
     return run_job(job)
 
 
+def _death(process, key: str) -> str:
+    """Why a pool worker stopped while running cell ``key``: its signal or exit status."""
+    process.join(timeout=10)
+    code = process.exitcode
+    if code is None:  # it closed its pipe but lives on: stop it
+        process.kill()
+        process.join()
+        return f"worker stopped answering while running {key}"
+    if code < 0:
+        try:
+            return f"worker killed by {signal.Signals(-code).name} while running {key}"
+        except ValueError:
+            return f"worker killed by signal {-code} while running {key}"
+    return f"worker exited with status {code} while running {key}"
+
+
+def _record_death(job: Job, reason: str) -> Outcome:
+    """The outcome of a cell whose worker process died (``reason``), recorded in the
+    store as the cell's failure (``status`` shows it, the next run redoes the cell) unless
+    another runner holds the cell meanwhile; the dead worker's own lock is stale at once
+    (:mod:`bench.lock`) and is broken here.  A cell its worker completed before dying
+    stays complete."""
+    from bench.lock import LOCK_SUFFIX, CellLock
+    from bench.runner import _fail
+    from bench.store import Store
+
+    cell = job.cell
+    store = Store(Path(job.store_root))
+    cd = store.cell(cell.key)
+    with CellLock(store.root / f"{cell.key}{LOCK_SUFFIX}") as held:
+        if held and cd.condition()[0] == "complete":
+            return Outcome(cell.key, cell.label, "complete", f"stored already ({reason})", 0.0)
+        if held:  # its record so far, else (it died before it began the cell) who the cell is
+            info = cd.read_cell() or {"key": cell.key, "dataset": cell.dataset.name, "method": cell.method.name,
+                                      "seed": cell.seed, "config": cell.config}
+            _fail(cd, info, reason)
+    return Outcome(cell.key, cell.label, "failed", f"{reason}; the next run retries it", 0.0)
+
+
 def pool(jobs: list[Job], workers: int, devices: list[str] | None):
     """Yield each job's :class:`Outcome` as it finishes, from ``workers`` spawned processes
-    (``devices``: one entry per worker, e.g. ``["cuda:0", "cuda:0", "cuda:1", "cuda:1"]``)."""
+    (``devices``: one entry per worker, e.g. ``["cuda:0", "cuda:0", "cuda:1", "cuda:1"]``).
+
+    Each worker runs one job at a time.  A worker that dies (the OOM killer, a segfault)
+    fails only the cell it was running, with its signal named (:func:`_record_death`); a
+    fresh worker on the same device takes the next job, and the other workers go on."""
     import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from multiprocessing.connection import wait
 
     ctx = mp.get_context("spawn")
-    queue = None
-    if devices:
-        queue = ctx.Manager().Queue()
-        for d in devices:
-            queue.put(d)
-    threads = max(1, (os.cpu_count() or 1) // workers)
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_pool_init,
-                             initargs=(queue, threads)) as ex:
-        futures = {ex.submit(_pool_run, job): job for job in jobs}
-        for fut in as_completed(futures):
-            job = futures[fut]
-            try:
-                yield fut.result()
-            except Exception as exc:  # noqa: BLE001  (a worker that died: the cell is failed or left incomplete)
-                yield Outcome(job.cell.key, job.cell.label, "failed",
-                              f"worker died ({type(exc).__name__}: {exc}); the cell is left for the next run", 0.0)
+    slots = list(devices) if devices else [None] * workers
+    threads = max(1, (os.cpu_count() or 1) // len(slots))
+    todo = list(reversed(jobs))
+    started = []
+    busy: dict = {}  # our end of a busy worker's pipe -> (its process, its device, its job)
+
+    def assign(conn, process, device: str | None) -> None:
+        job = todo.pop()
+        busy[conn] = (process, device, job)
+        with suppress(OSError):  # it died meanwhile: the loop below sees it and fails the job
+            conn.send(job)
+
+    def start(device: str | None) -> None:
+        ours, theirs = ctx.Pipe()
+        process = ctx.Process(target=_pool_worker, args=(theirs, device, threads), name="uqbench pool worker")
+        process.start()
+        started.append(process)
+        theirs.close()  # only the worker holds its end now: its death ends the pipe
+        assign(ours, process, device)
+
+    try:
+        for device in slots[:len(todo)]:
+            start(device)
+        while busy:
+            ready = wait([*busy, *(process.sentinel for process, _, _ in busy.values())])
+            for conn in [c for c, (process, _, _) in busy.items() if c in ready or process.sentinel in ready]:
+                process, device, job = busy.pop(conn)
+                try:
+                    outcome = conn.recv()
+                except (EOFError, OSError):  # the worker died before answering
+                    conn.close()
+                    outcome = _record_death(job, _death(process, job.cell.key))
+                    if todo:
+                        start(device)
+                else:
+                    if todo:
+                        assign(conn, process, device)
+                    else:
+                        with suppress(OSError):  # no more jobs: it may stop
+                            conn.send(None)
+                yield outcome
+    finally:
+        for process, _, _ in busy.values():  # stopped early (an error or ^C in this process)
+            process.terminate()
+        for process in started:
+            process.join(timeout=60)
+            if process.is_alive():  # hung on its way out
+                process.kill()
+                process.join()
+
+
+def require_executor(kind: str) -> None:
+    """Refuse, before any work, an executor this machine cannot run (a ConfigError): slurm
+    and submitit-local need submitit, slurm also SLURM's ``sbatch`` and ``srun`` on PATH."""
+    from bench.errors import ConfigError
+
+    if kind not in ("slurm", "submitit-local"):
+        return
+    try:
+        import submitit  # noqa: F401
+    except ImportError:
+        raise ConfigError(f"--executor {kind} needs submitit: pip install submitit==1.5.4") from None
+    missing = [tool for tool in ("sbatch", "srun") if kind == "slurm" and shutil.which(tool) is None]
+    if missing:
+        raise ConfigError(f"--executor slurm: no {' or '.join(missing)} on PATH, so no SLURM here; run on a "
+                          "SLURM login node, or use --executor processes (or submitit-local) on this machine")
 
 
 def submitit_executor(folder: Path, kind: str, slurm: SlurmOptions):
     """A submitit executor writing its scripts and logs under ``folder``."""
-    try:
-        import submitit
-    except ImportError:
-        from bench.errors import ConfigError
+    require_executor(kind)
+    import submitit
 
-        raise ConfigError("--executor slurm needs submitit: pip install submitit==1.5.4") from None
     if kind == "slurm":
         ex = submitit.AutoExecutor(folder=str(folder), cluster="slurm")
         ex.update_parameters(**slurm.parameters())

@@ -1,19 +1,21 @@
-"""Scale-out: the per-cell lock (atomic take, heartbeat, stale break), two runners on one
-store, the process-pool executor with 2 workers and the submitit path with submitit's
-local executor, for real; and the sbatch script submitit would write for SLURM."""
+"""Scale-out: two runners on one store, the process-pool executor with 2 workers and the
+submitit path with submitit's local executor, for real; and the sbatch script submitit
+would write for SLURM.  The per-cell lock itself is tested in test_lock.py."""
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from bench.lock import CellLock
+from bench.store import CellDir
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -60,47 +62,6 @@ def _trained(stderr: str) -> list[str]:
     return [line.split("] ", 1)[1].split(":")[0] for line in stderr.splitlines() if ": complete in " in line]
 
 
-# ---------------------------------------------------------------------------- the lock
-
-
-def test_lock_is_exclusive_beats_and_breaks_only_when_stale(tmp_path):
-    path = tmp_path / "cell.lock"
-    a = CellLock(path, heartbeat=0.05, stale_after=0.5)
-    b = CellLock(path, heartbeat=0.05, stale_after=0.5)
-    assert a.acquire() and not b.acquire()
-    info = b.holder()
-    assert info["pid"] == os.getpid() and info["age"] < 0.5
-    time.sleep(0.8)  # longer than stale_after: only the heartbeat keeps it alive
-    assert not b.acquire() and b.holder()["age"] < 0.5
-    a.release()
-    assert not path.exists() and b.acquire()
-    b._stop.set()  # a runner that died: no more heartbeats
-    b._thread.join()
-    old = os.stat(path).st_mtime
-    os.utime(path, (old - 10, old - 10))
-    c = CellLock(path, heartbeat=0.05, stale_after=0.5)
-    assert c.stale() and c.acquire()  # broken and taken
-    assert json.loads(path.read_text())["token"] == c._token
-    b.held = True
-    b.release()  # the dead runner's late release must not remove the new owner's lock
-    assert path.exists()
-    c.release()
-    assert not path.exists()
-    with pytest.raises(ValueError):
-        CellLock(path, heartbeat=1.0, stale_after=1.0)
-
-
-def test_a_lock_left_by_a_killed_process_on_this_host_is_stale_at_once(tmp_path):
-    path = tmp_path / "cell.lock"
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    path.write_text(json.dumps({"host": __import__("socket").gethostname(), "pid": int(dead.stdout), "since": 0}))
-    lock = CellLock(path)  # fresh mtime, but its owner is gone
-    assert lock.stale() and lock.acquire()
-    lock.release()
-    path.write_text(json.dumps({"host": __import__("socket").gethostname(), "pid": os.getpid(), "since": 0}))
-    assert not CellLock(path).stale() and not CellLock(path).acquire()  # a live owner keeps it
-
-
 # ---------------------------------------------------------------------------- runners and executors
 
 
@@ -130,6 +91,56 @@ def test_process_pool_with_two_workers_matches_the_local_run(tmp_path):
     assert pooled.returncode == 0, err
     assert len(_trained(err)) == 4 and "2 worker(s)" in err and "queued or running" in err
     pd.testing.assert_frame_equal(_summary(tmp_path), reference)  # the same numbers, cell for cell
+
+
+def _kill_first_lock_holder(store: Path, done: threading.Event, killed: list[str]) -> None:
+    """SIGKILL the first worker that locks a cell of ``store`` (the lock file names its
+    owner's pid); the cell's key goes to ``killed``.  Gives up when ``done`` is set."""
+    while not done.is_set():
+        for lock in store.glob("*.lock"):
+            try:
+                pid = json.loads(lock.read_text())["pid"]
+            except (OSError, ValueError, KeyError):
+                continue  # just created, its owner not yet written
+            os.kill(pid, signal.SIGKILL)
+            killed.append(lock.name.removesuffix(".lock"))
+            return
+        time.sleep(0.01)
+
+
+def test_a_killed_worker_fails_only_its_cell_and_the_next_run_retries_it(tmp_path, capsys):
+    """SIGKILL, as the OOM killer sends it, to the worker training one of two cells: that
+    cell is failed with the signal named, the other completes, the exit status is 1, and
+    running the same command again trains the failed cell alone."""
+    from bench.cli import main
+
+    suite = tmp_path / "tiny.toml"  # two cells, msp seeds 0 and 1, predicting the test split alone
+    suite.write_text(TINY.replace('splits = ["test", "shift/digits_box", "ood/uniform_noise"]', 'splits = ["test"]'))
+    command = ["--suite", str(suite), "--results", str(tmp_path / "results"), "--reports",
+               str(tmp_path / "reports"), "--data-root", str(tmp_path / "data"),
+               "--executor", "processes", "--workers", "2", "--methods", "msp"]
+    store = tmp_path / "results" / "tiny"
+    done, killed = threading.Event(), []
+    killer = threading.Thread(target=_kill_first_lock_holder, args=(store, done, killed))
+    killer.start()
+    try:
+        code = main(command)
+    finally:
+        done.set()
+        killer.join()
+    err = capsys.readouterr().err
+    assert killed, err
+    key = killed[0]
+    assert code == 1, err
+    assert f"worker killed by SIGKILL while running {key}" in err, err
+    assert len(_trained(err)) == 1, err  # the other worker's cell
+    state, reason = CellDir(store / key).condition()
+    assert state == "failed" and f"worker killed by SIGKILL while running {key}" in reason
+    assert not list(store.glob("*.lock"))
+    assert main(command) == 0
+    err = capsys.readouterr().err
+    assert len(_trained(err)) == 1 and "complete, skipped" in err, err
+    assert CellDir(store / key).condition()[0] == "complete"
 
 
 POOL_TABLE = '\n[executor]\nkind = "processes"\nworkers = 2\n'
@@ -218,3 +229,66 @@ def test_sbatch_script_for_slurm(tmp_path, monkeypatch):
                  "#SBATCH --mem=40GB", "#SBATCH --time=600", "#SBATCH --array=0-19%16", "#SBATCH --account=uq",
                  "#SBATCH --qos=high", "#SBATCH --signal=USR2@", "#SBATCH --ntasks-per-node=1"):
         assert line in text, (line, text)
+
+
+# ---------------------------------------------------------------------------- SLURM settings, checked before any work
+
+
+def _main_without_slurm(tmp_path: Path, monkeypatch, capsys, *extra: str, table: str = "") -> tuple[int, str]:
+    """``run_suite.py`` in this process, on a PATH without SLURM's programs."""
+    from bench.cli import main
+
+    empty = tmp_path / "no-slurm-bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    code = main(["--suite", str(_suite(tmp_path, table)), "--results", str(tmp_path / "results"), "--reports",
+                 str(tmp_path / "reports"), "--data-root", str(tmp_path / "data"), "--methods", "msp", *extra])
+    return code, capsys.readouterr().err
+
+
+def _nothing_written(tmp_path: Path) -> bool:
+    return not any((tmp_path / d).exists() for d in ("results", "reports", "data"))
+
+
+@pytest.mark.parametrize("table, named", [
+    ('[executor.options]\nqos = "normal\\ntouch X"\n', "executor.options.qos: 'normal\\ntouch X' contains"),
+    ('[executor.options]\n"qos\\ntouch X" = "normal"\n', "executor.options.'qos\\ntouch X': 'qos\\ntouch X' contains"),
+    ('[executor.options]\n"qos;touch X" = "normal"\n', "executor.options.qos;touch X: 'qos;touch X' is not an sbatch"),
+    ('[executor]\npartition = "gpu\\rtouch X"\n', "executor.partition: 'gpu\\rtouch X' contains"),
+])
+def test_sbatch_settings_of_the_suite_that_would_leave_their_line_are_exit_2(tmp_path, monkeypatch, capsys,
+                                                                            table, named):
+    """Each ``[executor]`` setting becomes a line ``#SBATCH --key=value`` of the batch
+    script: a newline in a key or value would make the rest a shell command of its own."""
+    code, err = _main_without_slurm(tmp_path, monkeypatch, capsys, "--executor", "slurm", table="\n" + table)
+    assert code == 2 and named in err, err
+    assert not any(line.lstrip().startswith("touch X") for line in err.splitlines()), err
+    assert _nothing_written(tmp_path)
+
+
+@pytest.mark.parametrize("flag, named", [
+    (("--slurm-option", "qos=normal\ntouch X"), "--slurm-option 'qos=normal\\ntouch X': 'normal\\ntouch X' contains"),
+    (("--slurm-option", "q\tos=normal"), "--slurm-option 'q\\tos=normal': 'q\\tos' contains"),
+    (("--slurm-option", "--qos x=normal"), "--slurm-option '--qos x=normal': '--qos x' is not an sbatch option name"),
+    (("--slurm-partition", "gpu\ntouch X"), "--slurm-partition: 'gpu\\ntouch X' contains"),
+])
+def test_sbatch_flags_that_would_leave_their_line_are_one_line_exit_2(tmp_path, monkeypatch, capsys, flag, named):
+    code, err = _main_without_slurm(tmp_path, monkeypatch, capsys, "--executor", "slurm", *flag)
+    assert code == 2 and err.count("\n") == 1 and named in err, err
+    assert _nothing_written(tmp_path)
+
+
+def test_slurm_options_given_to_the_api_are_checked_where_the_script_is_made():
+    from bench.errors import ConfigError
+    from bench.executors import SlurmOptions
+
+    with pytest.raises(ConfigError, match=r"sbatch option qos: 'high\\ntouch X' contains the control character U\+000A"):
+        SlurmOptions(extra={"qos": "high\ntouch X"}).parameters()
+    assert SlurmOptions(extra={"qos": "high"}).parameters()["slurm_additional_parameters"] == {"qos": "high"}
+
+
+def test_slurm_executor_on_a_machine_without_slurm_is_one_line_exit_2_before_any_write(tmp_path, monkeypatch, capsys):
+    code, err = _main_without_slurm(tmp_path, monkeypatch, capsys, "--executor", "slurm")
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("error: --executor slurm: no sbatch or srun on PATH"), err
+    assert _nothing_written(tmp_path)
