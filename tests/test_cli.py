@@ -390,11 +390,11 @@ def test_a_report_that_fails_half_way_leaves_the_previous_one_intact(tmp_path, r
     monkeypatch.setattr(bench.report, "atomic_write_text", full)
     capsys.readouterr()
     assert report(tmp_path, rep, "--metrics", "accuracy,nll") == 1
+    assert snapshot(tmp_path / "reports") == before
+    assert sorted(p.name for p in (tmp_path / "reports").iterdir()) == ["rep"]
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err, err
     assert f"the report {out} was not written: No space left on device" in err, err
-    assert snapshot(tmp_path / "reports") == before
-    assert sorted(p.name for p in (tmp_path / "reports").iterdir()) == ["rep"]
 
 
 RAISING_METRICS = '''\
@@ -447,7 +447,7 @@ def test_a_plot_that_raises_leaves_the_previous_report_intact(tmp_path, rep):
     assert report(tmp_path, rep) == 0
     before = snapshot(tmp_path / "reports")
     proc = run_with_plugin(tmp_path, "--metrics", "accuracy,badly_labelled")
+    assert snapshot(tmp_path / "reports") == before
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.count("\n") == 1 and "ValueError" in proc.stderr, proc.stderr
     assert f"the report {tmp_path / 'reports' / 'rep'} was not written" in proc.stderr
-    assert snapshot(tmp_path / "reports") == before
