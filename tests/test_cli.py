@@ -7,7 +7,9 @@ nothing written (neither the results nor the reports directory is created).
 
 Every invocation pays ~2-3 s of torch/scipy import, so all of them are started together,
 in parallel, by one module-scoped fixture (each in its own directory); the tests then
-check one invocation each.
+check one invocation each.  The reports of a store (last section) run in this process on
+stores written without training, except where a plugin's registrations must not outlive
+the test (a separate process each).
 """
 from __future__ import annotations
 
