@@ -177,9 +177,26 @@ def _by_inputs(names: list[str]) -> tuple[list[str], list[str]]:
     return [n for n in names if not get_metric(n).on_scores], [n for n in names if get_metric(n).on_scores]
 
 
-def evaluate(preds: Preds, names: list[str]) -> list[tuple[str, str, str, float]]:
-    """``(split, metric, score, value)`` for every evaluation split of one prediction set."""
+def evaluate(preds: Preds, names: list[str],
+             errors: dict[tuple[str, str, str], str] | None = None) -> list[tuple[str, str, str, float]]:
+    """``(split, metric, score, value)`` for every evaluation split of one prediction set.
+
+    With ``errors``, a metric that raises (a plugin's bug) gives NaN and its error is
+    recorded under ``(split, metric, score)``; the other metrics go on.  Without it the
+    error propagates."""
+    from bench.errors import one_line
+
     labelled, on_scores = _by_inputs(names)
+
+    def value(name: str, split: str, score: str, *inputs) -> float:
+        try:
+            return float(get_metric(name)(*inputs))
+        except Exception as exc:  # noqa: BLE001  (any error of a metric's own code)
+            if errors is None:
+                raise
+            errors[(split, name, score)] = one_line(exc)
+            return float("nan")
+
     rows = []
     test_scores = ood_scores(preds["test"]) if "test" in preds else None
     for split in sorted(preds, key=split_order):
@@ -193,11 +210,11 @@ def evaluate(preds: Preds, names: list[str]) -> list[tuple[str, str, str, float]
             for score in SCORES:
                 if score in scores and score in test_scores:
                     for name in on_scores:
-                        rows.append((split, name, score, float(get_metric(name)(test_scores[score], scores[score]))))
+                        rows.append((split, name, score, value(name, split, score, test_scores[score], scores[score])))
         else:
             probs = np.exp(arrays["log_probs"].astype(np.float64))
             for name in labelled:
-                rows.append((split, name, "", float(get_metric(name)(probs, arrays["labels"]))))
+                rows.append((split, name, "", value(name, split, "", probs, arrays["labels"])))
     return rows
 
 
@@ -211,7 +228,10 @@ def analyse(catalog: Catalog, metrics: list[str] | None = None, resamples: int =
             seed: int = BOOTSTRAP_SEED, significance: str = SIGNIFICANCE) -> AnalysisResults:
     """Every table of the report, computed from the catalog's stored predictions.
     ``metrics``: the metrics to compute (default :func:`analysed_metrics`);
-    ``significance``: the test behind marks and intervals (:data:`bench.stats.SIGNIFICANCE_TESTS`)."""
+    ``significance``: the test behind marks and intervals (:data:`bench.stats.SIGNIFICANCE_TESTS`).
+    A metric that raises is named once among the failures (where it first raised, with its
+    error); its summary rows where it raised have the verdict ``error`` and it gets no
+    bootstrap, while every other metric is computed as usual."""
     check_significance(significance)
     names = list(metrics) if metrics is not None else analysed_metrics()
     classes = {d: catalog.dataset_class(d) for d in catalog.datasets}
@@ -242,9 +262,19 @@ def analyse(catalog: Catalog, metrics: list[str] | None = None, resamples: int =
                          for s in members):
                     failures.append({"dataset": d, "method": entry.name, "seed": rid, "reason": preds})
 
-    rows = [(d, m, s, split, metric, score, value)
-            for (d, m, s), preds in cache.items()
-            for split, metric, score, value in evaluate(preds, names)]
+    rows, raised = [], {}  # raised: (dataset, method, seed, split, metric, score) -> error
+    for (d, m, s), preds in cache.items():
+        errors: dict[tuple[str, str, str], str] = {}
+        rows += [(d, m, s, split, metric, score, value) for split, metric, score, value in evaluate(preds, names, errors)]
+        raised.update({(d, m, s, *where): why for where, why in errors.items()})
+    first: dict[str, tuple] = {}  # metric -> (dataset, method, seed, split, score, error) where it first raised
+    for (d, m, s, split, metric, score), why in raised.items():
+        first.setdefault(metric, (d, m, s, split, score, why))
+    failures += [{"dataset": d, "method": m, "seed": s,
+                  "reason": f"metric {metric!r} raised {why} (first on split {split}{f', score {score}' if score else ''}); "
+                            "its cells show 'error' where it raised, every other metric is computed"}
+                 for metric, (d, m, s, split, score, why) in first.items()]
+    computed = [n for n in names if n not in first]  # bootstrapped: a metric that raised would raise again
     metrics_df = pd.DataFrame(rows, columns=METRIC_COLUMNS)
     splits = {d: sorted({sp for (dn, _, _), p in cache.items() if dn == d for sp in p if sp != "val"},
                         key=split_order) for d in catalog.datasets}
@@ -254,6 +284,12 @@ def analyse(catalog: Catalog, metrics: list[str] | None = None, resamples: int =
     # methods whose units are training seeds (trained, or one member per replicate): two of
     # them with the same seeds are compared seed by seed
     by_seed = {e.name for e in catalog.methods if e.kind == "trained" or e.method.members_per_replicate() == 1}
+    summary = _summary(metrics_df, cache, seeds, catalog.reference, computed, resamples, seed, headlines,
+                       by_seed, significance)
+    if raised:
+        at = {(d, m, split, metric, score) for d, m, _, split, metric, score in raised}
+        keys = summary[["dataset", "method", "split", "metric", "score"]].itertuples(index=False, name=None)
+        summary.loc[[k in at for k in keys], "verdict"] = "error"
     failures_df = pd.DataFrame(failures, columns=FAILURE_COLUMNS)
     if len(failures_df):
         failures_df = failures_df.sort_values(["dataset", "method", "seed", "reason"], kind="stable").reset_index(drop=True)
@@ -268,9 +304,8 @@ def analyse(catalog: Catalog, metrics: list[str] | None = None, resamples: int =
         damaged=pd.DataFrame(damaged, columns=DAMAGED_COLUMNS),
         load_predictions=catalog.predictions,
         reference=catalog.reference,
-        summary=_summary(metrics_df, cache, seeds, catalog.reference, names, resamples, seed, headlines,
-                         by_seed, significance),
-        severity=_severity(metrics_df, cache, seeds, names, seed, significance),
+        summary=summary,
+        severity=_severity(metrics_df, cache, seeds, computed, seed, significance),
         corruption_errors=_corruption_errors(metrics_df, catalog.reference),
         efficiency=_efficiency(catalog),
         analysed_metrics=names,

@@ -8,10 +8,19 @@ have no cells.  :func:`open_store` turns that into a :class:`Catalog`; a suite, 
 given, only selects and orders what is there (and supplies the derived methods' options).
 So a store can be analysed after its suite file was edited or deleted.
 
-Which cell is used for a (dataset, method, seed): among the directories whose
-``cell.json`` names it, a complete one (manifest verifies, checkpoint not checked) whose
-key the suite plans, else the complete one finished last; else a ``failed`` one (its
-reason is reported); else an incomplete one, reported as such (``run`` redoes it).
+Only cells of one configuration are aggregated.  A method's cells on a dataset are
+grouped by their resolved config without the seed (``cell.json``'s ``config``).  With a
+suite, the group holding a cell whose key the suite plans is used alone; without one (or
+when the store holds none of the planned cells) every group is used, and when there are
+several, each becomes its own row named by the settings in which the groups differ,
+e.g. ``msp (epochs=1)`` and ``msp (epochs=2)``; a derived method (ensemble, temperature
+scaling) gets one row per configuration of its base, so its members always share one.
+
+Which cell is used for a (dataset, method row, seed): among the group's directories, a
+complete one (manifest verifies, checkpoint not checked) whose key the suite plans, else
+the complete one finished last; else a ``failed`` one (its reason is reported); else an
+incomplete one, reported as running when a live runner holds its lock, else as
+interrupted (``run`` redoes it).
 
 :meth:`Catalog.predictions` is the only function through which anything after analysis
 (the report's plots) reads per-sample predictions; derived methods are combined there
@@ -21,13 +30,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import zipfile
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 
 from bench.errors import ConfigError
+from bench.lock import LOCK_SUFFIX, CellLock
 from bench.options import Problems, parse, to_dict
 from bench.registry import METHODS
 from bench.store import CELL, CHECKPOINT, DAMAGED_MARK, MANIFEST, STORE_SUITE, CellDir, atomic_write_json
@@ -37,26 +50,57 @@ Preds = dict[str, dict[str, np.ndarray]]  # split -> {"log_probs", "labels", opt
 
 @dataclass(frozen=True)
 class MethodEntry:
-    """A method as the catalog knows it: ``kind`` ``trained`` or ``derived``; ``method``
-    is the derived method's instance (``None`` for trained methods)."""
+    """A method row as the catalog knows it: ``kind`` ``trained`` or ``derived``; ``method``
+    is the derived method's instance (``None`` for trained methods).  A row that is one of
+    several configurations of a method (``msp (epochs=1)``) names that method in ``of``; a
+    derived row names the row of its base it combines in ``member`` (both ``""`` otherwise)."""
 
     name: str
     type: str
     kind: str
     method: object = None
+    of: str = ""
+    member: str = ""
 
     @property
     def base(self) -> str:
-        return self.method.options.base if self.method is not None else ""
+        """The row whose cells a derived method combines (``""`` for trained methods)."""
+        if self.method is None:
+            return ""
+        return self.member or self.method.options.base
+
+    @property
+    def suite_name(self) -> str:
+        """The suite's (or ``suite.json``'s) name of the method this row shows."""
+        return self.of or self.name
+
+
+@dataclass(frozen=True)
+class LeftOut:
+    """A cell the tables leave out: ``state`` is ``missing``, ``failed``, ``damaged``,
+    ``interrupted`` or ``running``; ``detail`` says why (or who runs it)."""
+
+    key: str
+    dataset: str
+    method: str
+    seed: int
+    state: str
+    detail: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.dataset} / {self.method} / seed {self.seed}"
 
 
 @dataclass
 class Catalog:
     """The cells of one store chosen for analysis, and the suite-level facts around them.
 
-    ``cells`` maps ``(dataset, method, seed)`` to the complete cell used; ``problems``
+    ``cells`` maps ``(dataset, method row, seed)`` to the complete cell used; ``problems``
     maps the same keys to why a wanted cell has no usable predictions (``failed: ...``,
-    ``incomplete ...``); ``seeds`` are the seeds analysed (the suite's when given, else
+    ``incomplete ...``); ``running`` to ``(cell key, who runs it)`` for cells a live runner
+    holds (not problems: they are not used yet); ``left`` to ``(cell key, state, why)`` for
+    every one of these; ``seeds`` are the seeds analysed (the suite's when given, else
     every seed found).
     """
 
@@ -70,6 +114,8 @@ class Catalog:
     problems: dict[tuple[str, str, int], str] = field(default_factory=dict)
     damaged: dict[tuple[str, str, int], tuple[str, str]] = field(default_factory=dict)  # -> (directory, reason)
     unnamed: dict[str, str] = field(default_factory=dict)  # directory -> why it names no cell
+    running: dict[tuple[str, str, int], tuple[str, str]] = field(default_factory=dict)
+    left: dict[tuple[str, str, int], tuple[str, str, str]] = field(default_factory=dict)
     _preds: dict[tuple[str, str, int], Preds] = field(default_factory=dict, repr=False)
 
     def dataset_class(self, dataset: str) -> type | None:
@@ -105,6 +151,7 @@ class Catalog:
                 why = f"damaged cell {cd.key}: {exc}; `run` moves it aside and redoes it"
                 self.problems[key] = why
                 self.damaged[key] = (cd.key, why)
+                self.left[key] = (cd.key, "damaged", why)
                 return None
         return self._preds[key]
 
@@ -122,7 +169,7 @@ class Catalog:
         base = entry.base
         missing = [s for s in members if (dataset, base, s) not in self.cells]
         if missing:
-            why = "; ".join(f"seed {s}: {self.problems.get((dataset, base, s), 'not in the store')}" for s in missing)
+            why = "; ".join(f"seed {s}: {self._why_not_used((dataset, base, s))}" for s in missing)
             return f"member {base} seed(s) {missing} unusable ({why}); run the suite to train them"
         preds = entry.method.predict_from([self.stored(dataset, base, s) for s in members])
         self._preds[key] = preds
@@ -148,6 +195,76 @@ class Catalog:
             if m.name == name:
                 return m
         raise KeyError(name)
+
+    # --- selection and what is left out ---------------------------------------------------
+    def rows(self, names: Iterable[str], bases: bool = False) -> list[str]:
+        """The rows, in display order, that show the methods ``names`` (suite names: every
+        configuration of each); with ``bases`` also the rows of the trained methods the
+        derived ones among them are combined from."""
+        wanted = set(names)
+        if bases:
+            wanted |= {m.method.options.base for m in self.methods if m.kind == "derived" and m.suite_name in wanted}
+        return [m.name for m in self.methods if m.suite_name in wanted]
+
+    def with_cells(self) -> list[str]:
+        """The methods (suite names, display order) that have a cell in the store, found or
+        left out; a derived method counts when its base does."""
+        used = {m for _, m, _ in [*self.cells, *self.problems, *self.running]}
+        names = []
+        for m in self.methods:
+            if (m.name in used or m.base in used) and m.suite_name not in names:
+                names.append(m.suite_name)
+        return names
+
+    def left_out(self, planned: Iterable[tuple[str, str, str, int]] | None = None,
+                 damaged: dict[str, str] | None = None) -> list[LeftOut]:
+        """The cells the tables leave out.  ``planned`` (``(key, dataset, method, seed)`` of
+        a suite's plan, in order): every planned cell that is not used, ``missing`` when the
+        store has no directory for it; without a plan, the store's own cells that are
+        failed, damaged, interrupted or running.  ``damaged`` (cell key -> why; the
+        analysis' damaged cells) marks cells found unusable after the store was opened.  A
+        missing or interrupted cell whose lock a live runner holds is ``running``."""
+        damaged = dict(damaged or {})
+        if planned is None:
+            items = [(key, d, m, s, state, why) for (d, m, s), (key, state, why) in self.left.items()]
+        else:
+            known = {key: (state, why) for key, state, why in self.left.values()}
+            known.update({key: ("damaged", why) for key, why in self.unnamed.items()})
+            used = {cd.key for cd in self.cells.values()}
+            items = [(key, d, m, s, *known.get(key, ("missing", "not in the store")))
+                     for key, d, m, s in planned if key not in used or key in damaged]
+        out = []
+        for key, d, m, s, state, why in items:
+            if key in damaged:
+                state, why = "damaged", damaged[key]
+            elif state in ("missing", "interrupted") and (who := live_runner(self.root, key)) is not None:
+                state, why = "running", describe_runner(who)
+            out.append(LeftOut(key, d, m, s, state, why))
+        return out
+
+    def _use(self, key: tuple[str, str, int], candidates: list[CellDir], planned: set[str]) -> None:
+        """Record the cell used for ``key`` (dataset, row, seed), or why none is."""
+        cd, state, problem, directory = _choose(candidates, planned)
+        if cd is not None:
+            self.cells[key] = cd
+            return
+        who = live_runner(self.root, directory) if state == "interrupted" else None
+        if who is not None:
+            self.running[key] = (directory, describe_runner(who))
+            self.left[key] = (directory, "running", self.running[key][1])
+            return
+        self.problems[key] = problem
+        if directory:
+            self.left[key] = (directory, state, problem)
+        if state == "damaged":
+            self.damaged[key] = (directory, problem)
+
+    def _why_not_used(self, key: tuple[str, str, int]) -> str:
+        if key in self.problems:
+            return self.problems[key]
+        if key in self.running:
+            return f"running, {self.running[key][1]}"
+        return "not in the store"
 
     # --- identity ------------------------------------------------------------------------
     def fingerprint(self) -> dict:
@@ -238,26 +355,28 @@ def _scan(root: Path) -> tuple[dict[tuple[str, str, int], list[CellDir]], dict[s
     return found, unnamed
 
 
-def _choose(candidates: list[CellDir], planned: set[str]) -> tuple[CellDir | None, str, str]:
-    """``(cell to use, problem, directory)`` among directories naming one (dataset, method,
-    seed); ``directory`` is set when the problem is damage (not a failure or interruption)."""
+def _choose(candidates: list[CellDir], planned: set[str]) -> tuple[CellDir | None, str, str, str]:
+    """``(cell to use, state, problem, directory)`` among directories naming one (dataset,
+    method, seed): a complete one (state ``complete``), else the first damaged, failed or
+    interrupted one, with why and its directory."""
     conditions = {cd.key: cd.condition(skip=(CHECKPOINT,)) for cd in candidates}
     complete = [cd for cd in candidates if conditions[cd.key][0] == "complete"]
     if complete:
         mine = [cd for cd in complete if cd.key in planned]
         if mine:
-            return mine[0], "", ""
-        return max(complete, key=lambda cd: (str((cd.read_cell() or {}).get("finished", "")), cd.key)), "", ""
+            return mine[0], "complete", "", mine[0].key
+        chosen = max(complete, key=lambda cd: (str((cd.read_cell() or {}).get("finished", "")), cd.key))
+        return chosen, "complete", "", chosen.key
     for state in ("damaged", "failed", "interrupted"):
         for cd in candidates:
             kind, why = conditions[cd.key]
             if kind == state == "damaged":
-                return None, f"damaged cell {cd.key}: {why}; `run` moves it aside and redoes it", cd.key
+                return None, state, f"damaged cell {cd.key}: {why}; `run` moves it aside and redoes it", cd.key
             if kind == state == "failed":
-                return None, why, ""
+                return None, state, why, cd.key
             if kind == state == "interrupted":
-                return None, f"{why}; cell {cd.key}; run the suite again to redo it", ""
-    return None, "no usable cell", ""
+                return None, state, f"{why}; cell {cd.key}; run the suite again to redo it", cd.key
+    return None, "", "no usable cell", ""
 
 
 def open_store(root: Path, suite=None, planned: set[str] = frozenset()) -> Catalog:
@@ -265,9 +384,10 @@ def open_store(root: Path, suite=None, planned: set[str] = frozenset()) -> Catal
 
     With ``suite`` (a :class:`bench.spec.Suite`, already narrowed to what is reported) its
     datasets, methods, seeds and reference select and order the cells; ``planned`` are the
-    cell keys its plan expects (preferred when a store holds several cells for one
-    (dataset, method, seed), e.g. after the suite was edited).  Without a suite everything
-    found is used, in the order of ``suite.json``.
+    cell keys its plan expects (their configuration is used alone when the store holds
+    several, e.g. after the suite was edited).  Without a suite everything found is used,
+    in the order of ``suite.json``, one row per configuration of a method (module
+    docstring).
     """
     root = Path(root)
     if not root.is_dir():
@@ -293,23 +413,117 @@ def open_store(root: Path, suite=None, planned: set[str] = frozenset()) -> Catal
         reference = str(desc.get("reference", ""))
         if reference not in {e.name for e in entries}:
             reference = entries[0].name if entries else ""
-    catalog = Catalog(name, root, datasets, entries, seeds, reference, unnamed=unnamed)
+    catalog = Catalog(name, root, datasets, [], seeds, reference, unnamed=unnamed)
+    planned = set(planned)
+    rows: dict[str, list[str]] = {}  # trained method -> its rows (configurations) on any dataset
     for d in datasets:
         for e in entries:
             if e.kind != "trained":
                 continue
-            for s in seeds:
-                candidates = found.get((d, e.name, s))
-                if not candidates:
-                    continue
-                cd, problem, damaged_dir = _choose(candidates, set(planned))
-                if cd is not None:
-                    catalog.cells[(d, e.name, s)] = cd
-                else:
-                    catalog.problems[(d, e.name, s)] = problem
-                    if damaged_dir:
-                        catalog.damaged[(d, e.name, s)] = (damaged_dir, problem)
+            by_seed = {s: found[(d, e.name, s)] for s in seeds if (d, e.name, s) in found}
+            for label, group in _configurations(by_seed, planned):
+                row = f"{e.name} ({label})" if label else e.name
+                if row not in rows.setdefault(e.name, []):
+                    rows[e.name].append(row)
+                for s, candidates in group.items():
+                    catalog._use((d, row, s), candidates, planned)
+    for e in entries:
+        mine = rows.get(e.name if e.kind == "trained" else e.base, [])
+        base = e.name if e.kind == "trained" else e.base
+        if not mine or mine == [base]:
+            catalog.methods.append(e)
+        elif e.kind == "trained":
+            catalog.methods += [MethodEntry(row, e.type, e.kind, of=e.name) for row in sorted(mine, key=_natural)]
+        else:
+            catalog.methods += [MethodEntry(e.name + row[len(base):], e.type, e.kind, e.method, of=e.name, member=row)
+                                for row in sorted(mine, key=_natural)]
+    if reference not in {m.name for m in catalog.methods}:  # its configurations: the first is the reference
+        catalog.reference = next((m.name for m in catalog.methods if m.of == reference), "")
     return catalog
+
+
+def _configurations(by_seed: dict[int, list[CellDir]],
+                    planned: set[str]) -> list[tuple[str, dict[int, list[CellDir]]]]:
+    """The configuration groups of one method's cells on one dataset, as ``(label, seed ->
+    candidates)``: the group of a planned cell alone when there is one, else every group;
+    ``label`` names the settings in which the groups differ (``""`` for a single group)."""
+    groups: dict[str, dict[int, list[CellDir]]] = {}
+    configs: dict[str, dict] = {}
+    for s, candidates in by_seed.items():
+        for cd in candidates:
+            config = _configuration(cd)
+            ident = json.dumps(config, sort_keys=True)
+            configs[ident] = config
+            groups.setdefault(ident, {}).setdefault(s, []).append(cd)
+    mine = {i: g for i, g in groups.items() if any(cd.key in planned for c in g.values() for cd in c)}
+    groups = mine or groups
+    if len(groups) == 1:
+        return [("", next(iter(groups.values())))]
+    labels = _labels({i: configs[i] for i in groups})
+    return [(labels[i], g) for i, g in groups.items()]
+
+
+def _configuration(cd: CellDir) -> dict:
+    """A cell's resolved config without its seed (``{}`` when ``cell.json`` records none)."""
+    try:
+        config = (cd.read_cell() or {}).get("config")
+    except OSError:
+        return {}
+    return {k: v for k, v in config.items() if k != "seed"} if isinstance(config, dict) else {}
+
+
+def _flatten(obj, prefix: str = "") -> Iterable[tuple[str, object]]:
+    if isinstance(obj, dict) and obj:
+        for k in sorted(obj):
+            yield from _flatten(obj[k], f"{prefix}{k}.")
+    else:
+        yield prefix[:-1], obj
+
+
+def _labels(configs: dict[str, dict]) -> dict[str, str]:
+    """Per configuration, the settings in which it differs from the others, e.g.
+    ``epochs=1, lr=0.003``: each by the shortest unambiguous end of its key path."""
+    flat = {i: dict(_flatten(c)) for i, c in configs.items()}
+    paths = sorted({p for f in flat.values() for p in f})
+    differ = [p for p in paths if len({json.dumps(f[p], sort_keys=True) if p in f else None for f in flat.values()}) > 1]
+
+    def short(path: str) -> str:
+        parts = path.split(".")
+        for n in range(1, len(parts)):
+            tail = ".".join(parts[-n:])
+            if sum(q == tail or q.endswith("." + tail) for q in differ) == 1:
+                return tail
+        return path
+
+    def text(f: dict, path: str) -> str:
+        if path not in f:
+            return "unset"
+        value = f[path]
+        return value if isinstance(value, str) else json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+    return {i: ", ".join(f"{short(p)}={text(f, p)}" for p in differ) for i, f in flat.items()}
+
+
+def _natural(text: str) -> list:
+    """Sort key ordering the numbers in ``text`` by value (``epochs=2`` before ``epochs=10``)."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", text)]
+
+
+def live_runner(root: Path, key: str) -> dict | None:
+    """The runner holding cell ``key``'s lock in the store ``root`` (its ``host``, ``pid``,
+    ``since`` and heartbeat ``age``), or None when the cell is not locked or its lock is
+    stale (its runner died)."""
+    lock = CellLock(Path(root) / f"{key}{LOCK_SUFFIX}")
+    who = lock.holder()
+    return None if who is None or lock.stale() else who
+
+
+def describe_runner(who: dict) -> str:
+    """``locked by HOST pid PID since TIME`` for a lock holder (:func:`live_runner`)."""
+    since = who.get("since")
+    when = (datetime.fromtimestamp(since, timezone.utc).isoformat(timespec="seconds")
+            if isinstance(since, (int, float)) and not isinstance(since, bool) else "an unknown time")
+    return f"locked by {who.get('host', '?')} pid {who.get('pid', '?')} since {when}"
 
 
 def _entry(name: str, type_: str, kind: str, options) -> MethodEntry:
@@ -329,4 +543,5 @@ def _described_entry(m: dict, where: str) -> MethodEntry:
     return _entry(m["name"], type_, kind, options)
 
 
-__all__ = ["Catalog", "MethodEntry", "open_store", "describe_suite", "write_store_description"]
+__all__ = ["Catalog", "MethodEntry", "LeftOut", "open_store", "describe_suite", "write_store_description",
+           "live_runner", "describe_runner"]

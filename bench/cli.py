@@ -9,8 +9,9 @@
   reported on its own.
 * ``list``: the registered methods, datasets, attention layers, metrics and suites.
 
-Exit status: 0 success, 1 some cells failed (the report marks them), 2 bad input
-(nothing written).
+Exit status: 0 success, 1 some cells failed (the report marks them; with ``--strict``
+also when a report leaves out any cell) or the report could not be written (the previous
+one is kept), 2 bad input (nothing written).
 """
 from __future__ import annotations
 
@@ -19,11 +20,12 @@ import dataclasses
 import importlib
 import math
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
 
-from bench.errors import ConfigError
+from bench.errors import ConfigError, one_line
 from bench.executors import EXECUTORS, ExecutorConfig, require_executor
 from bench.registry import DuplicateName
 from bench.stats import SEEDS_AND_SAMPLES as SIGNIFICANCE, SIGNIFICANCE_TESTS
@@ -128,6 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "trained seeds held fixed)")
     p.add_argument("--severity", type=_positive_int, default=5,
                    help="corruption severity of the per-corruption table, 1..5 (default: 5)")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 1 when the report leaves out any cell of the suite (missing, running, failed or "
+                        "damaged), not only failed or damaged ones")
     # Executor flags default to None: unset, the suite's [executor] table (or its default) applies.
     table = "the suite's [executor] {key}, else {default}"
     defaults = ExecutorConfig()
@@ -180,9 +185,10 @@ def import_plugins(names: list[str]) -> None:
             raise ConfigError(f"--plugin {name}: syntax error in {exc.filename}, line {exc.lineno}: {exc.msg}") from None
         except DuplicateName as exc:
             raise ConfigError(f"--plugin {name}: {exc}") from None
-        except Exception as exc:  # noqa: BLE001  (a plugin's own error, reported in one line)
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            raise ConfigError(f"--plugin {name}: importing it raised {type(exc).__name__}: {first}") from None
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:  # noqa: BLE001  (a plugin's own error, in one line)
+            what = f"called sys.exit({exc.code!r})" if isinstance(exc, SystemExit) else f"raised {one_line(exc)}"
+            raise ConfigError(f"--plugin {name}: importing it {what}; a plugin module should only define and "
+                              "register (methods, datasets, attention layers, metrics)") from None
 
 
 def cmd_list() -> int:
@@ -216,19 +222,20 @@ def cmd_list() -> int:
 
 def cmd_status(suite, args: argparse.Namespace) -> int:
     """Print, for every planned cell of ``suite`` in its store, whether it is done, failed
-    (with the reason), running or interrupted (with its last saved epoch), damaged or
-    missing; then counts and the estimated time left, from the recorded timings of the
-    done cells of the same method (else of all done cells), on the machine(s) they ran on."""
+    (with the reason), running (a live runner holds its lock: who, since when), interrupted
+    (with its last saved epoch), damaged or missing; then counts and the estimated time
+    left, from the recorded timings of the done cells of the same method (else of all done
+    cells), on the machine(s) they ran on."""
     import numpy as np
     import torch
 
-    from bench.lock import LOCK_SUFFIX, CellLock
+    from bench.catalog import describe_runner, live_runner
     from bench.plan import make_plan
     from bench.runner import TRAIN_STATE
     from bench.store import Store
 
     store = Store(args.results / suite.name)
-    counts = {"done": 0, "failed": 0, "running": 0, "running/interrupted": 0, "damaged": 0, "missing": 0}
+    counts = {"done": 0, "failed": 0, "running": 0, "interrupted": 0, "damaged": 0, "missing": 0}
     seconds: dict[str, list[float]] = {}
     pending: list[str] = []
     for cell in make_plan(suite).cells:
@@ -242,20 +249,17 @@ def cmd_status(suite, args: argparse.Namespace) -> int:
             continue
         detail = {"missing": "", "failed": (problem or "")[len("failed: "):], "damaged": problem}.get(state, "")
         if state == "interrupted":
-            state, detail = "running/interrupted", "no epoch saved yet"
+            detail = "no epoch saved yet"
             if (cd.path / TRAIN_STATE).is_file():
                 try:
                     epoch = int(torch.load(cd.path / TRAIN_STATE, map_location="cpu", weights_only=True)["epoch"])
                     detail = f"last saved epoch {epoch}/{cell.method.train.epochs}"
                 except Exception:  # noqa: BLE001  (a state being written or damaged)
                     detail = "training state unreadable"
-            lock = CellLock(store.root / f"{cell.key}{LOCK_SUFFIX}")
-            who = lock.holder()
-            if who is not None:  # a runner holds the cell's lock (stale: that runner died)
-                stale = lock.stale()
-                state = "running/interrupted" if stale else "running"
-                detail = (f"locked by {who.get('host', '?')} pid {who.get('pid', '?')}, heartbeat "
-                          f"{who['age']:.0f} s ago{' (stale)' if stale else ''}; {detail}")
+        who = live_runner(store.root, cell.key) if state in ("missing", "interrupted") else None
+        if who is not None:  # a live runner holds the cell's lock (a dead one's lock is stale)
+            state, detail = "running", "; ".join(
+                [f"{describe_runner(who)}, heartbeat {who['age']:.0f} s ago"] + ([detail] if detail else []))
         counts[state] += 1
         if state != "failed":
             pending.append(cell.method.name)
@@ -303,8 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:  # disk full, permissions, ... outside a cell: one line naming the path
         if args.debug:
             raise
-        where = f" ({exc.filename})" if exc.filename else ""
-        print(f"error: {exc.strerror or exc}{where}; complete cells in the store are intact "
+        print(f"error: {one_line(exc)}; complete cells in the store are intact "
               "(run again once the problem is fixed; --debug shows the traceback)", file=sys.stderr)
         return 1
 
@@ -369,7 +372,7 @@ def _main(args: argparse.Namespace) -> int:
     overrides = Overrides(seeds=args.seeds, epochs=args.epochs, methods=args.methods)
     if args.command == "report" and _store_only(args):
         name = args.suite
-        return _report(None, args.results / name, args.reports / name, args, None, set())
+        return _report(None, args.results / name, args.reports / name, args)
     suite = load_suite(args.suite, overrides)
     store_root = args.results / suite.name
     status = 0
@@ -400,20 +403,7 @@ def _main(args: argparse.Namespace) -> int:
         console.log(f"done: {len(summary.done)} trained, {len(summary.skipped)} skipped, {len(summary.failed)} failed"
                     + (f", {len(summary.elsewhere)} running elsewhere" if summary.elsewhere else ""))
         status = 1 if summary.failed else 0
-        shown = None  # after a run, the report covers the whole suite
-    else:
-        shown = list(args.methods) if args.methods else None
-    from bench.plan import make_plan
-    from bench.store import STORE_SUITE
-
-    reported = select(suite, None, args.datasets, to_run=False)
-    if args.command == "report" and store_root.is_dir() and not (store_root / STORE_SUITE).is_file():
-        from bench.catalog import write_store_description
-
-        write_store_description(store_root, suite)  # a store made before stores described themselves
-    planned = {c.key for c in make_plan(reported).cells}
-    report_status = _report(reported, store_root, args.reports / suite.name, args, shown, planned)
-    return status if args.command == "run" else report_status
+    return max(status, _report(suite, store_root, args.reports / suite.name, args))
 
 
 #: executor flag (argparse dest) -> the [executor] key it overrides
@@ -458,48 +448,140 @@ def _store_only(args: argparse.Namespace) -> bool:
                           "--results DIR --suite NAME)") from None
 
 
-def _report(suite, store_root: Path, out_dir: Path, args: argparse.Namespace, shown, planned: set[str]) -> int:
-    """Analyse the store (or reuse its analysis files) and write the report."""
+def _report(suite, store_root: Path, out_dir: Path, args: argparse.Namespace) -> int:
+    """Analyse the store (or reuse its analysis files) and write the report; name on stderr
+    the cells it leaves out.  ``suite`` selects and orders (``None``: the store alone).
+    Exit status: 1 when failed or damaged cells are left out (with ``--strict``: any cell
+    left out), or when the report could not be written (the previous one is kept)."""
     started = time.perf_counter()
-    readme, reused, troubles = write_suite_report(suite, store_root, out_dir, args.format, shown, args.datasets,
-                                                  args.metrics, args.severity, planned, args.significance)
-    if not args.quiet:
-        how = "reused the analysis files" if reused else "analysed the store"
-        print(f"report: {readme} ({how}; {time.perf_counter() - started:.1f} s)", file=sys.stderr)
-    if troubles:
-        print(f"report: {troubles} failed, interrupted or damaged cell(s) left out, named in {readme}",
-              file=sys.stderr)
+    try:
+        outcome = write_suite_report(suite, store_root, out_dir, args)
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001  (disk full, permissions, a plot that raises: one line)
+        if args.debug:
+            raise
+        print(f"error: the report {out_dir} was not written: {one_line(exc)}; the previous report there is "
+              "unchanged (--debug shows the traceback)", file=sys.stderr)
         return 1
-    return 0
+    if not args.quiet:
+        how = "reused the analysis files" if outcome.reused else "analysed the store"
+        print(f"report: {outcome.readme} ({how}; {time.perf_counter() - started:.1f} s)", file=sys.stderr)
+    for line in [*outcome.left_out_lines(), *outcome.failures]:
+        print(f"report: {line}", file=sys.stderr)
+    if outcome.troubles:
+        print(f"report: {outcome.troubles} failed, interrupted or damaged cell(s) or replicate(s) left out, "
+              f"named in {outcome.readme}", file=sys.stderr)
+        return 1
+    return 1 if args.strict and outcome.left_out else 0
 
 
-def write_suite_report(suite, store_root: Path, out_dir: Path, formats, methods, datasets, metrics=None,
-                       severity: int = 5, planned: set[str] = frozenset(),
-                       significance: str = SIGNIFICANCE) -> tuple[Path, bool, int]:
-    """Analyse the store (``suite`` selects and orders; ``None`` = the store alone), write
-    the analysis files and the report; returns the README path, whether the analysis files
-    were reused, and how many failed/interrupted/damaged cells the report names.  A
-    selection that matches no cell of the store is an error before anything is written."""
+@dataclasses.dataclass(frozen=True)
+class Reported:
+    """What :func:`write_suite_report` wrote: the README, whether the analysis files were
+    reused, how many failures and damaged cells the report names (``troubles``), the cells
+    it leaves out with the command that completes them, and the failures that are no such
+    cell (a replicate that cannot be formed, a metric that raised), one line each."""
+
+    readme: Path
+    reused: bool
+    troubles: int
+    left_out: tuple = ()
+    complete_with: str = ""
+    failures: tuple[str, ...] = ()
+
+    def left_out_lines(self) -> list[str]:
+        """The left-out cells for stderr: a count, one line per cell, the command."""
+        if not self.left_out:
+            return []
+        from bench.report.readme import left_out_summary
+
+        lines = [f"{left_out_summary(self.left_out)}:"]
+        lines += [f"  {c.label} ({c.key}): {c.state}{': ' + c.detail if c.detail else ''}" for c in self.left_out]
+        if self.complete_with:
+            lines.append(f"  to complete them: {self.complete_with}")
+        return lines
+
+
+def write_suite_report(suite, store_root: Path, out_dir: Path, args: argparse.Namespace) -> Reported:
+    """Analyse the store (``suite`` selects and orders; ``None`` = the store alone) and
+    write the analysis files and the report into a copy of ``out_dir`` beside it, swapped
+    in when complete (:func:`bench.report.staged`).  Bad input -- a missing or empty store,
+    a selection matching no cell, a ``--methods`` name with no cell in the store -- is a
+    ConfigError before anything is written."""
     from bench.analysis import ANALYSIS_DIR, analyse_store
     from bench.catalog import open_store
-    from bench.report import write_report
+    from bench.plan import make_plan
+    from bench.report import staged, write_report
+    from bench.spec import select
+    from bench.store import STORE_SUITE
 
     if not Path(store_root).is_dir():
         name = suite.name if suite is not None else Path(store_root).name
         raise ConfigError(f"no results for suite {name!r} under {store_root}; run the suite first "
                           f"(python run_suite.py --suite {name}) or pass --results DIR")
+    methods = list(args.methods) if args.command == "report" and args.methods else None
+    planned, wanted = set(), None
+    if suite is not None:
+        shown = select(suite, methods, args.datasets, to_run=False)  # unknown names: an error here
+        reported = select(suite, None, args.datasets, to_run=False)  # analysed (its files reused whatever is shown)
+        planned = {c.key for c in make_plan(reported).cells}
+        wanted = [(c.key, c.dataset.name, c.method.name, c.seed) for c in make_plan(shown).cells]
+        suite = reported
     catalog = open_store(store_root, suite, planned)
-    if datasets is not None and suite is None:
-        unknown = [d for d in datasets if d not in catalog.datasets]
+    if args.datasets is not None and suite is None:
+        unknown = [d for d in args.datasets if d not in catalog.datasets]
         if unknown:
             raise ConfigError(f"--datasets: the store has no dataset(s) {unknown}; it has: {', '.join(catalog.datasets)}")
-        catalog.datasets = [d for d in catalog.datasets if d in datasets]
-    if not catalog.cells and not catalog.problems and not catalog.unnamed:
+        catalog.datasets = [d for d in catalog.datasets if d in args.datasets]
+    if not catalog.cells and not catalog.problems and not catalog.running and not catalog.unnamed:
         raise ConfigError(f"the store {store_root} has no cell for this selection (datasets "
                           f"{catalog.datasets}, methods {[m.name for m in catalog.methods]}, seeds "
                           f"{list(catalog.seeds)}); check --seeds/--datasets/--methods or run the suite first. "
                           "Nothing was written.")
-    picked = list(metrics) if metrics else None
-    results, reused = analyse_store(catalog, Path(out_dir) / ANALYSIS_DIR, picked, significance=significance)
-    write_report(results, out_dir, tuple(formats), methods, picked, severity)
-    return Path(out_dir) / "README.md", reused, len(results.failures) + len(results.damaged)
+    with_cells = catalog.with_cells()
+    empty = [m for m in methods or () if m not in with_cells]
+    if empty:
+        raise ConfigError(f"no cells of method{'s' if len(empty) > 1 else ''} {', '.join(empty)} in {store_root}; "
+                          f"methods with cells: {', '.join(with_cells) or 'none'}. Nothing was written.")
+    picked = list(args.metrics) if args.metrics else None
+    rows = catalog.rows(methods) if methods else None
+    with staged(out_dir) as stage:
+        results, reused = analyse_store(catalog, stage / ANALYSIS_DIR, picked, significance=args.significance)
+        damaged = dict(zip(results.damaged["cell"], results.damaged["reason"]))
+        left_out = catalog.left_out(wanted, damaged)
+        if wanted is None and methods:
+            left_out = [c for c in left_out if c.method in catalog.rows(methods, bases=True)]
+        command = _completing_command(args, suite is None) if any(c.state != "running" for c in left_out) else ""
+        write_report(results, stage, tuple(args.format), rows, picked, args.severity, left_out, command)
+    if suite is not None and not (Path(store_root) / STORE_SUITE).is_file():
+        from bench.catalog import write_store_description
+
+        write_store_description(store_root, suite)  # a store made before stores described themselves
+    mine = set(catalog.rows(methods, bases=True)) if methods else {m.name for m in catalog.methods}
+    failed = [row for row in results.failures[["dataset", "method", "seed", "reason"]].itertuples(index=False, name=None)
+              if row[1] in mine]
+    damaged = [m for m in results.damaged["method"] if m in mine or not m]  # "": a directory naming no cell
+    cells = {(c.dataset, c.method, c.seed) for c in left_out}
+    failures = [f"failed: {d} / {m} / seed {s}: {why}" for d, m, s, why in failed if (d, m, s) not in cells]
+    return Reported(Path(out_dir) / "README.md", reused, len(failed) + len(damaged), tuple(left_out), command,
+                    tuple(failures))
+
+
+def _completing_command(args: argparse.Namespace, store_only: bool) -> str:
+    """The ``run`` command that trains the cells a report leaves out: the report's suite,
+    store and selection (a store reported alone needs the suite file that made it)."""
+    suite = "SUITE.toml" if store_only else args.suite
+    parts = ["python", "run_suite.py", "--suite", suite]
+    if args.results != Path("results"):
+        parts += ["--results", str(args.results)]
+    if args.data_root is not None:
+        parts += ["--data-root", str(args.data_root)]
+    for flag, value in (("--datasets", args.datasets), ("--seeds", args.seeds),
+                        ("--methods", args.methods if args.command == "report" else None)):
+        if value:
+            parts += [flag, ",".join(map(str, value))]
+    if args.epochs is not None:
+        parts += ["--epochs", str(args.epochs)]
+    command = " ".join(shlex.quote(p) for p in parts)
+    return command + (" (SUITE.toml: the suite file that made this store)" if store_only else "")

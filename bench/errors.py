@@ -12,3 +12,12 @@ class ConfigError(Exception):
 
 class NonFiniteLoss(RuntimeError):
     """Training produced a NaN/inf loss; the cell is marked ``failed``."""
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception in one line: an OS error's text and path, else its type and the first
+    line of its message."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.strerror} ({exc.filename})" if exc.filename else exc.strerror
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__

@@ -25,12 +25,18 @@ Layout written under ``out_dir``::
 
 Determinism: the same analysis files give byte-identical tables and README.  Imports:
 numpy, pandas, matplotlib (Agg canvas, no pyplot), tabulate and the stdlib only; never
-torch or ``methods/``.  Files are written atomically (``bench.store``).
+torch or ``methods/``.  Files are written atomically (``bench.store``); :func:`staged`
+makes a whole report one swap, so a report that fails half-way leaves the previous one
+complete.
 """
 from __future__ import annotations
 
+import os
+import shutil
+import uuid
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -45,7 +51,7 @@ from bench.store import atomic_write_text
 if TYPE_CHECKING:
     from bench.analysis import AnalysisResults
 
-__all__ = ["Column", "TableSpec", "TABLES", "FORMATS", "NOTES", "write_report", "sanitize", "tex_escape"]
+__all__ = ["Column", "TableSpec", "TABLES", "FORMATS", "NOTES", "write_report", "staged", "sanitize", "tex_escape"]
 
 
 def write_report(
@@ -55,6 +61,8 @@ def write_report(
     methods: Sequence[str] | None = None,
     metrics: Sequence[str] | None = None,
     severity: int = 5,
+    left_out: Sequence = (),
+    complete_with: str = "",
 ) -> list[Path]:
     """Write tables, plots and ``README.md`` under ``out_dir``; return the paths written.
 
@@ -64,8 +72,10 @@ def write_report(
     picks the metric columns of every table, in the given order (``None`` = each table's
     named selection); a table none of whose metrics is picked and that has no fixed
     columns is not written.  ``severity`` (1..5) is the severity of the per-corruption
-    table (``--severity``).  Plots of an earlier report that this call does not draw are
-    removed; other files in ``out_dir`` that it does not write are left alone.
+    table (``--severity``).  ``left_out`` (:class:`bench.catalog.LeftOut`) are the cells
+    the tables leave out, listed at the top of the README with ``complete_with``, the
+    command that completes them.  Plots of an earlier report that this call does not draw
+    are removed; other files in ``out_dir`` that it does not write are left alone.
     """
     out_dir = Path(out_dir)
     unknown_fmt = sorted(set(formats) - set(FORMATS))
@@ -98,7 +108,8 @@ def write_report(
             stale.unlink()
 
     readme = out_dir / "README.md"
-    atomic_write_text(readme, readme_text(results, shown, built, plots, out_dir, int(severity)))
+    atomic_write_text(readme, readme_text(results, shown, built, plots, out_dir, int(severity), left_out,
+                                          complete_with))
     written.append(readme)
     return written
 
@@ -122,3 +133,53 @@ def _check_filenames(datasets: Iterable[str], methods: Iterable[str]) -> None:
                 raise ConfigError(
                     f"{kind}s {other!r} and {name!r} map to the same file name {sanitize(name)!r}"
                 )
+
+
+@contextmanager
+def staged(out_dir: Path) -> Iterator[Path]:
+    """A new directory beside ``out_dir`` to write a report into, swapped in for ``out_dir``
+    when the block ends without an error; on an error it is removed and ``out_dir`` stays
+    as it was, byte for byte.
+
+    It starts as a copy of ``out_dir`` (hard links where the filesystem allows; every
+    report file is replaced by a new file, never rewritten in place), so the hand-written
+    ``NOTES.md``, the analysis files the report reuses and any other file are kept; the
+    PNG plots are left out, as the report draws every plot it shows anew.  The swap is two
+    renames (``out_dir`` to ``.<name>.previous``, the new directory to ``out_dir``); a
+    report killed between them leaves ``.<name>.previous``, which the next one puts back.
+    """
+    out_dir = Path(out_dir)
+    parent = out_dir.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    previous = parent / f".{out_dir.name}.previous"
+    if previous.is_dir() and not out_dir.exists():
+        os.rename(previous, out_dir)
+    stage = parent / f".{out_dir.name}.new-{uuid.uuid4().hex[:12]}"
+    stage.mkdir()
+    try:
+        if out_dir.is_dir():
+            plots = out_dir / "plots"
+            shutil.copytree(out_dir, stage, symlinks=True, dirs_exist_ok=True, copy_function=_link_or_copy,
+                            ignore=lambda d, names: [n for n in names if Path(d) == plots and n.endswith(".png")])
+        yield stage
+        if out_dir.exists():
+            shutil.rmtree(previous, ignore_errors=True)
+            os.rename(out_dir, previous)
+            try:
+                os.rename(stage, out_dir)
+            except BaseException:
+                os.rename(previous, out_dir)
+                raise
+            shutil.rmtree(previous, ignore_errors=True)
+        else:
+            os.rename(stage, out_dir)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # no hard links here (another filesystem, FAT, some network mounts)
+        shutil.copy2(src, dst)

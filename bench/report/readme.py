@@ -1,9 +1,11 @@
-"""The report's ``README.md``: notes, conventions (from the registered metrics), every
-table of each dataset, failed cells and the plots."""
+"""The report's ``README.md``: the cells it leaves out (only when there are any), notes,
+conventions (from the registered metrics), every table of each dataset, failed cells and
+the plots."""
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import pandas as pd
 from tabulate import tabulate
@@ -13,6 +15,7 @@ from bench.stats import SAMPLES_SEEDS_FIXED
 
 if TYPE_CHECKING:
     from bench.analysis import AnalysisResults
+    from bench.catalog import LeftOut
 
 NOTES = "NOTES.md"  # written by hand, never by the report: inlined at the top of README.md
 
@@ -127,8 +130,11 @@ def readme_text(
     plots: list[tuple[str, str, Path]],
     out_dir: Path,
     severity: int,
+    left_out: Sequence[LeftOut] = (),
+    complete_with: str = "",
 ) -> str:
     parts = [f"# uqbench report: {results.suite}", ""]
+    parts += _left_out(left_out, complete_with)
     notes = out_dir / NOTES
     if notes.is_file():  # the run's hand-written discussion (e.g. a comparison with a paper)
         parts += [notes.read_text(encoding="utf-8").strip(), ""]
@@ -184,6 +190,33 @@ def readme_text(
         for caption, path in mine:
             parts += [f"![{caption}]({path.relative_to(out_dir).as_posix()})", ""]
     return "\n".join(parts).rstrip("\n") + "\n"
+
+
+STATES = ("missing", "running", "interrupted", "failed", "damaged")  # the order a summary counts them in
+
+
+def left_out_summary(cells: Sequence[LeftOut]) -> str:
+    """``3 cell(s) are not in this report (1 missing, 2 running)``."""
+    counts = Counter(c.state for c in cells)
+    parts = ", ".join(f"{counts[s]} {s}" for s in (*STATES, *sorted(set(counts) - set(STATES))) if counts[s])
+    return f"{len(cells)} cell(s) are not in this report ({parts})"
+
+
+def _left_out(cells: Sequence[LeftOut], complete_with: str) -> list[str]:
+    """The README's opening warning: the cells the tables leave out, with the command that
+    completes them; nothing when the report is complete."""
+    if not cells:
+        return []
+    parts = ["## Incomplete", "", f"**{left_out_summary(cells)}**: every table below is without them."]
+    if complete_with:
+        parts[-1] += f" To complete them: `{complete_with}`, then report again."
+    if any(c.state == "running" for c in cells):
+        parts[-1] += " A running cell is being trained by the runner named: report again once it is done."
+    body = [[f"`{c.key}`", _md_escape(c.dataset), _md_escape(c.method), str(c.seed), c.state, _md_escape(c.detail)]
+            for c in cells]
+    parts += ["", tabulate(body, headers=["cell", "dataset", "method", "seed", "state", "detail"],
+                           tablefmt="pipe", disable_numparse=True) + "\n"]
+    return parts
 
 
 def _failures_in_order(results: AnalysisResults, methods: list[str]) -> pd.DataFrame:

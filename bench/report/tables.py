@@ -164,6 +164,7 @@ SCORE_ORDER = ("msp", "entropy", "mutual_info")  # OOD scores; others follow, so
 
 NA = "n/a"  # no finite value for any seed
 FAILED = "failed"  # every seed of the (dataset, method) failed
+ERROR = "error"  # the metric raised on this split (analysis verdict "error"; the error is among the failures)
 REF_TAG = " (ref)"
 CI_DECIMALS = 1
 MD_MARKS = {"better": " ▲", "worse": " ▼", "better (one run)": " △", "worse (one run)": " ▽"}
@@ -443,12 +444,15 @@ class _Table:
     def value(self, row: _Row, col: Column) -> tuple[str, str]:
         """(cell text, verdict) of one cell; the verdict is "" unless the table has marks.
 
-        Text: ``failed``; ``n/a`` (no finite mean); ``mean``, ``mean ± std`` (std finite),
-        then `` [lo, hi]`` (tables with marks, CI finite, :data:`CI_DECIMALS` decimals).
+        Text: ``failed``; ``error`` (the metric raised); ``n/a`` (no finite mean); ``mean``,
+        ``mean ± std`` (std finite), then `` [lo, hi]`` (tables with marks, CI finite,
+        :data:`CI_DECIMALS` decimals).
         """
         if row.failed:
             return FAILED, ""
         stat = row.stats.get(col.key, _NONE)
+        if stat.verdict == ERROR:
+            return ERROR, ""
         if self.spec.cell == "seeds_needed":
             return _seeds_text(stat, row.method == self.reference), ""
         if not math.isfinite(stat.mean):
@@ -482,7 +486,8 @@ class _Table:
                 continue
             pick = max if col.higher_is_better else min
             for idx in groups.values():
-                means = {i: self.rows[i].stats.get(col.key, _NONE).mean for i in idx}
+                means = {i: self.rows[i].stats.get(col.key, _NONE).mean for i in idx
+                         if self.rows[i].stats.get(col.key, _NONE).verdict != ERROR}
                 finite = [i for i, m in means.items() if math.isfinite(m)]
                 if len(finite) < 2:
                     continue
