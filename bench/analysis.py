@@ -284,12 +284,18 @@ def analyse(catalog: Catalog, metrics: list[str] | None = None, resamples: int =
     # methods whose units are training seeds (trained, or one member per replicate): two of
     # them with the same seeds are compared seed by seed
     by_seed = {e.name for e in catalog.methods if e.kind == "trained" or e.method.members_per_replicate() == 1}
+    in_bootstrap: dict[str, tuple] = {}  # metric -> (dataset, method, seed, error) where its bootstrap first raised
     summary = _summary(metrics_df, cache, seeds, catalog.reference, computed, resamples, seed, headlines,
-                       by_seed, significance)
+                       by_seed, significance, in_bootstrap)
+    severity = _severity(metrics_df, cache, seeds, computed, seed, significance, in_bootstrap)
     if raised:
         at = {(d, m, split, metric, score) for d, m, _, split, metric, score in raised}
         keys = summary[["dataset", "method", "split", "metric", "score"]].itertuples(index=False, name=None)
         summary.loc[[k in at for k in keys], "verdict"] = "error"
+    failures += [{"dataset": d, "method": m, "seed": s,
+                  "reason": f"metric {metric!r} raised {why} in its bootstrap; its values are shown, its intervals "
+                            "and marks are left out"}
+                 for metric, (d, m, s, why) in in_bootstrap.items()]
     failures_df = pd.DataFrame(failures, columns=FAILURE_COLUMNS)
     if len(failures_df):
         failures_df = failures_df.sort_values(["dataset", "method", "seed", "reason"], kind="stable").reset_index(drop=True)
@@ -305,7 +311,7 @@ def analyse(catalog: Catalog, metrics: list[str] | None = None, resamples: int =
         load_predictions=catalog.predictions,
         reference=catalog.reference,
         summary=summary,
-        severity=_severity(metrics_df, cache, seeds, computed, seed, significance),
+        severity=severity,
         corruption_errors=_corruption_errors(metrics_df, catalog.reference),
         efficiency=_efficiency(catalog),
         analysed_metrics=names,
@@ -447,15 +453,33 @@ def _units(metrics_df: pd.DataFrame, keys: list[str]) -> dict[tuple, dict[int, f
     return units
 
 
+def _resampled(errors: dict[str, tuple], where: tuple, name: str, boot, *inputs) -> np.ndarray | None:
+    """``boot(name, *inputs)`` (a :mod:`bench.stats` bootstrap of metric ``name``), or None
+    once the metric's bootstrap has raised (a plugin's kernel, or its function on one
+    resample): its first error is recorded in ``errors`` with ``where`` (dataset, method, seed)."""
+    from bench.errors import one_line
+
+    if name in errors:
+        return None
+    try:
+        return boot(name, *inputs)
+    except Exception as exc:  # noqa: BLE001  (any error of a metric's own code)
+        errors[name] = (*where, one_line(exc))
+        return None
+
+
 def _summary(metrics_df: pd.DataFrame, cache: dict, seeds: dict, reference: str, names: list[str],
              resamples: int, seed: int, headlines: dict[str, dict[str, str]] | None = None,
-             by_seed: set[str] | frozenset[str] = frozenset(), significance: str = SIGNIFICANCE) -> pd.DataFrame:
+             by_seed: set[str] | frozenset[str] = frozenset(), significance: str = SIGNIFICANCE,
+             errors: dict[str, tuple] | None = None) -> pd.DataFrame:
     """Mean/std over seeds for every (dataset, method, split, metric, score); on ``test``
     and OOD splits also the CI of the seed-mean and the test against the reference method
     (``significance``; methods in ``by_seed`` are keyed by training seed and compared seed
     by seed when both sides have the same seeds), Holm-corrected per (dataset, table)
     within the paper selection (with a dataset's ``headlines`` swapped in: CoLA's MCC for
-    accuracy), and separately among any further metrics."""
+    accuracy), and separately among any further metrics.  A metric whose bootstrap raises
+    (recorded in ``errors``, :func:`_resampled`) keeps its mean and std, without CI or test."""
+    errors = {} if errors is None else errors
     if metrics_df.empty:
         return pd.DataFrame(columns=SUMMARY_COLUMNS)
     labelled, on_scores = _by_inputs(names)
@@ -480,8 +504,10 @@ def _summary(metrics_df: pd.DataFrame, cache: dict, seeds: dict, reference: str,
                     continue
                 probs = np.exp(preds["test"]["log_probs"].astype(np.float64))
                 for name in labelled:
-                    boots.setdefault((dataset, method, "test", name, ""), {})[s] = stats.boot_metric(
-                        name, probs, preds["test"]["labels"], weights["test"])
+                    boot = _resampled(errors, (dataset, method, s), name, stats.boot_metric,
+                                      probs, preds["test"]["labels"], weights["test"])
+                    if boot is not None:
+                        boots.setdefault((dataset, method, "test", name, ""), {})[s] = boot
                 test_scores = ood_scores(preds["test"])
                 for split in preds:
                     if not is_ood(split):
@@ -490,8 +516,11 @@ def _summary(metrics_df: pd.DataFrame, cache: dict, seeds: dict, reference: str,
                     for score in SCORES:
                         if score in scores and score in test_scores:
                             for name in on_scores:
-                                boots.setdefault((dataset, method, split, name, score), {})[s] = stats.boot_ood_metric(
-                                    name, test_scores[score], scores[score], weights["test"], weights[split])
+                                boot = _resampled(errors, (dataset, method, s), name, stats.boot_ood_metric,
+                                                  test_scores[score], scores[score], weights["test"], weights[split])
+                                if boot is not None:
+                                    boots.setdefault((dataset, method, split, name, score), {})[s] = boot
+    boots = {k: per_seed for k, per_seed in boots.items() if k[3] not in errors}
     dist = {k: stats.seed_mean_distribution(list(per_seed.values())) for k, per_seed in boots.items()}
 
     units = _units(metrics_df, keys)
@@ -573,7 +602,7 @@ def _severity_of(split: str) -> int | None:
 
 
 def _severity(metrics_df: pd.DataFrame, cache: dict, seeds: dict, names: list[str], seed: int,
-              significance: str = SIGNIFICANCE) -> pd.DataFrame:
+              significance: str = SIGNIFICANCE, errors: dict[str, tuple] | None = None) -> pd.DataFrame:
     """Labelled-split metrics averaged over corruption types per severity (0 = clean test,
     -1 = every corruption split), then mean and std over seeds; for the analysed metrics
     of the ``"severity"`` selection also a 95% interval of the seed-mean, built as the
@@ -593,7 +622,7 @@ def _severity(metrics_df: pd.DataFrame, cache: dict, seeds: dict, names: list[st
     g = per_seed.groupby(["dataset", "method", "severity", "metric"], sort=False)["value"]
     out = g.agg(n_seeds="count", mean="mean", std=lambda v: v.std(ddof=1) if len(v) > 1 else np.nan).reset_index()
     banded = [n for n in selection("severity") if n in names]
-    bands = _severity_bands(df, cache, seeds, banded, seed)
+    bands = _severity_bands(df, cache, seeds, banded, seed, {} if errors is None else errors)
     keys = ["dataset", "method", "severity", "metric"]
     units = _units(per_seed, keys)
     ci = [(np.nan, np.nan) if k not in bands else
@@ -606,9 +635,10 @@ def _severity(metrics_df: pd.DataFrame, cache: dict, seeds: dict, names: list[st
 
 
 def _severity_bands(df: pd.DataFrame, cache: dict, seeds: dict, names: list[str],
-                    seed: int) -> dict[tuple, dict[int, np.ndarray]]:
+                    seed: int, errors: dict[str, tuple]) -> dict[tuple, dict[int, np.ndarray]]:
     """(dataset, method, severity, metric) -> seed -> the corruption-averaged metric on
-    every resample [B] (each split resampled with its own shared matrix)."""
+    every resample [B] (each split resampled with its own shared matrix); none for a
+    metric whose bootstrap raised (recorded in ``errors``, :func:`_resampled`)."""
     split_severity = dict(zip(df["split"], df["severity"]))
     bands = {}
     for (dataset, method), seed_list in seeds.items():
@@ -623,13 +653,15 @@ def _severity_bands(df: pd.DataFrame, cache: dict, seeds: dict, names: list[str]
                 w = _weights(n, SEVERITY_RESAMPLES, seed)
                 probs = np.exp(arrays["log_probs"].astype(np.float64))
                 for name in names:
-                    value = stats.boot_metric(name, probs, arrays["labels"], w)
+                    value = _resampled(errors, (dataset, method, s), name, stats.boot_metric, probs, arrays["labels"], w)
+                    if value is None:
+                        continue
                     sums.setdefault((sev, name), []).append(value)
                     if sev > 0:
                         sums.setdefault((-1, name), []).append(value)
             for (sev, name), values in sums.items():
                 bands.setdefault((dataset, method, sev, name), {})[s] = np.mean(values, axis=0)
-    return bands
+    return {k: per_seed for k, per_seed in bands.items() if k[3] not in errors}
 
 
 def _display_key(df: pd.DataFrame):

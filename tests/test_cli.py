@@ -400,13 +400,22 @@ def test_a_report_that_fails_half_way_leaves_the_previous_one_intact(tmp_path, r
 
 
 RAISING_METRICS = '''\
-"""A user's plugin with two broken metrics."""
+"""A user's plugin with three broken metrics."""
 from bench.metrics import metric
 
 
 @metric("calibration", "Boom", "%", True, "A metric whose code raises.")
 def boom(probs, labels):
     raise RuntimeError("kaboom in a plugin metric")
+
+
+def _boom_kernel(probs, labels, w):
+    raise RuntimeError("kaboom in a bootstrap kernel")
+
+
+@metric("calibration", "BootBoom", "%", True, "A metric whose bootstrap kernel raises.", bootstrap=_boom_kernel)
+def boot_boom(probs, labels):
+    return 0.25
 
 
 @metric("calibration", "Cost $\\\\nosuchmacro$", "%", False, "A metric whose label no plot can draw.",
@@ -430,9 +439,9 @@ def run_with_plugin(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 def test_a_plugin_metric_that_raises_shows_error_and_the_report_goes_on(tmp_path, rep):
     fake_store(tmp_path / "results", rep, only={("msp", 0), ("msp", 1)})
     rep.write_text(fake_suite("rep"))
-    proc = run_with_plugin(tmp_path, "--metrics", "accuracy,boom")
+    proc = run_with_plugin(tmp_path, "--metrics", "accuracy,boom,boot_boom")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert proc.stderr.count("kaboom") == 1, proc.stderr  # named once
+    assert proc.stderr.count("kaboom in a plugin") == 1, proc.stderr  # named once
     out = tmp_path / "reports" / "rep"
     summary = (out / "tables" / "summary.md").read_text().splitlines()
     header = [c.strip() for c in summary[0].strip("|").split("|")]
@@ -440,7 +449,10 @@ def test_a_plugin_metric_that_raises_shows_error_and_the_report_goes_on(tmp_path
     assert [c["Method"] for c in cells] == ["msp (ref)"]
     assert cells[0]["Boom (%)"] == "error" and cells[0]["ACC (%)"][0].isdigit(), cells
     readme = (out / "README.md").read_text()
-    assert readme.count("kaboom") == 1 and "metric 'boom' raised RuntimeError: kaboom" in readme
+    assert readme.count("kaboom in a plugin") == 1 and "metric 'boom' raised RuntimeError: kaboom" in readme
+    # a metric whose bootstrap raises keeps its value, without interval or mark, and is named once
+    assert cells[0]["BootBoom (%)"].startswith("25.00") and "[" not in cells[0]["BootBoom (%)"], cells
+    assert proc.stderr.count("kaboom in a bootstrap") == 1 and readme.count("kaboom in a bootstrap") == 1
 
 
 def test_a_plot_that_raises_leaves_the_previous_report_intact(tmp_path, rep):
