@@ -154,6 +154,22 @@ def flip_byte(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
+def forge_object_array(cell: Path, tmp_path: Path) -> None:
+    """Replace the cell's test predictions by an ``.npz`` of object arrays (pickles) and
+    write its new sha256 into the manifest, as a forger would."""
+    import zipfile
+
+    from bench.store import sha256_file
+
+    np.save(tmp_path / "x.npy", np.array([{"evil": 1}], dtype=object), allow_pickle=True)
+    with zipfile.ZipFile(cell / "preds" / "test.npz", "w") as z:
+        z.write(tmp_path / "x.npy", "log_probs.npy")
+        z.write(tmp_path / "x.npy", "labels.npy")
+    manifest = json.loads((cell / "manifest.json").read_text())
+    manifest["files"]["preds/test.npz"] = sha256_file(cell / "preds" / "test.npz")
+    (cell / "manifest.json").write_text(json.dumps(manifest))
+
+
 @pytest.mark.parametrize("damage", ["flipped byte", "stray file", "object array", "truncated cell.json"])
 def test_report_names_every_damaged_cell_and_exits_1(trained, tmp_path, capsys, damage):
     store, cells = copy_store(trained, tmp_path)
@@ -162,18 +178,8 @@ def test_report_names_every_damaged_cell_and_exits_1(trained, tmp_path, capsys, 
         flip_byte(cell / "preds" / "test.npz")
     elif damage == "stray file":
         np.savez(cell / "preds" / "injected.npz", log_probs=np.zeros((2, 10), np.float32), labels=np.zeros(2, np.int64))
-    elif damage == "object array":  # a forged file whose new hash was written into the manifest
-        from bench.store import sha256_file
-
-        np.save(tmp_path / "x.npy", np.array([{"evil": 1}], dtype=object), allow_pickle=True)
-        import zipfile
-
-        with zipfile.ZipFile(cell / "preds" / "test.npz", "w") as z:
-            z.write(tmp_path / "x.npy", "log_probs.npy")
-            z.write(tmp_path / "x.npy", "labels.npy")
-        manifest = json.loads((cell / "manifest.json").read_text())
-        manifest["files"]["preds/test.npz"] = sha256_file(cell / "preds" / "test.npz")
-        (cell / "manifest.json").write_text(json.dumps(manifest))
+    elif damage == "object array":
+        forge_object_array(cell, tmp_path)
     else:
         (cell / "cell.json").write_text((cell / "cell.json").read_text()[:40])
     code, err, readme = report(tmp_path, capsys)
@@ -327,6 +333,24 @@ def test_verify_names_damage_and_exits_1(trained, tmp_path, capsys):
     assert main(["verify", "--suite", "hard", "--results", str(tmp_path / "results")]) == 1
     out = capsys.readouterr().out
     assert f"{cells[1].name}: damaged: preds/test.npz does not match" in out and "1 complete" in out
+
+
+def test_verify_status_and_run_judge_contents_not_only_hashes(trained, tmp_path, capsys):
+    """A prediction file rewritten with object arrays and its new hash in the manifest:
+    verify (exit 1) and status call the cell damaged, and run redoes it, saying so."""
+    store, cells = copy_store(trained, tmp_path)
+    forge_object_array(cells[0], tmp_path)
+    assert main(["verify", "--suite", "hard", "--results", str(tmp_path / "results")]) == 1
+    out = capsys.readouterr().out
+    assert f"{cells[0].name}: damaged: preds/test.npz cannot be read as plain arrays" in out, out
+    assert main(["status", "--suite", str(tmp_path / "hard.toml"), "--results", str(tmp_path / "results")]) == 0
+    assert "damaged: preds/test.npz cannot be read" in capsys.readouterr().out
+    code, err = run(tmp_path, suite=(tmp_path / "hard.toml").read_text(), capsys=capsys)
+    assert code == 0 and "damaged (preds/test.npz cannot be read" in err and "redoing it" in err, err
+    from bench.store import CellDir
+
+    assert CellDir(cells[0]).verify() and [p.name for p in store.iterdir() if ".damaged-" in p.name]
+    assert main(["verify", "--suite", "hard", "--results", str(tmp_path / "results")]) == 0
 
 
 def test_out_of_memory_fails_only_its_cell_with_a_hint(tmp_path, capsys, monkeypatch):
