@@ -420,20 +420,21 @@ def test_a_foreign_or_edited_training_state_is_discarded_and_the_cell_starts_ove
     _, summary = run_cells(suite, store, ("msp", "mc_dropout"), (0, 1))
     err = capsys.readouterr().err
     assert sorted(summary.done) == sorted(key.values()) and not summary.failed, err
+    from bench.store import CellDir
+
+    for (method, seed), k in key.items():
+        clean, resumed = CellDir(tmp_path / "clean" / k), CellDir(store / k)
+        assert resumed.verify() and clean.splits() == resumed.splits()
+        for split in clean.splits():
+            for name, array in clean.read_arrays(split).items():
+                np.testing.assert_array_equal(resumed.read_arrays(split)[name], array,
+                                              err_msg=f"{method} seed {seed}: {split} {name}")
     for cell, why in [(("msp", 0), f"belongs to cell {key[('msp', 1)]}"),
                       (("msp", 1), f"belongs to cell {key[('mc_dropout', 0)]}"),
                       (("mc_dropout", 0), "do not match its checksum")]:
         warning = [ln for ln in err.splitlines() if f"({key[cell]}): train_state.pt not resumed" in ln]
         assert len(warning) == 1 and why in warning[0] and "starts over" in warning[0], err
     assert "resuming" not in err
-    from bench.store import CellDir
-
-    for k in key.values():
-        clean, resumed = CellDir(tmp_path / "clean" / k), CellDir(store / k)
-        assert resumed.verify() and clean.splits() == resumed.splits()
-        for split in clean.splits():
-            for name, array in clean.read_arrays(split).items():
-                np.testing.assert_array_equal(resumed.read_arrays(split)[name], array, err_msg=f"{k} {split} {name}")
 
 
 def test_out_of_memory_fails_only_its_cell_with_a_hint(tmp_path, capsys, monkeypatch):
