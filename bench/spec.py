@@ -22,7 +22,9 @@ sub-tables.  Example::
     workers = 2
 
 Every problem (unknown key or name, wrong type, out-of-range value) is collected with
-its key path and raised as one :class:`~bench.errors.ConfigError`.
+its key path and raised as one :class:`~bench.errors.ConfigError`.  A suite's ``name``
+(default: the file's name) is one path component, since it names the folders
+``<results>/<name>`` and ``<reports>/<name>``.
 """
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ from bench.options import Problems, parse
 from bench.registry import ATTENTIONS, DATASETS, METHODS
 
 SUITES_DIR = Path(__file__).resolve().parent / "suites"
+SUITE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")  # one path component, not hidden
 
 
 @dataclass(frozen=True)
@@ -222,6 +225,16 @@ def resolve_suite_path(name_or_path: str) -> Path:
     return builtin
 
 
+def suite_name_problem(name: object) -> str | None:
+    """Why ``name`` cannot name a suite (None when it can): it must be one path component
+    of letters, digits, ``-``, ``_`` and ``.``, not starting with ``.``."""
+    if isinstance(name, str) and SUITE_NAME.fullmatch(name):
+        return None
+    return (f"{name!r} cannot name a suite: a suite name is one folder name of letters, digits, '-', '_' and '.', "
+            "not starting with '.' (it becomes <results>/NAME and <reports>/NAME; a suite file's name defaults "
+            "to its file name)")
+
+
 def load_suite(name_or_path: str = "default", overrides: Overrides = Overrides()) -> Suite:
     """Read, override and validate a suite; raises ConfigError listing every problem."""
     path = resolve_suite_path(name_or_path)
@@ -251,7 +264,10 @@ def _merge(base: dict, over: dict) -> dict:
 
 
 def build_suite(raw: dict, overrides: Overrides = Overrides()) -> Suite:
-    """Validate a suite given as a plain dict (the parsed TOML)."""
+    """Validate a suite given as a plain dict (the parsed TOML).  A ``name``, when given,
+    must pass :func:`suite_name_problem`."""
+    if "name" in raw and (why := suite_name_problem(raw["name"])) is not None:  # load_suite always sets one
+        raise ConfigError(f"name: {why}")
     raw = copy.deepcopy(raw)
     problems = Problems()
     if overrides.seeds is not None:

@@ -86,6 +86,16 @@ def test_plugin_errors_are_one_line_exit_2(tmp_path, capsys, monkeypatch, body, 
     assert nothing_written(tmp_path)
 
 
+@pytest.mark.parametrize("name", ["../escaped", "ABSOLUTE", ""])
+def test_a_suite_name_that_is_no_folder_name_is_exit_2_and_writes_nothing(tmp_path, capsys, name):
+    """The name would put the store and report outside --results/--reports (or the report
+    straight into the report root): one line, nothing written anywhere."""
+    name = str(tmp_path / "absolute") if name == "ABSOLUTE" else name
+    code, err = run(tmp_path, suite=f"name = {json.dumps(name)}\n" + SUITE.replace('name = "hard"\n', ""), capsys=capsys)
+    assert code == 2 and err.count("\n") == 1 and f"name: {name!r} cannot name a suite" in err, err
+    assert [p.name for p in tmp_path.iterdir()] == ["hard.toml"]
+
+
 @pytest.mark.parametrize("flag", ["--results", "--reports", "--data-root"])
 def test_a_file_where_a_directory_is_needed_is_exit_2(tmp_path, capsys, flag):
     blocker = tmp_path / "a_file"
@@ -209,6 +219,19 @@ def test_run_moves_a_damaged_cell_aside_and_redoes_it(trained, tmp_path, capsys)
     from bench.store import CellDir
 
     assert CellDir(cells[0]).verify() and CellDir(cells[1]).verify()  # redone; the other untouched
+
+
+@pytest.mark.parametrize("name,results", [("..", "results/hard/sub"), ("", "results/hard"), (".", "results/hard")])
+def test_a_store_only_report_whose_name_is_no_folder_name_is_exit_2(trained, tmp_path, capsys, name, results):
+    """``report --results DIR --suite NAME`` with NAME '..', '' or '.' (DIR/NAME a real
+    store) would write the report outside --reports or into its root: one line, nothing written."""
+    copy_store(trained, tmp_path)
+    (tmp_path / "results" / "hard" / "sub").mkdir()
+    before = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*"))
+    code = main(["report", "--suite", name, "--results", str(tmp_path / results), "--reports", str(tmp_path / "reports")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and f"--suite: {name!r} cannot name a suite" in err, err
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == before
 
 
 def test_report_matching_nothing_is_exit_2_and_keeps_the_old_report(trained, tmp_path, capsys):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import re
 
 import pytest
@@ -403,6 +404,29 @@ def test_unknown_suite_name_lists_available_suites():
         load_suite("no_such_suite")
     msg = str(exc.value)
     assert "'no_such_suite'" in msg and "default" in msg
+
+
+SUITE_TOML = 'seeds = [0]\n[datasets.mnist5k]\n[methods.msp]\n'
+
+
+@pytest.mark.parametrize("name", ["../escaped", "/tmp/absolute", "", ".hidden", "a/b", "a b", "x\ny", "..", "."])
+def test_a_suite_name_is_one_path_component(tmp_path, name):
+    """The name becomes <results>/NAME and <reports>/NAME: anything but one plain folder
+    name (letters, digits, '-', '_', '.', not first) is one line naming the key."""
+    path = tmp_path / "s.toml"
+    path.write_text(f"name = {json.dumps(name)}\n" + SUITE_TOML)  # a TOML basic string
+    with pytest.raises(ConfigError) as exc:
+        load_suite(str(path))
+    msg = str(exc.value)
+    assert msg.startswith(f"name: {name!r} cannot name a suite") and "\n" not in msg, msg
+
+
+@pytest.mark.parametrize("name", ["default", "my-suite_2.v1", "A"])
+def test_plain_suite_names_and_file_names_are_accepted(tmp_path, name):
+    (tmp_path / "s.toml").write_text(f'name = "{name}"\n' + SUITE_TOML)
+    assert load_suite(str(tmp_path / "s.toml")).name == name
+    (tmp_path / "file-name.toml").write_text(SUITE_TOML)
+    assert load_suite(str(tmp_path / "file-name.toml")).name == "file-name"
 
 
 # --------------------------------------------------------------------------- options.parse
