@@ -150,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slurm-option", action="append", default=[], metavar="KEY=VALUE",
                    help="a further sbatch option, e.g. account=myproj or qos=high (repeatable; added to the "
                         "suite's [executor.options], replacing an option of the same name)")
+    p.add_argument("--allow-large", action="store_true",
+                   help="lift the sanity limits on sizes (epochs, model size, more than 10,000 cells, image pixels, "
+                        "text length, ...), as UQBENCH_ALLOW_LARGE=1 does")
     p.add_argument("--quiet", action="store_true", help="no progress bars or per-cell lines")
     p.add_argument("--debug", action="store_true", help="show the full traceback of any error")
     return p
@@ -289,9 +292,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from bench.options import allowing_large
+
     args = build_parser().parse_args(argv)
     try:
-        return _main(args)
+        with allowing_large(args.allow_large):
+            return _main(args)
     except ConfigError as exc:
         if args.debug:
             raise

@@ -96,6 +96,28 @@ def test_a_suite_name_that_is_no_folder_name_is_exit_2_and_writes_nothing(tmp_pa
     assert [p.name for p in tmp_path.iterdir()] == ["hard.toml"]
 
 
+def test_allow_large_is_the_switch_uqbench_allow_large_is(tmp_path, capsys, monkeypatch):
+    """--allow-large lifts the sanity limits (here: epochs) for its command only, as
+    UQBENCH_ALLOW_LARGE=1 does; the cell-count limit (over 10,000 cells) is one of them."""
+    from bench.options import ALLOW_LARGE_ENV
+
+    monkeypatch.delenv(ALLOW_LARGE_ENV, raising=False)
+    path = tmp_path / "hard.toml"
+    path.write_text(SUITE.replace("epochs = 1\n", "epochs = 1000000\n"))
+    status = ["status", "--suite", str(path), "--results", str(tmp_path / "results")]
+    assert main(status) == 2 and "--allow-large" in capsys.readouterr().err
+    assert main([*status, "--allow-large"]) == 0 and "1 missing" in capsys.readouterr().out
+    assert ALLOW_LARGE_ENV not in os.environ  # the flag's setting ends with its command
+    monkeypatch.setenv(ALLOW_LARGE_ENV, "1")
+    assert main(status) == 0
+    monkeypatch.delenv(ALLOW_LARGE_ENV)
+    path.write_text(SUITE)
+    many = ",".join(map(str, range(10_001)))
+    code, err = run(tmp_path, "--seeds", many, capsys=capsys)
+    assert code == 2 and err.count("\n") == 1 and "more than 10,000 cells" in err and "--allow-large" in err, err
+    assert nothing_written(tmp_path)
+
+
 @pytest.mark.parametrize("flag", ["--results", "--reports", "--data-root"])
 def test_a_file_where_a_directory_is_needed_is_exit_2(tmp_path, capsys, flag):
     blocker = tmp_path / "a_file"
@@ -317,6 +339,24 @@ def test_a_broken_data_file_is_exit_2_before_the_first_cell(tmp_path, capsys, br
     store = tmp_path / "results" / "cifar10"
     assert not store.exists() or not any(p.is_dir() for p in store.iterdir())  # no cell started
     assert not (tmp_path / "reports").exists()
+
+
+def test_an_image_declaring_too_many_pixels_is_refused_before_decoding(tmp_path, monkeypatch):
+    """A 5000 x 5000 PNG (under Pillow's own bomb limit) whose pixel data is missing: the
+    refusal names the pixel count, so it came from the header, before any decoding (which
+    would fail on the missing data).  UQBENCH_ALLOW_LARGE lets it be decoded."""
+    from bench.errors import ConfigError
+    from bench.options import ALLOW_LARGE_ENV
+    from datasets.formats import read_image_folder
+
+    monkeypatch.delenv(ALLOW_LARGE_ENV, raising=False)
+    (tmp_path / "big.png").write_bytes(png_declaring(5000, 5000))
+    with pytest.raises(ConfigError) as exc:
+        read_image_folder(tmp_path, 32)
+    assert "5000 x 5000 = 25,000,000 pixels, more than the 16,777,216 (4096 x 4096)" in str(exc.value), exc.value
+    monkeypatch.setenv(ALLOW_LARGE_ENV, "1")
+    with pytest.raises(ConfigError, match="cannot be read as an image"):  # decoded: the data are missing
+        read_image_folder(tmp_path, 32)
 
 
 def test_a_tiny_pickle_cannot_declare_a_huge_array():
