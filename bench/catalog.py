@@ -31,7 +31,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import zipfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -43,7 +42,8 @@ from bench.errors import ConfigError
 from bench.lock import LOCK_SUFFIX, CellLock
 from bench.options import Problems, parse, to_dict
 from bench.registry import METHODS
-from bench.store import CELL, CHECKPOINT, DAMAGED_MARK, MANIFEST, STORE_SUITE, CellDir, atomic_write_json
+from bench.store import (CELL, CHECKPOINT, DAMAGED_MARK, MANIFEST, READ_ERRORS, STORE_SUITE, CellDir,
+                         atomic_write_json)
 
 Preds = dict[str, dict[str, np.ndarray]]  # split -> {"log_probs", "labels", optional decomposition terms}
 
@@ -136,17 +136,18 @@ class Catalog:
 
     # --- predictions ---------------------------------------------------------------------
     def stored(self, dataset: str, method: str, seed: int) -> Preds | None:
-        """Every stored split of a trained cell (cached), or None when it has none.  Arrays
-        of the wrong kind (objects, wrong dtype or shape) make the cell damaged: it moves
-        from :attr:`cells` to :attr:`problems` and None is returned."""
+        """Every stored split of a trained cell (cached), or None when it has none.  A file
+        that no longer reads as the store writes it (:meth:`bench.store.CellDir.read_arrays`;
+        changed since the cell was chosen) makes the cell damaged: it moves from
+        :attr:`cells` to :attr:`problems` and None is returned."""
         key = (dataset, method, seed)
         if key not in self._preds:
             cd = self.cells.get(key)
             if cd is None:
                 return None
             try:
-                self._preds[key] = {split: _checked(cd.read_arrays(split), split) for split in cd.splits()}
-            except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+                self._preds[key] = {split: cd.read_arrays(split) for split in cd.splits()}
+            except READ_ERRORS as exc:
                 del self.cells[key]
                 why = f"damaged cell {cd.key}: {exc}; `run` moves it aside and redoes it"
                 self.problems[key] = why
@@ -277,17 +278,6 @@ class Catalog:
                     "options": to_dict(m.method.options) if m.method is not None else None} for m in self.methods]
         return {"suite": self.name, "datasets": self.datasets, "methods": methods, "seeds": list(self.seeds),
                 "reference": self.reference, "cells": cells, "problems": problems}
-
-
-def _checked(arrays: dict[str, np.ndarray], split: str) -> dict[str, np.ndarray]:
-    """A split's arrays as analysis needs them, or ValueError naming what is wrong."""
-    lp, labels = arrays.get("log_probs"), arrays.get("labels")
-    if lp is None or labels is None:
-        raise ValueError(f"preds/{split}.npz lacks log_probs or labels")
-    if lp.dtype.kind != "f" or lp.ndim != 2 or labels.dtype.kind != "i" or labels.shape != (lp.shape[0],):
-        raise ValueError(f"preds/{split}.npz holds log_probs {lp.dtype}{list(lp.shape)} and labels "
-                         f"{labels.dtype}{list(labels.shape)}, not float [N, C] and int [N]")
-    return arrays
 
 
 # ------------------------------------------------------------------------ the store side

@@ -161,6 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slurm-option", action="append", default=[], metavar="KEY=VALUE",
                    help="a further sbatch option, e.g. account=myproj or qos=high (repeatable; added to the "
                         "suite's [executor.options], replacing an option of the same name)")
+    p.add_argument("--allow-large", action="store_true",
+                   help="lift the sanity limits on sizes (epochs, model size, more than 10,000 cells, image pixels, "
+                        "text length, ...), as UQBENCH_ALLOW_LARGE=1 does")
     p.add_argument("--quiet", action="store_true", help="no progress bars or per-cell lines")
     p.add_argument("--debug", action="store_true", help="show the full traceback of any error")
     return p
@@ -276,9 +279,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
     """Check every cell directory of the store ``<results>/<suite>``: print one line per
     cell that is not complete; exit 0 when nothing is damaged, 1 otherwise (failed and
     interrupted cells are listed but are not damage)."""
+    from bench.spec import suite_name_problem
     from bench.store import DAMAGED_MARK, CellDir
 
     name = Path(args.suite).stem if args.suite.endswith(".toml") else args.suite
+    if (why := suite_name_problem(name)) is not None:
+        raise ConfigError(f"--suite: {why}")
     root = args.results / name
     if not root.is_dir():
         raise ConfigError(f"verify: no store at {root}; pass --results DIR and --suite NAME")
@@ -296,9 +302,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from bench.options import allowing_large
+
     args = build_parser().parse_args(argv)
     try:
-        return _main(args)
+        with allowing_large(args.allow_large):
+            return _main(args)
     except ConfigError as exc:
         if args.debug:
             raise
@@ -435,14 +444,17 @@ def executor_settings(args: argparse.Namespace, table: ExecutorConfig) -> Execut
 
 
 def _store_only(args: argparse.Namespace) -> bool:
-    """``report --suite NAME`` where NAME is no suite file but a store folder under --results."""
-    from bench.spec import resolve_suite_path
+    """``report --suite NAME`` where NAME is no suite file but a store folder under --results
+    (NAME must be a suite name: one path component)."""
+    from bench.spec import resolve_suite_path, suite_name_problem
 
     try:
         resolve_suite_path(args.suite)
         return False
     except ConfigError as exc:
-        if (args.results / args.suite).is_dir() and "/" not in args.suite and not args.suite.endswith(".toml"):
+        if (args.results / args.suite).is_dir() and not args.suite.endswith(".toml"):
+            if (why := suite_name_problem(args.suite)) is not None:  # e.g. "..": a folder, but no store's name
+                raise ConfigError(f"--suite: {why}") from None
             return True
         raise ConfigError(f"{exc}, nor a store folder {args.results / args.suite} (report a store with "
                           "--results DIR --suite NAME)") from None

@@ -7,22 +7,51 @@ options) is a frozen dataclass.  :func:`parse` builds one from a plain dict and 
 Ranges are declared in field metadata: ``field(default=1, metadata={"min": 1})``,
 ``{"min": 0.0, "max": 1.0}``, ``{"exclusive_min": 0.0}`` or ``{"choices": ("a", "b")}``.
 ``{"soft_max": N}`` is a sanity limit against typos (``epochs = 1000000000000``, ``dim =
-100000``) that ``UQBENCH_ALLOW_LARGE=1`` lifts on purpose.  Every float must be finite.
+100000``) that :func:`allow_large` lifts on purpose, like every other limit on sizes (the
+number of cells a run plans, the pixels of an image read from a folder).  Every float must
+be finite.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import math
 import os
 import types
 import typing
-from typing import Any, Literal, TypeVar, Union
+from typing import Any, Iterator, Literal, TypeVar, Union
 
 from bench.errors import ConfigError
 
 T = TypeVar("T")
-ALLOW_LARGE_ENV = "UQBENCH_ALLOW_LARGE"  # lifts every "soft_max" sanity limit
+ALLOW_LARGE_ENV = "UQBENCH_ALLOW_LARGE"  # set (or --allow-large): every sanity limit on sizes is lifted
+#: how a message about a sanity limit ends
+ALLOW_LARGE_HINT = f"pass --allow-large (or set {ALLOW_LARGE_ENV}=1) to allow more on purpose"
+
+
+def allow_large() -> bool:
+    """Whether the sanity limits on sizes are lifted: ``UQBENCH_ALLOW_LARGE`` is set, which
+    ``--allow-large`` does for its command (:func:`allowing_large`)."""
+    return bool(os.environ.get(ALLOW_LARGE_ENV))
+
+
+@contextlib.contextmanager
+def allowing_large(on: bool) -> Iterator[None]:
+    """``--allow-large``: set ``UQBENCH_ALLOW_LARGE`` while the block runs (worker processes
+    started meanwhile inherit it), then restore what was there.  Without ``on``, nothing."""
+    if not on:
+        yield
+        return
+    before = os.environ.get(ALLOW_LARGE_ENV)
+    os.environ[ALLOW_LARGE_ENV] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(ALLOW_LARGE_ENV, None)
+        else:
+            os.environ[ALLOW_LARGE_ENV] = before
 
 
 class Problems(list):
@@ -124,9 +153,9 @@ def _check_range(value: Any, meta: typing.Mapping, path: str, problems: Problems
             problems.add(path, f"must be >= {meta['min']}, got {v!r}")
         if "max" in meta and v > meta["max"]:
             problems.add(path, f"must be <= {meta['max']}, got {v!r}")
-        if "soft_max" in meta and v > meta["soft_max"] and not os.environ.get(ALLOW_LARGE_ENV):
+        if "soft_max" in meta and v > meta["soft_max"] and not allow_large():
             problems.add(path, f"must be <= {meta['soft_max']}, got {v!r} (a sanity limit against typos; "
-                               f"set {ALLOW_LARGE_ENV}=1 to allow larger values on purpose)")
+                               f"{ALLOW_LARGE_HINT})")
         if "exclusive_min" in meta and v <= meta["exclusive_min"]:
             problems.add(path, f"must be > {meta['exclusive_min']}, got {v!r}")
 

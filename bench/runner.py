@@ -29,7 +29,7 @@ from bench.plan import Cell, Plan
 from bench.registry import DATASETS, METHODS
 from bench.spec import DatasetSpec
 from bench.store import CellDir, Store
-from bench.train import fit, predict, seed_everything
+from bench.train import UnusableState, fit, predict, read_training_state, seed_everything, training_state_bytes
 
 
 class Console:
@@ -229,30 +229,31 @@ TOKENIZER = "tokenizer.json"  # text cells: the vocabulary and length (bench.tex
 
 
 def _save_state(cd: CellDir, state: dict) -> None:
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    cd.write_bytes(TRAIN_STATE, buf.getvalue())  # atomic: a kill leaves the old state or the new one
+    # atomic: a kill leaves the old state or the new one, each with its key and checksum
+    cd.write_bytes(TRAIN_STATE, training_state_bytes(state, cd.key))
 
 
-def _saved_state(cd: CellDir, console: Console) -> dict | None:
-    """The training state an interrupted run of this cell left, if any (never from a sealed cell)."""
+def _saved_state(cell: Cell, cd: CellDir, model: torch.nn.Module, console: Console) -> dict | None:
+    """The training state an interrupted run of this cell left, if any, when it is this
+    cell's and fits ``model`` (:func:`bench.train.read_training_state`); any other state
+    is deleted with one warning naming the cell and the reason, and the cell starts over."""
     path = cd.path / TRAIN_STATE
-    try:
-        if cd.sealed() or not path.is_file():
-            return None
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001  (a damaged state is not fatal: the cell starts over)
-        console.warn(f"{cd.key}: cannot resume from {TRAIN_STATE} ({type(exc).__name__}: {exc}); starting over")
+    if not path.is_file():
         return None
-    console.log(f"{cd.key}: resuming from epoch {int(state['epoch'])}")
+    try:
+        state = read_training_state(path, cell.key, model, cell.method.train)
+    except UnusableState as exc:
+        console.warn(f"{cell.label} ({cell.key}): {TRAIN_STATE} not resumed: {exc}; discarded, the cell starts over")
+        path.unlink(missing_ok=True)
+        return None
+    console.log(f"{cd.key}: resuming from epoch {state['epoch']}")
     return state
 
 
 def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, console: Console) -> tuple[str, str]:
     """Train, predict every evaluation split, store; returns (status, one-line detail).
-    An interrupted cell that saved a training state resumes from it."""
-    resume = _saved_state(cd, console)
-    cd.reset(keep=(TRAIN_STATE,) if resume is not None else ())
+    An interrupted cell whose saved training state passes the checks resumes from it."""
+    cd.reset(keep=(TRAIN_STATE,))  # a damaged sealed cell is moved aside whole: it keeps no state
     method = METHODS.get(cell.method.type)(cell.method.options)
     info = {
         "key": cell.key,
@@ -267,12 +268,13 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
         "samples": method.samples,
         "average": method.average,
     }
-    if resume is not None:
-        info["resumed_from_epoch"] = int(resume["epoch"])
     cd.write_cell(info)
     try:
         seed_everything(cell.seed)
         model = method.build_model(cell.method.model, data).to(device)
+        resume = _saved_state(cell, cd, model, console)
+        if resume is not None:
+            info["resumed_from_epoch"] = resume["epoch"]
         reset_peak_memory(device)
         if distributed.active():  # the other torchrun ranks train this cell with this one
             distributed.announce({"key": cell.key, "resume": resume})

@@ -22,7 +22,11 @@ sub-tables.  Example::
     workers = 2
 
 Every problem (unknown key or name, wrong type, out-of-range value) is collected with
-its key path and raised as one :class:`~bench.errors.ConfigError`.
+its key path and raised as one :class:`~bench.errors.ConfigError`.  A suite's ``name``
+(default: the file's name) is one path component, since it names the folders
+``<results>/<name>`` and ``<reports>/<name>``; a suite file nests at most
+:data:`MAX_TOML_DEPTH` levels and a run plans at most :data:`MAX_CELLS` cells unless
+:func:`~bench.options.allow_large`.
 """
 from __future__ import annotations
 
@@ -36,10 +40,13 @@ from typing import Any, Literal
 
 from bench.errors import ConfigError
 from bench.executors import ExecutorConfig, parse_executor
-from bench.options import Problems, parse
+from bench.options import ALLOW_LARGE_HINT, Problems, allow_large, parse
 from bench.registry import ATTENTIONS, DATASETS, METHODS
 
 SUITES_DIR = Path(__file__).resolve().parent / "suites"
+MAX_TOML_DEPTH = 32  # tables and arrays nested in a suite file (a suite needs about 5)
+MAX_CELLS = 10_000  # cells one run may plan, a sanity limit against typos (lifted by allow_large)
+SUITE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")  # one path component, not hidden
 
 
 @dataclass(frozen=True)
@@ -222,17 +229,46 @@ def resolve_suite_path(name_or_path: str) -> Path:
     return builtin
 
 
+def suite_name_problem(name: object) -> str | None:
+    """Why ``name`` cannot name a suite (None when it can): it must be one path component
+    of letters, digits, ``-``, ``_`` and ``.``, not starting with ``.``."""
+    if isinstance(name, str) and SUITE_NAME.fullmatch(name):
+        return None
+    return (f"{name!r} cannot name a suite: a suite name is one folder name of letters, digits, '-', '_' and '.', "
+            "not starting with '.' (it becomes <results>/NAME and <reports>/NAME; a suite file's name defaults "
+            "to its file name)")
+
+
 def load_suite(name_or_path: str = "default", overrides: Overrides = Overrides()) -> Suite:
     """Read, override and validate a suite; raises ConfigError listing every problem."""
     path = resolve_suite_path(name_or_path)
+    too_deep = ConfigError(f"{path}: tables or arrays nested more than {MAX_TOML_DEPTH} levels deep; "
+                           "a suite needs a handful")
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: malformed TOML: {exc}") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not a UTF-8 text file ({exc}); a suite must be TOML") from None
+    except RecursionError:  # the parser recurses once per level
+        raise too_deep from None
+    if _nesting(raw) > MAX_TOML_DEPTH:
+        raise too_deep
     raw.setdefault("name", path.stem)
     return build_suite(raw, overrides)
+
+
+def _nesting(value: object) -> int:
+    """How many levels of tables and arrays ``value`` has (counted level by level, without
+    recursion; stops once past :data:`MAX_TOML_DEPTH`)."""
+    depth, level = 0, [value]
+    while depth <= MAX_TOML_DEPTH:
+        inner = [x for x in level if isinstance(x, (dict, list))]
+        if not inner:
+            break
+        depth += 1
+        level = [v for x in inner for v in (x.values() if isinstance(x, dict) else x)]
+    return depth
 
 
 def _override_epochs(train_raw: dict, epochs: int | None) -> dict:
@@ -251,7 +287,15 @@ def _merge(base: dict, over: dict) -> dict:
 
 
 def build_suite(raw: dict, overrides: Overrides = Overrides()) -> Suite:
-    """Validate a suite given as a plain dict (the parsed TOML)."""
+    """Validate a suite given as a plain dict (the parsed TOML).  A ``name``, when given,
+    must pass :func:`suite_name_problem`; more than :data:`MAX_CELLS` seeds are refused at
+    once (every suite has a dataset and a trained method)."""
+    if "name" in raw and (why := suite_name_problem(raw["name"])) is not None:  # load_suite always sets one
+        raise ConfigError(f"name: {why}")
+    seeds = overrides.seeds if overrides.seeds is not None else raw.get("seeds", ())
+    if isinstance(seeds, (list, tuple)) and len(seeds) > MAX_CELLS and not allow_large():  # before checking each
+        raise ConfigError(f"seeds: {len(seeds):,} seeds plan more than {MAX_CELLS:,} cells (a sanity limit against "
+                          f"typos); give fewer, or {ALLOW_LARGE_HINT}")
     raw = copy.deepcopy(raw)
     problems = Problems()
     if overrides.seeds is not None:
@@ -390,7 +434,8 @@ def select(
 ) -> Suite:
     """The part of a suite to run (or report): only these datasets and methods, plus the
     trained methods that the selected derived ones are computed from.  ``to_run`` also
-    checks that every selected combinator has enough seeds for one replicate."""
+    checks that every selected combinator has enough seeds for one replicate.  A selection
+    of more than :data:`MAX_CELLS` cells is an error unless :func:`~bench.options.allow_large`."""
     if datasets is not None:
         known = [d.name for d in suite.datasets]
         for name in datasets:
@@ -418,4 +463,10 @@ def select(
                 f"({list(suite.seeds)}); add seeds, lower 'members', or leave it out with --methods"
             )
     chosen_datasets = tuple(d for d in suite.datasets if datasets is None or d.name in datasets)
+    trained = sum(m.kind == "trained" for m in chosen_methods)
+    cells = len(chosen_datasets) * trained * len(suite.seeds)
+    if cells > MAX_CELLS and not allow_large():
+        raise ConfigError(f"this selection plans {cells:,} cells ({len(chosen_datasets)} dataset(s) x {trained} trained "
+                          f"method(s) x {len(suite.seeds):,} seed(s)), more than {MAX_CELLS:,} (a sanity limit against "
+                          f"typos); narrow --seeds, --methods or --datasets, or {ALLOW_LARGE_HINT}")
     return replace(suite, datasets=chosen_datasets, methods=chosen_methods)

@@ -10,15 +10,18 @@
   (``-1`` on OOD splits), plus, for methods with several passes, the per-image
   decomposition terms ``entropy_of_mean`` and ``mean_entropy`` (float32 [N]); split
   names map to paths (``shift/x/3`` -> ``preds/shift/x/3.npz``);
-* ``manifest.json``: sha256 of every other file, written last.
+* ``manifest.json``: sha256 of every other file and the shape ``[N, C]`` of every
+  prediction file, written last.
 
 ``<root>/suite.json`` describes the suite (display order, reference, derived methods'
 options) so the store can be analysed without its suite file (``bench.catalog``).
 
-A cell is complete only when its manifest exists and every listed file verifies.  Every
-file is written to a temporary name, fsynced and renamed, so a run killed at any moment
-leaves either the old file or the new one, never half of one.  Nothing in a complete
-cell is ever deleted; an incomplete cell's directory is cleared before it is redone.
+A cell is complete only when its manifest exists and every listed file verifies: it lies
+inside the cell, matches its sha256, and each prediction file holds what
+:meth:`CellDir.write_preds` writes (:func:`arrays_problem`).  Every file is written to a
+temporary name, fsynced and renamed, so a run killed at any moment leaves either the old
+file or the new one, never half of one.  Nothing in a complete cell is ever deleted; an
+incomplete cell's directory is cleared before it is redone.
 """
 from __future__ import annotations
 
@@ -32,6 +35,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import zipfile
+
 import numpy as np
 
 STORE_SCHEMA = 2  # 2: decomposition terms stored for multi-pass methods
@@ -40,6 +45,9 @@ CELL = "cell.json"
 CHECKPOINT = "checkpoint.pt"
 DAMAGED_MARK = ".damaged-"  # <key>.damaged-<time>/: a damaged cell moved aside by reset()
 STORE_SUITE = "suite.json"  # <results>/<suite>/suite.json: the suite's description (bench.catalog)
+NORMALISED_ATOL = 1e-3  # how far a row's sum of exp(log_probs) may be from 1 (float32 round-off)
+#: what reading a prediction file may raise when it is damaged (np.load without pickles)
+READ_ERRORS = (OSError, ValueError, KeyError, EOFError, MemoryError, zipfile.BadZipFile)
 
 
 def _umask() -> int:
@@ -96,6 +104,44 @@ def _read_json_object(path: Path) -> dict | None:
     return obj if isinstance(obj, dict) else None
 
 
+def arrays_problem(arrays: dict[str, np.ndarray], shape: tuple[int, int] | None = None) -> str | None:
+    """Why a split's arrays are not what :meth:`CellDir.write_preds` writes, or None:
+    ``log_probs`` float32 [N, C] (C >= 2), finite, each row's probabilities summing to 1;
+    ``labels`` int64 [N] in [-1, C); every other array float32 [N] and finite; and, when
+    ``shape`` is given (the manifest's record), [N, C] equal to it."""
+    lp, labels = arrays.get("log_probs"), arrays.get("labels")
+    if lp is None or labels is None:
+        return f"it lacks {'log_probs' if lp is None else 'labels'} (has {', '.join(sorted(arrays)) or 'nothing'})"
+    if lp.dtype != np.float32 or lp.ndim != 2 or lp.shape[1] < 2:
+        return f"log_probs is {lp.dtype}{list(lp.shape)}, not float32 [N, C] with C >= 2"
+    n, c = lp.shape
+    if shape is not None and (n, c) != tuple(shape):
+        return f"log_probs is [{n}, {c}] but the manifest records [{shape[0]}, {shape[1]}] for it"
+    if not np.isfinite(lp).all():
+        return "log_probs holds non-finite values"
+    sums = np.exp(lp).sum(axis=1, dtype=np.float64)
+    if n and np.abs(sums - 1.0).max() > NORMALISED_ATOL:
+        return f"its probabilities are not normalised (a row sums to {sums[np.abs(sums - 1.0).argmax()]:.6g}, not 1)"
+    if labels.dtype != np.int64 or labels.shape != (n,):
+        return f"labels is {labels.dtype}{list(labels.shape)}, not int64 [{n}]"
+    if n and (labels.min() < -1 or labels.max() >= c):
+        return f"labels holds values outside [-1, {c}) (from {labels.min()} to {labels.max()})"
+    for name, a in sorted(arrays.items()):
+        if name in ("log_probs", "labels"):
+            continue
+        if a.dtype != np.float32 or a.shape != (n,):
+            return f"{name} is {a.dtype}{list(a.shape)}, not float32 [{n}]"
+        if not np.isfinite(a).all():
+            return f"{name} holds non-finite values"
+    return None
+
+
+def _load_arrays(path: Path) -> dict[str, np.ndarray]:
+    """Every array of an ``.npz`` file, never unpickling (an object array raises ValueError)."""
+    with np.load(path, allow_pickle=False) as z:
+        return {k: z[k] for k in z.files}
+
+
 def split_relpath(split: str) -> str:
     parts = split.split("/")
     if any(p in ("", ".", "..") for p in parts):
@@ -125,7 +171,12 @@ class CellDir:
         * ``missing``: no directory;
         * ``failed``: ``cell.json`` records a failure (reason: ``failed: ...``);
         * ``interrupted``: never sealed, no failure recorded (a run stopped in it);
-        * ``damaged``: sealed once but no longer verifies, or unreadable.
+        * ``damaged``: sealed once but no longer verifies (a manifest path outside the cell,
+          a changed, missing or extra file, a prediction file whose arrays are not what
+          :meth:`write_preds` writes: :func:`arrays_problem`), or unreadable.
+
+        This is the one definition of a damaged cell: ``verify``, ``run``, ``status`` and
+        the report (:mod:`bench.catalog`) all ask it.
 
         ``skip`` names manifest entries not to check: analysis passes ``(CHECKPOINT,)``
         because it never reads weights (a store whose checkpoints were pruned stays usable)."""
@@ -143,6 +194,8 @@ class CellDir:
                 return "interrupted", ("incomplete: no manifest (the run was interrupted in this cell, "
                                        "or its manifest was deleted)")
             for rel, digest in sorted(files.items()):
+                if (outside := self._outside(rel)) is not None:
+                    return "damaged", f"its manifest lists {rel!r}, {outside}"
                 if rel in skip:
                     continue
                 f = self.path / rel
@@ -153,6 +206,8 @@ class CellDir:
             extra = sorted(r for r in set(self._files()) - set(files) if r.startswith("preds/"))
             if extra:
                 return "damaged", f"{extra[0]} is not in its manifest (a prediction file added after the cell was sealed)"
+            if (wrong := self._contents_problem(sorted(files), manifest.get("shapes"))) is not None:
+                return "damaged", wrong
             cell = self.read_cell()
             if cell is None:
                 return "damaged", "its cell.json is unreadable or truncated"
@@ -174,6 +229,38 @@ class CellDir:
         """Why the cell is not complete, in one sentence (None when it is): the reason of
         :meth:`condition`."""
         return self.condition(skip)[1]
+
+    def _outside(self, rel: object) -> str | None:
+        """Why a manifest entry is not a path inside this cell (None when it is one): not a
+        relative path of plain components, or resolving elsewhere through a symlink."""
+        if not isinstance(rel, str) or not rel or rel.startswith("/") or "\\" in rel \
+                or any(part in ("", ".", "..") for part in rel.split("/")):
+            return "not a relative path inside the cell"
+        if not (self.path / rel).resolve().is_relative_to(self.path.resolve()):
+            return "which resolves outside the cell (a symlink)"
+        return None
+
+    def _contents_problem(self, rels: list[str], shapes: object) -> str | None:
+        """Why a prediction file among ``rels`` does not hold what :meth:`write_preds` writes
+        (every file of one cell has the same number of classes), or None."""
+        shapes = shapes if isinstance(shapes, dict) else {}
+        classes: dict[int, str] = {}
+        for rel in rels:
+            if not (rel.startswith("preds/") and rel.endswith(".npz")):
+                continue
+            try:
+                arrays = _load_arrays(self.path / rel)
+            except READ_ERRORS as exc:
+                return f"{rel} cannot be read as plain arrays ({type(exc).__name__}: {exc})"
+            shape = shapes.get(rel)
+            valid = isinstance(shape, list) and len(shape) == 2 and all(type(v) is int for v in shape)
+            if (why := arrays_problem(arrays, tuple(shape) if valid else None)) is not None:
+                return f"{rel}: {why}"
+            classes.setdefault(arrays["log_probs"].shape[1], rel)
+        if len(classes) > 1:
+            (c1, r1), (c2, r2) = sorted(classes.items())[:2]
+            return f"its prediction files disagree on the number of classes ({r1}: {c1}, {r2}: {c2})"
+        return None
 
     def sealed(self) -> bool:
         """The cell was completed once (it has a manifest), whether or not it still verifies."""
@@ -213,11 +300,17 @@ class CellDir:
         atomic_write_json(self.path / CELL, info)
 
     def write_preds(self, split: str, log_probs: np.ndarray, labels: np.ndarray, **extras: np.ndarray) -> None:
-        """Store one split's predictions; ``extras`` are further per-image float32 arrays."""
-        arrays = {k: np.asarray(v, dtype=np.float32) for k, v in extras.items()}
+        """Store one split's predictions; ``extras`` are further per-image float32 arrays.
+        Raises ValueError, writing nothing, for arrays a verified cell may not hold
+        (:func:`arrays_problem`: e.g. non-finite log-probabilities)."""
+        rel = split_relpath(split)
+        arrays = {"log_probs": np.asarray(log_probs, dtype=np.float32), "labels": np.asarray(labels, dtype=np.int64),
+                  **{k: np.asarray(v, dtype=np.float32) for k, v in extras.items()}}
+        if (why := arrays_problem(arrays)) is not None:
+            raise ValueError(f"predictions of split {split!r} not stored: {why}")
         buf = io.BytesIO()
-        np.savez(buf, log_probs=np.asarray(log_probs, dtype=np.float32), labels=np.asarray(labels, dtype=np.int64), **arrays)
-        atomic_write_bytes(self.path / split_relpath(split), buf.getvalue())
+        np.savez(buf, **arrays)
+        atomic_write_bytes(self.path / rel, buf.getvalue())
 
     def write_checkpoint(self, data: bytes) -> None:
         atomic_write_bytes(self.path / CHECKPOINT, data)
@@ -226,7 +319,8 @@ class CellDir:
         atomic_write_bytes(self.path / rel, data)
 
     def seal(self, info: dict) -> None:
-        """Mark complete: write the final ``cell.json``, then the manifest over every file."""
+        """Mark complete: write the final ``cell.json``, then the manifest over every file,
+        with the shape ``[N, C]`` of every prediction file (what verifying checks it against)."""
         info = {**info, "status": "complete"}
         self.write_cell(info)
         files = sorted(
@@ -234,7 +328,10 @@ class CellDir:
             for p in self.path.rglob("*")
             if p.is_file() and p.name != MANIFEST and not p.name.startswith(".")
         )
-        manifest = {"schema": STORE_SCHEMA, "files": {rel: sha256_file(self.path / rel) for rel in files}}
+        shapes = {rel: list(_load_arrays(self.path / rel)["log_probs"].shape)
+                  for rel in files if rel.startswith("preds/") and rel.endswith(".npz")}
+        manifest = {"schema": STORE_SCHEMA, "files": {rel: sha256_file(self.path / rel) for rel in files},
+                    "shapes": shapes}
         atomic_write_json(self.path / MANIFEST, manifest)
 
     # --- reads -------------------------------------------------------------------------
@@ -243,9 +340,13 @@ class CellDir:
         return arrays["log_probs"], arrays["labels"]
 
     def read_arrays(self, split: str) -> dict[str, np.ndarray]:
-        """Every array stored for ``split`` (``log_probs``, ``labels`` and any extras)."""
-        with np.load(self.path / split_relpath(split), allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
+        """Every array stored for ``split`` (``log_probs``, ``labels`` and any extras);
+        ValueError when they are not what :meth:`write_preds` writes (:func:`arrays_problem`)."""
+        rel = split_relpath(split)
+        arrays = _load_arrays(self.path / rel)
+        if (why := arrays_problem(arrays)) is not None:
+            raise ValueError(f"{rel}: {why}")
+        return arrays
 
     def splits(self) -> list[str]:
         """The stored splits: those of the manifest for a sealed cell (a stray file is never

@@ -40,6 +40,7 @@ import numpy as np
 
 from bench.data import SEVERITIES
 from bench.errors import ConfigError
+from bench.options import ALLOW_LARGE_HINT, allow_large
 from datasets import safe_pickle
 
 CIFAR_SIDE = 32
@@ -50,6 +51,10 @@ CIFAR_LABEL_CLASSES: dict[bytes, int] = {b"labels": 10, b"fine_labels": 100, b"c
 
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".ppm"})
+#: the most pixels an image of an image folder may declare: a larger one is refused from its
+#: header, before decoding (a few bytes of PNG can declare gigabytes of pixels)
+MAX_IMAGE_SIDE = 4096
+MAX_IMAGE_PIXELS = MAX_IMAGE_SIDE * MAX_IMAGE_SIDE
 
 #: Published md5 of each official file, by its path relative to the data root.
 OFFICIAL_MD5: dict[str, str] = {
@@ -283,7 +288,8 @@ def read_image_folder(path: Path | str, size: int, *, limit: int | None = None) 
 
     Each image is converted to RGB, centre-cropped to a square (the shorter side) and resized
     to ``size`` x ``size`` (bilinear).  With ``limit``, only ``limit`` evenly spaced files
-    (in sorted order) are decoded.
+    (in sorted order) are decoded.  An image declaring more than :data:`MAX_IMAGE_PIXELS`
+    pixels is a ConfigError before it is decoded, unless :func:`~bench.options.allow_large`.
     """
     from PIL import Image, UnidentifiedImageError
 
@@ -298,7 +304,12 @@ def read_image_folder(path: Path | str, size: int, *, limit: int | None = None) 
     out = np.empty((len(files), size, size, 3), dtype=np.uint8)
     for i, f in enumerate(files):
         try:
-            with Image.open(f) as im:
+            with Image.open(f) as im:  # reads the header only
+                w, h = im.size
+                if w * h > MAX_IMAGE_PIXELS and not allow_large():
+                    raise ConfigError(f"{f}: {w} x {h} = {w * h:,} pixels, more than the {MAX_IMAGE_PIXELS:,} "
+                                      f"({MAX_IMAGE_SIDE} x {MAX_IMAGE_SIDE}) an image may have (a guard against "
+                                      f"decompression bombs); downscale it, or {ALLOW_LARGE_HINT}")
                 rgb = im.convert("RGB")
         except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError) as exc:
             raise ConfigError(f"{f}: cannot be read as an image ({exc})") from None

@@ -12,7 +12,7 @@ unpacks the official archive, md5-verified), tokenises, and adds the generated t
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +21,7 @@ from bench.data import DataBundle, data_root, data_settings, stratified_holdout
 from bench.errors import ConfigError
 from bench.registry import DATASETS
 from datasets import formats
-from datasets.text_bundle import TOKENS_NOTE, TextOptions, TextSplit, text_bundle
+from datasets.text_bundle import TOKENS_NOTE, TextOptions, TextSplit, max_len_option, text_bundle
 
 URL = "https://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz"  # md5 in datasets.formats.OFFICIAL_MD5
 
@@ -38,7 +38,7 @@ class IMDB:
 
     @dataclass(frozen=True)
     class Options(TextOptions):
-        max_len: int = field(default=512, metadata={"min": 1, "soft_max": 1 << 16})  # the paper's 512 (WordPiece there)
+        max_len: int = max_len_option(512)  # the paper's 512 (WordPiece there)
         paper_split: bool = False  # KEP-SVGP's protocol: 25k + 25k merged, shuffled (seed 0), 70/10/20
 
     @staticmethod

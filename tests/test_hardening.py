@@ -86,6 +86,38 @@ def test_plugin_errors_are_one_line_exit_2(tmp_path, capsys, monkeypatch, body, 
     assert nothing_written(tmp_path)
 
 
+@pytest.mark.parametrize("name", ["../escaped", "ABSOLUTE", ""])
+def test_a_suite_name_that_is_no_folder_name_is_exit_2_and_writes_nothing(tmp_path, capsys, name):
+    """The name would put the store and report outside --results/--reports (or the report
+    straight into the report root): one line, nothing written anywhere."""
+    name = str(tmp_path / "absolute") if name == "ABSOLUTE" else name
+    code, err = run(tmp_path, suite=f"name = {json.dumps(name)}\n" + SUITE.replace('name = "hard"\n', ""), capsys=capsys)
+    assert code == 2 and err.count("\n") == 1 and f"name: {name!r} cannot name a suite" in err, err
+    assert [p.name for p in tmp_path.iterdir()] == ["hard.toml"]
+
+
+def test_allow_large_is_the_switch_uqbench_allow_large_is(tmp_path, capsys, monkeypatch):
+    """--allow-large lifts the sanity limits (here: epochs) for its command only, as
+    UQBENCH_ALLOW_LARGE=1 does; the cell-count limit (over 10,000 cells) is one of them."""
+    from bench.options import ALLOW_LARGE_ENV
+
+    monkeypatch.delenv(ALLOW_LARGE_ENV, raising=False)
+    path = tmp_path / "hard.toml"
+    path.write_text(SUITE.replace("epochs = 1\n", "epochs = 1000000\n"))
+    status = ["status", "--suite", str(path), "--results", str(tmp_path / "results")]
+    assert main(status) == 2 and "--allow-large" in capsys.readouterr().err
+    assert main([*status, "--allow-large"]) == 0 and "1 missing" in capsys.readouterr().out
+    assert ALLOW_LARGE_ENV not in os.environ  # the flag's setting ends with its command
+    monkeypatch.setenv(ALLOW_LARGE_ENV, "1")
+    assert main(status) == 0
+    monkeypatch.delenv(ALLOW_LARGE_ENV)
+    path.write_text(SUITE)
+    many = ",".join(map(str, range(10_001)))
+    code, err = run(tmp_path, "--seeds", many, capsys=capsys)
+    assert code == 2 and err.count("\n") == 1 and "more than 10,000 cells" in err and "--allow-large" in err, err
+    assert nothing_written(tmp_path)
+
+
 @pytest.mark.parametrize("flag", ["--results", "--reports", "--data-root"])
 def test_a_file_where_a_directory_is_needed_is_exit_2(tmp_path, capsys, flag):
     blocker = tmp_path / "a_file"
@@ -154,6 +186,22 @@ def flip_byte(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
+def forge_object_array(cell: Path, tmp_path: Path) -> None:
+    """Replace the cell's test predictions by an ``.npz`` of object arrays (pickles) and
+    write its new sha256 into the manifest, as a forger would."""
+    import zipfile
+
+    from bench.store import sha256_file
+
+    np.save(tmp_path / "x.npy", np.array([{"evil": 1}], dtype=object), allow_pickle=True)
+    with zipfile.ZipFile(cell / "preds" / "test.npz", "w") as z:
+        z.write(tmp_path / "x.npy", "log_probs.npy")
+        z.write(tmp_path / "x.npy", "labels.npy")
+    manifest = json.loads((cell / "manifest.json").read_text())
+    manifest["files"]["preds/test.npz"] = sha256_file(cell / "preds" / "test.npz")
+    (cell / "manifest.json").write_text(json.dumps(manifest))
+
+
 @pytest.mark.parametrize("damage", ["flipped byte", "stray file", "object array", "truncated cell.json"])
 def test_report_names_every_damaged_cell_and_exits_1(trained, tmp_path, capsys, damage):
     store, cells = copy_store(trained, tmp_path)
@@ -162,18 +210,8 @@ def test_report_names_every_damaged_cell_and_exits_1(trained, tmp_path, capsys, 
         flip_byte(cell / "preds" / "test.npz")
     elif damage == "stray file":
         np.savez(cell / "preds" / "injected.npz", log_probs=np.zeros((2, 10), np.float32), labels=np.zeros(2, np.int64))
-    elif damage == "object array":  # a forged file whose new hash was written into the manifest
-        from bench.store import sha256_file
-
-        np.save(tmp_path / "x.npy", np.array([{"evil": 1}], dtype=object), allow_pickle=True)
-        import zipfile
-
-        with zipfile.ZipFile(cell / "preds" / "test.npz", "w") as z:
-            z.write(tmp_path / "x.npy", "log_probs.npy")
-            z.write(tmp_path / "x.npy", "labels.npy")
-        manifest = json.loads((cell / "manifest.json").read_text())
-        manifest["files"]["preds/test.npz"] = sha256_file(cell / "preds" / "test.npz")
-        (cell / "manifest.json").write_text(json.dumps(manifest))
+    elif damage == "object array":
+        forge_object_array(cell, tmp_path)
     else:
         (cell / "cell.json").write_text((cell / "cell.json").read_text()[:40])
     code, err, readme = report(tmp_path, capsys)
@@ -203,6 +241,19 @@ def test_run_moves_a_damaged_cell_aside_and_redoes_it(trained, tmp_path, capsys)
     from bench.store import CellDir
 
     assert CellDir(cells[0]).verify() and CellDir(cells[1]).verify()  # redone; the other untouched
+
+
+@pytest.mark.parametrize("name,results", [("..", "results/hard/sub"), ("", "results/hard"), (".", "results/hard")])
+def test_a_store_only_report_whose_name_is_no_folder_name_is_exit_2(trained, tmp_path, capsys, name, results):
+    """``report --results DIR --suite NAME`` with NAME '..', '' or '.' (DIR/NAME a real
+    store) would write the report outside --reports or into its root: one line, nothing written."""
+    copy_store(trained, tmp_path)
+    (tmp_path / "results" / "hard" / "sub").mkdir()
+    before = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*"))
+    code = main(["report", "--suite", name, "--results", str(tmp_path / results), "--reports", str(tmp_path / "reports")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and f"--suite: {name!r} cannot name a suite" in err, err
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == before
 
 
 def test_report_matching_nothing_is_exit_2_and_keeps_the_old_report(trained, tmp_path, capsys):
@@ -290,6 +341,24 @@ def test_a_broken_data_file_is_exit_2_before_the_first_cell(tmp_path, capsys, br
     assert not (tmp_path / "reports").exists()
 
 
+def test_an_image_declaring_too_many_pixels_is_refused_before_decoding(tmp_path, monkeypatch):
+    """A 5000 x 5000 PNG (under Pillow's own bomb limit) whose pixel data is missing: the
+    refusal names the pixel count, so it came from the header, before any decoding (which
+    would fail on the missing data).  UQBENCH_ALLOW_LARGE lets it be decoded."""
+    from bench.errors import ConfigError
+    from bench.options import ALLOW_LARGE_ENV
+    from datasets.formats import read_image_folder
+
+    monkeypatch.delenv(ALLOW_LARGE_ENV, raising=False)
+    (tmp_path / "big.png").write_bytes(png_declaring(5000, 5000))
+    with pytest.raises(ConfigError) as exc:
+        read_image_folder(tmp_path, 32)
+    assert "5000 x 5000 = 25,000,000 pixels, more than the 16,777,216 (4096 x 4096)" in str(exc.value), exc.value
+    monkeypatch.setenv(ALLOW_LARGE_ENV, "1")
+    with pytest.raises(ConfigError, match="cannot be read as an image"):  # decoded: the data are missing
+        read_image_folder(tmp_path, 32)
+
+
 def test_a_tiny_pickle_cannot_declare_a_huge_array():
     import pickle
 
@@ -327,6 +396,108 @@ def test_verify_names_damage_and_exits_1(trained, tmp_path, capsys):
     assert main(["verify", "--suite", "hard", "--results", str(tmp_path / "results")]) == 1
     out = capsys.readouterr().out
     assert f"{cells[1].name}: damaged: preds/test.npz does not match" in out and "1 complete" in out
+
+
+def test_verify_status_and_run_judge_contents_not_only_hashes(trained, tmp_path, capsys):
+    """A prediction file rewritten with object arrays and its new hash in the manifest:
+    verify (exit 1) and status call the cell damaged, and run redoes it, saying so."""
+    store, cells = copy_store(trained, tmp_path)
+    forge_object_array(cells[0], tmp_path)
+    assert main(["verify", "--suite", "hard", "--results", str(tmp_path / "results")]) == 1
+    out = capsys.readouterr().out
+    assert f"{cells[0].name}: damaged: preds/test.npz cannot be read as plain arrays" in out, out
+    assert main(["status", "--suite", str(tmp_path / "hard.toml"), "--results", str(tmp_path / "results")]) == 0
+    assert "damaged: preds/test.npz cannot be read" in capsys.readouterr().out
+    code, err = run(tmp_path, suite=(tmp_path / "hard.toml").read_text(), capsys=capsys)
+    assert code == 0 and "damaged (preds/test.npz cannot be read" in err and "redoing it" in err, err
+    from bench.store import CellDir
+
+    assert CellDir(cells[0]).verify() and [p.name for p in store.iterdir() if ".damaged-" in p.name]
+    assert main(["verify", "--suite", "hard", "--results", str(tmp_path / "results")]) == 0
+
+
+# ------------------------------------------------------------------------ resumable states
+
+
+RESUME_SUITE = (SUITE.replace("epochs = 1\n", "epochs = 2\ncheckpoint_every = 1\n").replace("seeds = [0]", "seeds = [0, 1]")
+                + "[methods.mc_dropout]\nsamples = 2\n")
+
+
+def run_cells(suite: Path, store: Path, methods: tuple[str, ...], seeds: tuple[int, ...]):
+    """Train, predict and store these cells of the suite (``bench.runner.run_plan``, no report)."""
+    import torch
+
+    from bench.cli import import_plugins
+    from bench.plan import make_plan
+    from bench.runner import Console, run_plan
+    from bench.spec import Overrides, load_suite, select
+    from bench.store import Store
+
+    import_plugins([])  # the built-in methods and datasets
+    plan = make_plan(select(load_suite(str(suite), Overrides(seeds=seeds, methods=methods)), methods))
+    return plan, run_plan(plan, Store(store), torch.device("cpu"), Console(quiet=True))
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_a_foreign_or_edited_training_state_is_discarded_and_the_cell_starts_over(tmp_path, capsys, monkeypatch):
+    """Resumable states taken from real interrupted runs (the process stops the moment its
+    first state is on disk) are put where they do not belong: msp seed 0 gets msp seed 1's
+    (other seed), msp seed 1 gets mc_dropout seed 0's (other method), and mc_dropout
+    seed 0 gets its own with one weight changed.  Each is discarded with one warning naming
+    the cell and why, and every cell ends with the predictions of a clean run."""
+    import io
+
+    import torch
+
+    suite = tmp_path / "resume.toml"
+    suite.write_text(RESUME_SUITE)
+    plan, summary = run_cells(suite, tmp_path / "clean", ("msp", "mc_dropout"), (0, 1))
+    key = {(c.method.name, c.seed): c.key for c in plan.cells}
+    assert len(summary.done) == 4 and len(key) == 4
+    store = tmp_path / "resumed"
+    real_replace = os.replace
+
+    def replace_then_die(src, dst, *args, **kwargs):
+        real_replace(src, dst, *args, **kwargs)
+        if Path(dst).name == "train_state.pt":
+            raise KeyboardInterrupt  # killed right after the state reached the disk
+
+    states = {}
+    for cell in [("msp", 1), ("mc_dropout", 0)]:
+        with monkeypatch.context() as m:
+            m.setattr(os, "replace", replace_then_die)
+            with pytest.raises(KeyboardInterrupt):
+                run_cells(suite, store, (cell[0],), (cell[1],))
+        states[cell] = (store / key[cell] / "train_state.pt").read_bytes()
+    edited = torch.load(io.BytesIO(states[("mc_dropout", 0)]), weights_only=True)
+    weight = next(v for v in edited["model"].values() if v.is_floating_point() and v.numel() > 1)
+    weight.view(-1)[0] += 0.25
+    buf = io.BytesIO()
+    torch.save(edited, buf)
+    for cell, data in [(("msp", 0), states[("msp", 1)]), (("msp", 1), states[("mc_dropout", 0)]),
+                       (("mc_dropout", 0), buf.getvalue())]:
+        (store / key[cell]).mkdir(exist_ok=True)
+        (store / key[cell] / "train_state.pt").write_bytes(data)
+    capsys.readouterr()
+
+    _, summary = run_cells(suite, store, ("msp", "mc_dropout"), (0, 1))
+    err = capsys.readouterr().err
+    assert sorted(summary.done) == sorted(key.values()) and not summary.failed, err
+    from bench.store import CellDir
+
+    for (method, seed), k in key.items():
+        clean, resumed = CellDir(tmp_path / "clean" / k), CellDir(store / k)
+        assert resumed.verify() and clean.splits() == resumed.splits()
+        for split in clean.splits():
+            for name, array in clean.read_arrays(split).items():
+                np.testing.assert_array_equal(resumed.read_arrays(split)[name], array,
+                                              err_msg=f"{method} seed {seed}: {split} {name}")
+    for cell, why in [(("msp", 0), f"belongs to cell {key[('msp', 1)]}"),
+                      (("msp", 1), f"belongs to cell {key[('mc_dropout', 0)]}"),
+                      (("mc_dropout", 0), "do not match its checksum")]:
+        warning = [ln for ln in err.splitlines() if f"({key[cell]}): train_state.pt not resumed" in ln]
+        assert len(warning) == 1 and why in warning[0] and "starts over" in warning[0], err
+    assert "resuming" not in err
 
 
 def test_out_of_memory_fails_only_its_cell_with_a_hint(tmp_path, capsys, monkeypatch):

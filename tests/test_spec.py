@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import re
 
 import pytest
@@ -403,6 +404,69 @@ def test_unknown_suite_name_lists_available_suites():
         load_suite("no_such_suite")
     msg = str(exc.value)
     assert "'no_such_suite'" in msg and "default" in msg
+
+
+SUITE_TOML = 'seeds = [0]\n[datasets.mnist5k]\n[methods.msp]\n'
+
+
+@pytest.mark.parametrize("name", ["../escaped", "/tmp/absolute", "", ".hidden", "a/b", "a b", "x\ny", "..", "."])
+def test_a_suite_name_is_one_path_component(tmp_path, name):
+    """The name becomes <results>/NAME and <reports>/NAME: anything but one plain folder
+    name (letters, digits, '-', '_', '.', not first) is one line naming the key."""
+    path = tmp_path / "s.toml"
+    path.write_text(f"name = {json.dumps(name)}\n" + SUITE_TOML)  # a TOML basic string
+    with pytest.raises(ConfigError) as exc:
+        load_suite(str(path))
+    msg = str(exc.value)
+    assert msg.startswith(f"name: {name!r} cannot name a suite") and "\n" not in msg, msg
+
+
+@pytest.mark.parametrize("name", ["default", "my-suite_2.v1", "A"])
+def test_plain_suite_names_and_file_names_are_accepted(tmp_path, name):
+    (tmp_path / "s.toml").write_text(f'name = "{name}"\n' + SUITE_TOML)
+    assert load_suite(str(tmp_path / "s.toml")).name == name
+    (tmp_path / "file-name.toml").write_text(SUITE_TOML)
+    assert load_suite(str(tmp_path / "file-name.toml")).name == "file-name"
+
+
+@pytest.mark.parametrize("levels", [40, 100_000])
+def test_toml_nested_too_deep_is_a_config_error(tmp_path, levels):
+    """Beyond the documented 32 levels (and far beyond, where the parser itself would exceed
+    Python's recursion limit) a suite file is refused in one line naming the file."""
+    path = tmp_path / "deep.toml"
+    path.write_text(SUITE_TOML.replace("[methods.msp]\n", f"[methods.msp]\nsamples = {'[' * levels}{']' * levels}\n"))
+    with pytest.raises(ConfigError) as exc:
+        load_suite(str(path))
+    assert str(exc.value) == f"{path}: tables or arrays nested more than 32 levels deep; a suite needs a handful"
+
+
+def test_a_selection_of_more_than_max_cells_needs_allow_large(monkeypatch):
+    """10,002 cells (2 trained methods x 5,001 seeds) are refused in one line that says how
+    to go on; UQBENCH_ALLOW_LARGE (what --allow-large sets) lifts the limit."""
+    from bench.options import ALLOW_LARGE_ENV
+
+    monkeypatch.delenv(ALLOW_LARGE_ENV, raising=False)
+    suite = build_suite(minimal(seeds=list(range(5001)), methods={"msp": {}, "mc_dropout": {}}))
+    with pytest.raises(ConfigError) as exc:
+        select(suite)
+    msg = str(exc.value)
+    assert "plans 10,002 cells" in msg and "more than 10,000" in msg and "--allow-large" in msg, msg
+    assert len(select(suite, ("msp",)).seeds) == 5001  # 5,001 cells: within the limit
+    with pytest.raises(ConfigError, match="--allow-large"):
+        build_suite(minimal(seeds=list(range(10_001))))  # refused before each seed is checked
+    monkeypatch.setenv(ALLOW_LARGE_ENV, "1")
+    assert len(select(suite).seeds) == 5001
+
+
+def test_max_len_is_bounded_unless_allowed(monkeypatch):
+    from bench.options import ALLOW_LARGE_ENV
+
+    monkeypatch.delenv(ALLOW_LARGE_ENV, raising=False)
+    for dataset in ("cola", "imdb", "rotten_tomatoes"):
+        msg = config_error(minimal(datasets={dataset: {"max_len": 8192}}))
+        assert f"datasets.{dataset}.max_len: must be <= 1024, got 8192" in msg and "--allow-large" in msg, msg
+    monkeypatch.setenv(ALLOW_LARGE_ENV, "1")
+    assert build_suite(minimal(datasets={"cola": {"max_len": 8192}})).datasets[0].options.max_len == 8192
 
 
 # --------------------------------------------------------------------------- options.parse

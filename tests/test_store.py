@@ -355,3 +355,89 @@ def test_store_cells_are_keyed_directories(tmp_path):
     cd = s.cell("k1")
     assert cd.path == tmp_path / "r" / "k1"
     assert cd.key == "k1"
+
+
+# ----------------------------------------------------------------------------- contents
+
+
+def forge(cd: CellDir, rel: str, data: bytes | None = None, **arrays: np.ndarray) -> None:
+    """Replace ``rel`` as a forger would: new bytes (or an ``.npz`` of ``arrays``, objects
+    allowed) with their sha256 written into the manifest, so every hash still matches."""
+    if data is None:
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)  # np.savez pickles object arrays
+        data = buf.getvalue()
+    (cd.path / rel).write_bytes(data)
+    manifest = json.loads((cd.path / "manifest.json").read_text())
+    manifest["files"][rel] = hashlib.sha256(data).hexdigest()
+    (cd.path / "manifest.json").write_text(json.dumps(manifest))
+
+
+def good_arrays(n: int = 7, c: int = 3, seed: int = 9) -> dict[str, np.ndarray]:
+    lp, y = random_preds(n, c, seed)
+    return {"log_probs": lp.astype(np.float32), "labels": y.astype(np.int64)}
+
+
+FORGERIES = {
+    "object array (a pickle)": dict(log_probs=np.array([{"evil": 1}] * 7, dtype=object), labels=np.zeros(7, np.int64)),
+    "float64 log_probs": {**good_arrays(), "log_probs": good_arrays()["log_probs"].astype(np.float64)},
+    "int32 labels": {**good_arrays(), "labels": good_arrays()["labels"].astype(np.int32)},
+    "fewer rows than the split": good_arrays(n=5),
+    "other number of classes": good_arrays(c=4),
+    "labels and log_probs of different lengths": {**good_arrays(), "labels": np.zeros(6, np.int64)},
+    "a NaN": {**good_arrays(), "log_probs": np.where(np.arange(21).reshape(7, 3) == 4, np.nan,
+                                                     good_arrays()["log_probs"]).astype(np.float32)},
+    "unnormalised": {**good_arrays(), "log_probs": (good_arrays()["log_probs"] + 0.5).astype(np.float32)},
+    "label out of range": {**good_arrays(), "labels": np.array([0, 1, 2, 3, 0, 1, 2], np.int64)},
+    "no labels": {"log_probs": good_arrays()["log_probs"]},
+    "an extra of the wrong shape": {**good_arrays(), "mean_entropy": np.zeros(3, np.float32)},
+}
+
+
+@pytest.mark.parametrize("what", list(FORGERIES))
+def test_a_forged_prediction_file_with_a_matching_hash_is_damaged(tmp_path, what):
+    """Hashes prove a file is the one sealed; a file replaced together with its hash must
+    still hold what write_preds writes (float32 [N, C] normalised log-probabilities, int64
+    labels [N], N and C as sealed), read without unpickling."""
+    cd = complete_cell(tmp_path)
+    forge(cd, "preds/test.npz", **FORGERIES[what])
+    state, why = cd.condition()
+    assert state == "damaged" and why.startswith("preds/test.npz"), (state, why)
+    assert not cd.verify()
+
+
+def test_an_honest_rewrite_with_its_hash_still_verifies(tmp_path):
+    """The content checks accept what write_preds writes (here: other valid values)."""
+    cd = complete_cell(tmp_path)
+    forge(cd, "preds/test.npz", **good_arrays(seed=123))
+    assert cd.condition() == ("complete", None)
+
+
+@pytest.mark.parametrize("entry", ["../outside.npz", "preds/../../outside.npz", "ABSOLUTE", "symlink"])
+def test_a_manifest_path_outside_the_cell_is_damaged(tmp_path, entry):
+    """A manifest entry must name a file inside the cell: not absolute, no '..', and not
+    a symlink resolving elsewhere -- even when the file there matches the hash."""
+    cd = complete_cell(tmp_path)
+    outside = cd.path.parent / "outside.npz"
+    outside.write_bytes((cd.path / "preds" / "test.npz").read_bytes())
+    if entry == "symlink":
+        (cd.path / "preds" / "test.npz").unlink()
+        (cd.path / "preds" / "test.npz").symlink_to(outside)
+        rel = "preds/test.npz"
+    else:
+        rel = str(outside) if entry == "ABSOLUTE" else entry
+        forge(cd, rel, outside.read_bytes())
+    state, why = cd.condition()
+    assert state == "damaged" and repr(rel) in why, (state, why)
+
+
+def test_write_preds_refuses_what_a_verified_cell_may_not_hold(tmp_path):
+    cd = CellDir(tmp_path / "cell")
+    cd.reset()
+    lp, y = random_preds(4, 3, 0)
+    lp[1, 2] = np.nan
+    with pytest.raises(ValueError, match="non-finite"):
+        cd.write_preds("test", lp, y)
+    with pytest.raises(ValueError, match="not normalised"):
+        cd.write_preds("test", np.zeros((4, 3)), y)
+    assert listing(tmp_path) == []
