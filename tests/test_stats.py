@@ -432,5 +432,7 @@ def test_seeds_needed_reaches_80_percent_power_by_the_noncentral_t():
     # test-image noise shared by every seed, larger than the difference can carry: no seed count helps
     shared = np.random.default_rng(1).normal(0.0, 3.0, 500)
     assert np.isinf(S.seeds_needed(a, {k: v + shared for k, v in a.items()}, b, flat(b, 500), paired=True))
+    # no difference at all (temperature scaling's accuracy, say): never significant
+    assert np.isinf(S.seeds_needed(a, flat(a), a, flat(a), paired=True))
     # a side with one run: its seed variance is unknown
     assert np.isnan(S.seeds_needed({0: 1.0}, flat({0: 1.0}), {0: 0.0}, flat({0: 0.0}), paired=True))
