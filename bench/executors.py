@@ -337,7 +337,6 @@ def _record_death(job: Job, reason: str) -> Outcome:
     (:mod:`bench.lock`) and is broken here.  A cell its worker completed before dying
     stays complete."""
     from bench.lock import LOCK_SUFFIX, CellLock
-    from bench.runner import _fail
     from bench.store import Store
 
     cell = job.cell
@@ -349,7 +348,7 @@ def _record_death(job: Job, reason: str) -> Outcome:
         if held:  # its record so far, else (it died before it began the cell) who the cell is
             info = cd.read_cell() or {"key": cell.key, "dataset": cell.dataset.name, "method": cell.method.name,
                                       "seed": cell.seed, "config": cell.config}
-            _fail(cd, info, reason)
+            cd.mark_failed(info, reason)
     return Outcome(cell.key, cell.label, "failed", f"{reason}; the next run retries it", 0.0)
 
 

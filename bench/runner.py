@@ -314,7 +314,7 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
                 data.release(split)
         pred_secs = time.perf_counter() - t_pred
     except NonFiniteLoss as exc:
-        return _fail(cd, info, str(exc))
+        return cd.mark_failed(info, str(exc))
     except ConfigError:
         raise
     except (MemoryError, torch.OutOfMemoryError) as exc:  # this cell is too big; the grid goes on
@@ -348,15 +348,10 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
 def _fail_cell(cd: CellDir, info: dict, reason: str) -> tuple[str, str]:
     """A cell's own failure (not a non-finite loss): recorded, and the grid goes on; under
     torchrun the other ranks may wait in a collective, so the run stops (torchrun ends them)."""
-    outcome = _fail(cd, info, reason)
+    outcome = cd.mark_failed(info, reason)
     if distributed.active():
         distributed.abort(f"cell {info['key']} failed: {reason}")
     return outcome
-
-
-def _fail(cd: CellDir, info: dict, reason: str) -> tuple[str, str]:
-    cd.write_cell({**info, "status": "failed", "reason": reason, "finished": datetime.now(timezone.utc).isoformat(timespec="seconds")})
-    return "failed", reason
 
 
 def reset_peak_memory(device: torch.device) -> None:

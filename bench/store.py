@@ -299,6 +299,15 @@ class CellDir:
     def write_cell(self, info: dict) -> None:
         atomic_write_json(self.path / CELL, info)
 
+    def mark_failed(self, info: dict, reason: str) -> tuple[str, str]:
+        """Record the cell as failed with ``reason`` (``info``: its ``cell.json`` so far);
+        returns the outcome ``("failed", reason)``."""
+        from datetime import datetime, timezone
+
+        self.write_cell({**info, "status": "failed", "reason": reason,
+                         "finished": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+        return "failed", reason
+
     def write_preds(self, split: str, log_probs: np.ndarray, labels: np.ndarray, **extras: np.ndarray) -> None:
         """Store one split's predictions; ``extras`` are further per-image float32 arrays.
         Raises ValueError, writing nothing, for arrays a verified cell may not hold
