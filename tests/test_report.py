@@ -240,11 +240,15 @@ def mean_std(values: list[float], scale: float) -> str:
     return f"{v.mean():.2f} ± {v.std(ddof=1):.2f}"
 
 
-def with_ci(values: list[float], scale: float) -> str:
-    """Expected summary/OOD cell without a mark: mean ± std [lo, hi] (CI 1 decimal)."""
+APPROXIMATE_INTERVALS = {"ece", "ece_debiased"}  # calibration errors: the report writes ≈[lo, hi]
+
+
+def with_ci(values: list[float], scale: float, metric: str = "") -> str:
+    """Expected summary/OOD cell without a mark: mean ± std [lo, hi] (CI 1 decimal), the
+    interval prefixed with ≈ for the calibration errors."""
     mean = float(np.mean(values))
-    return (f"{mean_std(values, scale)} [{(mean - CI_BELOW) * scale:.1f}, "
-            f"{(mean + CI_ABOVE) * scale:.1f}]")
+    return (f"{mean_std(values, scale)} {'≈' if metric in APPROXIMATE_INTERVALS else ''}"
+            f"[{(mean - CI_BELOW) * scale:.1f}, {(mean + CI_ABOVE) * scale:.1f}]")
 
 
 def tex_lines(path: Path, n_keys: int) -> dict[str, list[str]]:
@@ -297,7 +301,8 @@ def test_summary_cells_show_mean_std_ci_and_marks(report, results):
     assert find(rows, Dataset="toy_a", Method="mc_dropout")["ACC (%)"] == "86.00 ± 1.00 [84.8, 88.3] ▲"
     assert with_ci(acc, 100) == "86.00 ± 1.00 [84.8, 88.3]"
     ece_vals = seed_values(results, "toy_a", "mc_dropout", "test", "ece")
-    assert find(rows, Dataset="toy_a", Method="mc_dropout")["ECE (%)"] == with_ci(ece_vals, 100) + " ▼"
+    assert find(rows, Dataset="toy_a", Method="mc_dropout")["ECE (%)"] == with_ci(ece_vals, 100, "ece") + " ▼"
+    assert "≈[" in find(rows, Dataset="toy_a", Method="mc_dropout")["ECE (%)"]  # approximate interval
     # no significant difference -> no mark
     nll = seed_values(results, "toy_a", "mc_dropout", "test", "nll")
     assert find(rows, Dataset="toy_a", Method="mc_dropout")["NLL (x10)"] == with_ci(nll, 10)
@@ -314,7 +319,7 @@ def test_summary_every_column_has_its_scale(report, results):
     row = find(rows, Dataset="toy b&c", Method="mc_dropout")
     for header, metric in SUMMARY_HEADERS:
         vals = seed_values(results, "toy b&c", "mc_dropout", "test", metric)
-        assert row[header] == with_ci(vals, SCALES[metric]), header
+        assert row[header] == with_ci(vals, SCALES[metric], metric), header
 
 
 def test_summary_csv_is_raw_with_ci_p_and_verdict(report, results):
@@ -423,6 +428,8 @@ def test_conventions_section_lists_each_shown_metric(report):
     for metric in shown:
         info = get_metric(metric)
         assert f"`{metric}`" in conventions and info.convention.replace("|", r"\|") in conventions, metric
+        assert (info.interval in conventions) if info.interval else True, metric
+    assert "47% for a calibrated one" in conventions  # ECE's measured coverage
     assert "ece_adaptive" not in conventions  # registered, but not in the default selection
     for words in ("CE (%)", "Parameters", "Peak memory (MiB)", "`mutual_info`", "`entropy`",
                   "Degenerate splits"):

@@ -46,6 +46,7 @@ class Column:
     convention: str
     decimals: int = 2
     grouping: bool = False  # thousands separators (counts such as parameters)
+    interval: str = ""  # where its intervals are only approximate (Metric.interval): shown "≈[lo, hi]"
 
     @property
     def header(self) -> str:
@@ -68,7 +69,8 @@ class Column:
 def metric_column(name: str) -> Column:
     """The display column of a registered metric, from its :class:`bench.metrics.Metric`."""
     m = get_metric(name)
-    return Column(name, m.label, m.unit, float(m.scale), bool(m.higher_is_better), m.convention)
+    return Column(name, m.label, m.unit, float(m.scale), bool(m.higher_is_better), m.convention,
+                  interval=m.interval)
 
 
 CE_COLUMN = Column(
@@ -170,7 +172,8 @@ CI_DECIMALS = 1
 MD_MARKS = {"better": " ▲", "worse": " ▼", "better (one run)": " △", "worse (one run)": " ▽"}
 TEX_MARKS = {"better": r"$^\uparrow$", "worse": r"$^\downarrow$",
              "better (one run)": r"$^{(\uparrow)}$", "worse (one run)": r"$^{(\downarrow)}$"}
-NOT_REACHED = "> 1000"  # seeds_needed: no seed count up to 1,000 reaches significance
+NOT_REACHED = "> 1000"
+APPROXIMATE = "≈"  # before the interval of a metric whose intervals are only approximate (Column.interval)  # seeds_needed: no seed count up to 1,000 reaches significance
 CSV_FLOAT_FORMAT = "%.10g"
 
 
@@ -446,7 +449,8 @@ class _Table:
 
         Text: ``failed``; ``error`` (the metric raised); ``n/a`` (no finite mean); ``mean``,
         ``mean ± std`` (std finite), then `` [lo, hi]`` (tables with marks, CI finite,
-        :data:`CI_DECIMALS` decimals).
+        :data:`CI_DECIMALS` decimals; ``≈[lo, hi]`` where the metric's intervals are only
+        approximate, :attr:`Column.interval`).
         """
         if row.failed:
             return FAILED, ""
@@ -463,7 +467,8 @@ class _Table:
         if not self.spec.marks:
             return text, ""
         if math.isfinite(stat.ci_low) and math.isfinite(stat.ci_high):
-            text += f" [{col.text(stat.ci_low, CI_DECIMALS)}, {col.text(stat.ci_high, CI_DECIMALS)}]"
+            text += f" {APPROXIMATE if col.interval else ''}[{col.text(stat.ci_low, CI_DECIMALS)}, " \
+                    f"{col.text(stat.ci_high, CI_DECIMALS)}]"
         return text, stat.verdict
 
     def best(self) -> np.ndarray:
