@@ -80,6 +80,9 @@ __all__ = [
     "get_metric",
     "selection",
     "registered",
+    "check_probs_labels",
+    "check_scores",
+    "chunks",
     "BINNINGS",
     "CALIBRATION_TARGETS",
     "calibration_bins",
@@ -94,7 +97,7 @@ _Metric = Callable[..., float]
 # --------------------------------------------------------------------------- validation
 
 
-def _check_probs_labels(probs: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def check_probs_labels(probs: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Validate a classification input; return ``(probs, labels)`` as given (arrays).
 
     ``probs`` keeps its dtype (callers convert to float64; ECE bins in the input precision).
@@ -138,12 +141,12 @@ def _check_probability_values(probs: np.ndarray, name: str) -> None:
 
 def _confidence_correct(probs: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Validate, then return MSP confidence ``[N]`` float64 and correctness ``[N]`` bool."""
-    probs, labels = _check_probs_labels(probs, labels)
+    probs, labels = check_probs_labels(probs, labels)
     p = np.asarray(probs, dtype=np.float64)
     return p.max(axis=1), p.argmax(axis=1) == labels
 
 
-def _check_scores(scores_id: np.ndarray, scores_ood: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def check_scores(scores_id: np.ndarray, scores_ood: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Validate OOD scores; return both as float64 1-D arrays."""
     out = []
     for name, s in (("scores_id", scores_id), ("scores_ood", scores_ood)):
@@ -301,7 +304,7 @@ def _ood_curve(
     scores_id: np.ndarray, scores_ood: np.ndarray, *, ood_positive: bool
 ) -> _BinaryCurve:
     """Binary curve for OOD detection: ID positive with score s, or OOD positive with -s."""
-    s_id, s_ood = _check_scores(scores_id, scores_ood)
+    s_id, s_ood = check_scores(scores_id, scores_ood)
     is_id = np.concatenate((np.ones(s_id.shape[0], bool), np.zeros(s_ood.shape[0], bool)))
     score = np.concatenate((s_id, s_ood))
     if ood_positive:
@@ -317,7 +320,7 @@ def _ood_curve(
 _CHUNK_ELEMENTS = 1 << 20  # rows of w per matrix product: ~8 MB per [rows, N] float64 copy
 
 
-def _chunks(n_rows: int, n_cols: int) -> Iterator[slice]:
+def chunks(n_rows: int, n_cols: int) -> Iterator[slice]:
     """Row slices of about ``_CHUNK_ELEMENTS`` elements (bounded memory for ``w @ x``)."""
     step = max(1, _CHUNK_ELEMENTS // max(n_cols, 1))
     for start in range(0, n_rows, step):
@@ -465,7 +468,7 @@ def _curve_metric(
 def _weighted_mean(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     """``sum_i w[b, i] x[i] / sum_i w[b, i]`` for every row ``b``."""
     out = np.empty(w.shape[0])
-    for rows in _chunks(w.shape[0], w.shape[1]):
+    for rows in chunks(w.shape[0], w.shape[1]):
         wr = w[rows].astype(np.float64)
         out[rows] = (wr @ x) / wr.sum(axis=1)
     return out
@@ -496,7 +499,7 @@ def _boot_ece(probs, labels, w, n_bins: int = 15):
     gap = np.zeros((labels.shape[0], n_bins))
     gap[np.arange(labels.shape[0]), bins] = correct - conf64
     out = np.empty(w.shape[0])
-    for rows in _chunks(w.shape[0], w.shape[1]):
+    for rows in chunks(w.shape[0], w.shape[1]):
         wr = w[rows].astype(np.float64)
         out[rows] = np.abs(wr @ gap).sum(axis=1) / wr.sum(axis=1)
     return out
@@ -529,7 +532,7 @@ def _boot_ece_debiased(probs, labels, w, n_bins: int = 15):
     x[rows_n, n_bins + bins] = correct
     x[rows_n, 2 * n_bins + bins] = conf64
     out = np.empty(w.shape[0])
-    for rows in _chunks(w.shape[0], w.shape[1]):
+    for rows in chunks(w.shape[0], w.shape[1]):
         wr = w[rows].astype(np.float64)
         sums = wr @ x
         terms = _debiased_bin_terms(sums[:, :n_bins], sums[:, n_bins:2 * n_bins], sums[:, 2 * n_bins:])
@@ -799,7 +802,7 @@ def mcc(probs: np.ndarray, labels: np.ndarray) -> float:
     as 0 when the denominator is 0 (one class predicted or present), as
     ``sklearn.metrics.matthews_corrcoef``.  The metric of CoLA (GLUE).
     """
-    probs, labels = _check_probs_labels(probs, labels)
+    probs, labels = check_probs_labels(probs, labels)
     pred = np.asarray(probs, dtype=np.float64).argmax(axis=1)
     n_classes = probs.shape[1]
     t = np.bincount(labels, minlength=n_classes).astype(np.float64)
@@ -822,7 +825,7 @@ MCC_BATCH = 32  # the official CoLA evaluation's batch size
 def mcc_per_batch(probs: np.ndarray, labels: np.ndarray) -> float:
     """The mean of :func:`mcc` over consecutive batches of :data:`MCC_BATCH` samples, as
     KEP-SVGP's ``CoLA/valid.py`` averages sklearn's MCC over its test batches."""
-    probs, labels = _check_probs_labels(probs, labels)
+    probs, labels = check_probs_labels(probs, labels)
     starts = range(0, len(labels), MCC_BATCH)
     return float(np.mean([mcc(probs[i:i + MCC_BATCH], labels[i:i + MCC_BATCH]) for i in starts]))
 
@@ -987,7 +990,7 @@ def calibration_bins(
         raise ValueError(f"binning must be one of {BINNINGS}, got {binning!r}")
     if targets not in CALIBRATION_TARGETS:
         raise ValueError(f"targets must be one of {CALIBRATION_TARGETS}, got {targets!r}")
-    probs, labels = _check_probs_labels(probs, labels)
+    probs, labels = check_probs_labels(probs, labels)
     values, hits = _calibration_pairs(probs, labels, targets)
     bins, values64, n_slots, edges = _assign_bins(values, n_bins, binning)
     stats = _bin_statistics(values64, hits, bins, n_slots)
@@ -1058,7 +1061,7 @@ def nll(probs: np.ndarray, labels: np.ndarray) -> float:
     ``probs`` [N, C], ``labels`` [N] int.  The true-class probability is clamped below at
     ``np.finfo(np.float64).tiny`` (~2.2e-308), so a zero gives ~708.4 per sample, not inf.
     """
-    probs, labels = _check_probs_labels(probs, labels)
+    probs, labels = check_probs_labels(probs, labels)
     p_true = np.asarray(probs, dtype=np.float64)[np.arange(labels.shape[0]), labels]
     return float(-np.log(np.maximum(p_true, np.finfo(np.float64).tiny)).mean())
 
@@ -1074,7 +1077,7 @@ def brier(probs: np.ndarray, labels: np.ndarray) -> float:
 
     ``probs`` [N, C], ``labels`` [N] int.  Summed over classes (not averaged).
     """
-    probs, labels = _check_probs_labels(probs, labels)
+    probs, labels = check_probs_labels(probs, labels)
     p = np.asarray(probs, dtype=np.float64)
     p_true = p[np.arange(labels.shape[0]), labels]
     # sum_k (p_k - 1[k=y])^2 = sum_k p_k^2 - 2 p_y + 1
@@ -1252,7 +1255,7 @@ def ood_fpr95(scores_id: np.ndarray, scores_ood: np.ndarray) -> float:
     ID score with k = ceil(0.95 N1) (integer arithmetic: N1 = 20 gives k = 19); returns
     mean(scores_ood >= tau), so OOD scores tied with tau count as false positives.
     """
-    s_id, s_ood = _check_scores(scores_id, scores_ood)
+    s_id, s_ood = check_scores(scores_id, scores_ood)
     n1 = s_id.shape[0]
     k = (95 * n1 + 99) // 100  # ceil(95 * n1 / 100), exact
     tau = np.partition(s_id, n1 - k)[n1 - k]  # k-th largest
@@ -1359,7 +1362,7 @@ def ece_classwise(probs: np.ndarray, labels: np.ndarray, *, n_bins: int = 15) ->
     their probabilities, like any other).  Always >= :func:`ece_all_class`.
     """
     n_bins = _check_n_bins(n_bins)
-    probs, labels = _check_probs_labels(probs, labels)
+    probs, labels = check_probs_labels(probs, labels)
     values, hits = _calibration_pairs(probs, labels, "all_class")
     bins, values64, _, _ = _assign_bins(values, n_bins, "upper_closed")
     n_classes = probs.shape[1]
@@ -1443,7 +1446,7 @@ def rms_ce_adaptive100(probs: np.ndarray, labels: np.ndarray, *, bin_size: int =
     100 <= N < 200 gives 0.0 and N < 100 (where the reference crashes) gives NaN.
     """
     bin_size = _check_n_bins(bin_size, "bin_size")
-    probs, labels = _check_probs_labels(probs, labels)
+    probs, labels = check_probs_labels(probs, labels)
     values, hits = _calibration_pairs(probs, labels, "top_label")
     n = values.shape[0]
     n_full = n // bin_size
