@@ -78,7 +78,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from bench.metrics import check_probs_labels, check_scores, chunks, get_metric
+from bench.metrics import check_probs_labels, check_scores, get_metric
+from bench.metrics.resample import chunks
 
 __all__ = [
     "DEFAULT_RESAMPLES",
