@@ -78,7 +78,8 @@ FILES: dict[str, tuple[str, list[str], tuple[str, ...]]] = {
     "failures.csv": ("failures", FAILURE_COLUMNS, ("dataset", "method", "reason")),
     "damaged.csv": ("damaged", DAMAGED_COLUMNS, ("cell", "dataset", "method", "reason")),
 }
-_CODE = ("metrics.py", "stats.py", "analysis.py", "catalog.py", "method.py")  # their text is in the fingerprint
+_CODE = (*sorted(f"metrics/{p.name}" for p in (Path(__file__).parent / "metrics").glob("*.py")),
+         "stats.py", "analysis.py", "catalog.py", "method.py")  # their text is in the fingerprint
 
 
 @dataclass

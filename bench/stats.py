@@ -78,7 +78,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from bench.metrics import _check_probs_labels, _check_scores, _chunks, get_metric
+from bench.metrics import check_probs_labels, check_scores, get_metric
+from bench.metrics.resample import chunks
 
 __all__ = [
     "DEFAULT_RESAMPLES",
@@ -119,7 +120,7 @@ def resample_weights(n: int, n_resamples: int = DEFAULT_RESAMPLES, seed: int = 0
         raise ValueError(f"n_resamples must be a positive integer, got {n_resamples!r}")
     rng = np.random.default_rng(seed)
     out = np.empty((n_resamples, n), np.int64)
-    for rows in _chunks(n_resamples, n):  # bounded memory; same stream as one big draw
+    for rows in chunks(n_resamples, n):  # bounded memory; same stream as one big draw
         out[rows] = weights_from_index(rng.integers(0, n, size=(rows.stop - rows.start, n)), n)
     return out
 
@@ -187,7 +188,7 @@ def boot_metric(name: str, probs: np.ndarray, labels: np.ndarray, weights: np.nd
     m = get_metric(name)  # unknown names raise, listing the known ones
     if m.on_scores:
         raise ValueError(f"{name!r} is an OOD metric: use boot_ood_metric")
-    probs, labels = _check_probs_labels(probs, labels)
+    probs, labels = check_probs_labels(probs, labels)
     w = _check_weights(weights, labels.shape[0])
     if m.bootstrap is not None:
         return m.bootstrap(probs, labels, w)
@@ -218,7 +219,7 @@ def boot_ood_metric(
     m = get_metric(name)
     if not m.on_scores:
         raise ValueError(f"{name!r} is a classification metric: use boot_metric")
-    s_id, s_ood = _check_scores(scores_id, scores_ood)
+    s_id, s_ood = check_scores(scores_id, scores_ood)
     w_id = _check_weights(w_id, s_id.shape[0], "w_id")
     w_ood = _check_weights(w_ood, s_ood.shape[0], "w_ood")
     if w_id.shape[0] != w_ood.shape[0]:

@@ -23,6 +23,7 @@ from sklearn.metrics import (
 )
 
 import bench.metrics as M
+from bench.metrics.curves import BinaryCurve
 from bench.registry import METRICS
 from synthetic import make_case
 
@@ -177,7 +178,7 @@ def test_binary_curve_points_equal_sklearn(n, c, seed, decimals):
     """The shared helper reproduces roc_curve's and precision_recall_curve's point sets."""
     p, y = make_case(n, c, seed, decimals)
     conf, correct = conf_correct(p, y)
-    curve = M._BinaryCurve(correct, conf)
+    curve = BinaryCurve(correct, conf)
 
     fpr_ref, tpr_ref, _ = roc_curve(correct, conf)
     fpr, tpr = curve.roc()

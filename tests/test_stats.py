@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import bench.metrics as kernels  # the vectorised kernels live next to their metrics
+import bench.metrics.resample as kernels  # what the vectorised kernels share
 import bench.stats as S
 from bench.metrics import Metric, get_metric, selection
 from bench.registry import METRICS
