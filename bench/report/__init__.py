@@ -1,17 +1,22 @@
 """Report: the analysis files -> tables, plots and one README under ``reports/<suite>/``.
 
-Rendering only.  The report reads :class:`~bench.analysis.AnalysisResults` as
-``bench.analysis.load`` returns them from the analysis files (``analysis/`` beside the
-tables); no number of a table is computed here.  The plots read per-sample predictions
-through ``results.load_predictions`` (:meth:`bench.catalog.Catalog.predictions`), the
-one documented way back into the store.  One job per module:
+The tables, plots and README render only: they read
+:class:`~bench.analysis.AnalysisResults` as ``bench.analysis.load`` returns them from the
+analysis files (``analysis/`` beside the tables); no number of a table is computed here
+(:mod:`bench.report.suite` has the analysis write those files first).  The plots read
+per-sample predictions through ``results.load_predictions``
+(:meth:`bench.catalog.Catalog.predictions`), the one documented way back into the store.
+One job per module:
 
 * :mod:`bench.report.tables` — which tables exist (:data:`TABLES`), their rows and
   columns, and their Markdown / LaTeX / CSV renderings;
 * :mod:`bench.report.plots` — reliability diagrams, risk-coverage curves, metric vs.
   severity with CI bands, OOD score histograms;
 * :mod:`bench.report.readme` — ``README.md`` (hand-written ``NOTES.md`` inlined at the top,
-  conventions from the registered metrics, tables, failures, plots).
+  conventions from the registered metrics, tables, failures, plots);
+* :mod:`bench.report.suite` — the report step of ``run`` and ``report``: the store's
+  cells selected, analysed or their analysis files reused (``bench.analysis.analyse_store``),
+  the report written, the cells it leaves out and the exit status told.
 
 Layout written under ``out_dir``::
 
