@@ -372,16 +372,13 @@ def _main(args: argparse.Namespace) -> int:
 
     if args.severity not in SEVERITIES:
         raise ConfigError(f"--severity must be one of {', '.join(map(str, SEVERITIES))}, got {args.severity}")
-    if args.metrics:
-        from bench.report.tables import select_metrics
-
-        select_metrics(args.metrics)  # unknown names are an error before any work
-    overrides = Overrides(seeds=args.seeds, epochs=args.epochs, methods=args.methods)
     from bench.report.suite import report_suite
 
+    report_options = _report_options(args)  # unknown --metrics names are an error here, before any work
+    overrides = Overrides(seeds=args.seeds, epochs=args.epochs, methods=args.methods)
     if args.command == "report" and _store_only(args):
         name = args.suite
-        return report_suite(None, args.results / name, args.reports / name, _report_options(args))
+        return report_suite(None, args.results / name, args.reports / name, report_options)
     suite = load_suite(args.suite, overrides)
     store_root = args.results / suite.name
     status = 0
@@ -412,7 +409,7 @@ def _main(args: argparse.Namespace) -> int:
         console.log(f"done: {len(summary.done)} trained, {len(summary.skipped)} skipped, {len(summary.failed)} failed"
                     + (f", {len(summary.elsewhere)} running elsewhere" if summary.elsewhere else ""))
         status = 1 if summary.failed else 0
-    return max(status, report_suite(suite, store_root, args.reports / suite.name, _report_options(args)))
+    return max(status, report_suite(suite, store_root, args.reports / suite.name, report_options))
 
 
 #: executor flag (argparse dest) -> the [executor] key it overrides
@@ -462,7 +459,8 @@ def _store_only(args: argparse.Namespace) -> bool:
 
 def _report_options(args: argparse.Namespace):
     """The report's choices from the command line, a :class:`bench.report.suite.ReportOptions`
-    (``--methods`` picks the methods ``report`` shows; for ``run`` it has narrowed the suite)."""
+    (``--methods`` picks the methods ``report`` shows; for ``run`` it narrows the suite);
+    unknown ``--metrics`` names are a ConfigError."""
     from bench.report.suite import ReportOptions
 
     return ReportOptions(suite=args.suite, results=args.results, data_root=args.data_root,

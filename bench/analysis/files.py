@@ -165,7 +165,9 @@ def analyse_store(catalog: Catalog, out: Path, metrics: list[str] | None = None,
                   resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED,
                   significance: str = SIGNIFICANCE) -> tuple[AnalysisResults, bool]:
     """The analysis of ``catalog`` as written under ``out``: reused when its key matches,
-    else recomputed and written.  Returns ``(results read from the files, reused)``."""
+    else recomputed and written.  ``metrics``: registered metric names computed on top of
+    the default selection (checked where they entered: :func:`bench.report.validate_metrics`).
+    Returns ``(results read from the files, reused)``."""
     names = analysed_metrics(metrics)
     key = fingerprint(catalog, names, resamples, seed, check_significance(significance))
     meta = read_manifest(out)

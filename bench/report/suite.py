@@ -18,9 +18,9 @@ from bench.analysis import ANALYSIS_DIR, SIGNIFICANCE, analyse_store
 from bench.catalog import open_store, write_store_description
 from bench.errors import ConfigError, one_line
 from bench.plan import make_plan
-from bench.report import staged, write_report
+from bench.report import render_report, staged
 from bench.report.readme import left_out_summary
-from bench.report.tables import FORMATS
+from bench.report.tables import FORMATS, validate_metrics
 from bench.spec import Suite, select
 from bench.store import STORE_SUITE
 
@@ -32,7 +32,9 @@ class ReportOptions:
 
     ``methods``: the methods shown (``report --methods``; ``None``: every method of the
     suite or store); ``datasets``: the datasets analysed and shown (``None``: all);
-    ``metrics``: the metric columns (``None``: each table's selection); ``formats``,
+    ``metrics``: the metric columns and the metrics analysed on top of the default
+    selection (``None``: each table's selection), checked against the registry when the
+    options are made (:func:`~bench.report.tables.validate_metrics`); ``formats``,
     ``severity``, ``significance``: as :func:`bench.report.write_report` and
     :func:`bench.analysis.analyse_store` take them.  ``strict``: exit 1 when any cell is
     left out; ``quiet``: no line on success; ``debug``: an error that keeps the report
@@ -54,6 +56,10 @@ class ReportOptions:
     strict: bool = False
     quiet: bool = False
     debug: bool = False
+
+    def __post_init__(self) -> None:
+        if self.metrics is not None:  # where the names enter the report: checked once, then passed on
+            object.__setattr__(self, "metrics", tuple(validate_metrics(self.metrics)))
 
 
 @dataclass(frozen=True)
@@ -152,7 +158,7 @@ def write_suite_report(suite: Suite | None, store_root: Path, out_dir: Path, opt
         if wanted is None and methods:
             left_out = [c for c in left_out if c.method in catalog.rows(methods, bases=True)]
         command = _completing_command(options, suite is None) if any(c.state != "running" for c in left_out) else ""
-        write_report(results, stage, tuple(options.formats), rows, picked, options.severity, left_out, command)
+        render_report(results, stage, tuple(options.formats), rows, picked, options.severity, left_out, command)
     if suite is not None and not (Path(store_root) / STORE_SUITE).is_file():
         write_store_description(store_root, suite)  # a store made before stores described themselves
     mine = set(catalog.rows(methods, bases=True)) if methods else {m.name for m in catalog.methods}
