@@ -20,9 +20,7 @@ import dataclasses
 import importlib
 import math
 import os
-import shlex
 import sys
-import time
 from pathlib import Path
 
 from bench.errors import ConfigError, one_line
@@ -374,14 +372,13 @@ def _main(args: argparse.Namespace) -> int:
 
     if args.severity not in SEVERITIES:
         raise ConfigError(f"--severity must be one of {', '.join(map(str, SEVERITIES))}, got {args.severity}")
-    if args.metrics:
-        from bench.report.tables import select_metrics
+    from bench.report.suite import report_suite
 
-        select_metrics(args.metrics)  # unknown names are an error before any work
+    report_options = _report_options(args)  # unknown --metrics names are an error here, before any work
     overrides = Overrides(seeds=args.seeds, epochs=args.epochs, methods=args.methods)
     if args.command == "report" and _store_only(args):
         name = args.suite
-        return _report(None, args.results / name, args.reports / name, args)
+        return report_suite(None, args.results / name, args.reports / name, report_options)
     suite = load_suite(args.suite, overrides)
     store_root = args.results / suite.name
     status = 0
@@ -412,7 +409,7 @@ def _main(args: argparse.Namespace) -> int:
         console.log(f"done: {len(summary.done)} trained, {len(summary.skipped)} skipped, {len(summary.failed)} failed"
                     + (f", {len(summary.elsewhere)} running elsewhere" if summary.elsewhere else ""))
         status = 1 if summary.failed else 0
-    return max(status, _report(suite, store_root, args.reports / suite.name, args))
+    return max(status, report_suite(suite, store_root, args.reports / suite.name, report_options))
 
 
 #: executor flag (argparse dest) -> the [executor] key it overrides
@@ -460,140 +457,14 @@ def _store_only(args: argparse.Namespace) -> bool:
                           "--results DIR --suite NAME)") from None
 
 
-def _report(suite, store_root: Path, out_dir: Path, args: argparse.Namespace) -> int:
-    """Analyse the store (or reuse its analysis files) and write the report; name on stderr
-    the cells it leaves out.  ``suite`` selects and orders (``None``: the store alone).
-    Exit status: 1 when failed or damaged cells are left out (with ``--strict``: any cell
-    left out), or when the report could not be written (the previous one is kept)."""
-    started = time.perf_counter()
-    try:
-        outcome = write_suite_report(suite, store_root, out_dir, args)
-    except ConfigError:
-        raise
-    except Exception as exc:  # noqa: BLE001  (disk full, permissions, a plot that raises: one line)
-        if args.debug:
-            raise
-        print(f"error: the report {out_dir} was not written: {one_line(exc)}; the previous report there is "
-              "unchanged (--debug shows the traceback)", file=sys.stderr)
-        return 1
-    if not args.quiet:
-        how = "reused the analysis files" if outcome.reused else "analysed the store"
-        print(f"report: {outcome.readme} ({how}; {time.perf_counter() - started:.1f} s)", file=sys.stderr)
-    for line in [*outcome.left_out_lines(), *outcome.failures]:
-        print(f"report: {line}", file=sys.stderr)
-    if outcome.troubles:
-        print(f"report: {outcome.troubles} failed, interrupted or damaged cell(s) or replicate(s) left out, "
-              f"named in {outcome.readme}", file=sys.stderr)
-        return 1
-    return 1 if args.strict and outcome.left_out else 0
+def _report_options(args: argparse.Namespace):
+    """The report's choices from the command line, a :class:`bench.report.suite.ReportOptions`
+    (``--methods`` picks the methods ``report`` shows; for ``run`` it narrows the suite);
+    unknown ``--metrics`` names are a ConfigError."""
+    from bench.report.suite import ReportOptions
 
-
-@dataclasses.dataclass(frozen=True)
-class Reported:
-    """What :func:`write_suite_report` wrote: the README, whether the analysis files were
-    reused, how many failures and damaged cells the report names (``troubles``), the cells
-    it leaves out with the command that completes them, and the failures that are no such
-    cell (a replicate that cannot be formed, a metric that raised), one line each."""
-
-    readme: Path
-    reused: bool
-    troubles: int
-    left_out: tuple = ()
-    complete_with: str = ""
-    failures: tuple[str, ...] = ()
-
-    def left_out_lines(self) -> list[str]:
-        """The left-out cells for stderr: a count, one line per cell, the command."""
-        if not self.left_out:
-            return []
-        from bench.report.readme import left_out_summary
-
-        lines = [f"{left_out_summary(self.left_out)}:"]
-        lines += [f"  {c.label} ({c.key}): {c.state}{': ' + c.detail if c.detail else ''}" for c in self.left_out]
-        if self.complete_with:
-            lines.append(f"  to complete them: {self.complete_with}")
-        return lines
-
-
-def write_suite_report(suite, store_root: Path, out_dir: Path, args: argparse.Namespace) -> Reported:
-    """Analyse the store (``suite`` selects and orders; ``None`` = the store alone) and
-    write the analysis files and the report into a copy of ``out_dir`` beside it, swapped
-    in when complete (:func:`bench.report.staged`).  Bad input -- a missing or empty store,
-    a selection matching no cell, a ``--methods`` name with no cell in the store -- is a
-    ConfigError before anything is written."""
-    from bench.analysis import ANALYSIS_DIR, analyse_store
-    from bench.catalog import open_store
-    from bench.plan import make_plan
-    from bench.report import staged, write_report
-    from bench.spec import select
-    from bench.store import STORE_SUITE
-
-    if not Path(store_root).is_dir():
-        name = suite.name if suite is not None else Path(store_root).name
-        raise ConfigError(f"no results for suite {name!r} under {store_root}; run the suite first "
-                          f"(python run_suite.py --suite {name}) or pass --results DIR")
-    methods = list(args.methods) if args.command == "report" and args.methods else None
-    planned, wanted = set(), None
-    if suite is not None:
-        shown = select(suite, methods, args.datasets, to_run=False)  # unknown names: an error here
-        reported = select(suite, None, args.datasets, to_run=False)  # analysed (its files reused whatever is shown)
-        planned = {c.key for c in make_plan(reported).cells}
-        wanted = [(c.key, c.dataset.name, c.method.name, c.seed) for c in make_plan(shown).cells]
-        suite = reported
-    catalog = open_store(store_root, suite, planned)
-    if args.datasets is not None and suite is None:
-        unknown = [d for d in args.datasets if d not in catalog.datasets]
-        if unknown:
-            raise ConfigError(f"--datasets: the store has no dataset(s) {unknown}; it has: {', '.join(catalog.datasets)}")
-        catalog.datasets = [d for d in catalog.datasets if d in args.datasets]
-    if not catalog.cells and not catalog.problems and not catalog.running and not catalog.unnamed:
-        raise ConfigError(f"the store {store_root} has no cell for this selection (datasets "
-                          f"{catalog.datasets}, methods {[m.name for m in catalog.methods]}, seeds "
-                          f"{list(catalog.seeds)}); check --seeds/--datasets/--methods or run the suite first. "
-                          "Nothing was written.")
-    with_cells = catalog.with_cells()
-    empty = [m for m in methods or () if m not in with_cells]
-    if empty:
-        raise ConfigError(f"no cells of method{'s' if len(empty) > 1 else ''} {', '.join(empty)} in {store_root}; "
-                          f"methods with cells: {', '.join(with_cells) or 'none'}. Nothing was written.")
-    picked = list(args.metrics) if args.metrics else None
-    rows = catalog.rows(methods) if methods else None
-    with staged(out_dir) as stage:
-        results, reused = analyse_store(catalog, stage / ANALYSIS_DIR, picked, significance=args.significance)
-        damaged = dict(zip(results.damaged["cell"], results.damaged["reason"]))
-        left_out = catalog.left_out(wanted, damaged)
-        if wanted is None and methods:
-            left_out = [c for c in left_out if c.method in catalog.rows(methods, bases=True)]
-        command = _completing_command(args, suite is None) if any(c.state != "running" for c in left_out) else ""
-        write_report(results, stage, tuple(args.format), rows, picked, args.severity, left_out, command)
-    if suite is not None and not (Path(store_root) / STORE_SUITE).is_file():
-        from bench.catalog import write_store_description
-
-        write_store_description(store_root, suite)  # a store made before stores described themselves
-    mine = set(catalog.rows(methods, bases=True)) if methods else {m.name for m in catalog.methods}
-    failed = [row for row in results.failures[["dataset", "method", "seed", "reason"]].itertuples(index=False, name=None)
-              if row[1] in mine]
-    damaged = [m for m in results.damaged["method"] if m in mine or not m]  # "": a directory naming no cell
-    cells = {(c.dataset, c.method, c.seed) for c in left_out}
-    failures = [f"failed: {d} / {m} / seed {s}: {why}" for d, m, s, why in failed if (d, m, s) not in cells]
-    return Reported(Path(out_dir) / "README.md", reused, len(failed) + len(damaged), tuple(left_out), command,
-                    tuple(failures))
-
-
-def _completing_command(args: argparse.Namespace, store_only: bool) -> str:
-    """The ``run`` command that trains the cells a report leaves out: the report's suite,
-    store and selection (a store reported alone needs the suite file that made it)."""
-    suite = "SUITE.toml" if store_only else args.suite
-    parts = ["python", "run_suite.py", "--suite", suite]
-    if args.results != Path("results"):
-        parts += ["--results", str(args.results)]
-    if args.data_root is not None:
-        parts += ["--data-root", str(args.data_root)]
-    for flag, value in (("--datasets", args.datasets), ("--seeds", args.seeds),
-                        ("--methods", args.methods if args.command == "report" else None)):
-        if value:
-            parts += [flag, ",".join(map(str, value))]
-    if args.epochs is not None:
-        parts += ["--epochs", str(args.epochs)]
-    command = " ".join(shlex.quote(p) for p in parts)
-    return command + (" (SUITE.toml: the suite file that made this store)" if store_only else "")
+    return ReportOptions(suite=args.suite, results=args.results, data_root=args.data_root,
+                         methods=args.methods if args.command == "report" else None, datasets=args.datasets,
+                         seeds=args.seeds, epochs=args.epochs, metrics=args.metrics, formats=tuple(args.format),
+                         severity=args.severity, significance=args.significance, strict=args.strict,
+                         quiet=args.quiet, debug=args.debug)

@@ -1,17 +1,22 @@
 """Report: the analysis files -> tables, plots and one README under ``reports/<suite>/``.
 
-Rendering only.  The report reads :class:`~bench.analysis.AnalysisResults` as
-``bench.analysis.load`` returns them from the analysis files (``analysis/`` beside the
-tables); no number of a table is computed here.  The plots read per-sample predictions
-through ``results.load_predictions`` (:meth:`bench.catalog.Catalog.predictions`), the
-one documented way back into the store.  One job per module:
+The tables, plots and README render only: they read
+:class:`~bench.analysis.AnalysisResults` as ``bench.analysis.load`` returns them from the
+analysis files (``analysis/`` beside the tables); no number of a table is computed here
+(:mod:`bench.report.suite` has the analysis write those files first).  The plots read
+per-sample predictions through ``results.load_predictions``
+(:meth:`bench.catalog.Catalog.predictions`), the one documented way back into the store.
+One job per module:
 
 * :mod:`bench.report.tables` — which tables exist (:data:`TABLES`), their rows and
   columns, and their Markdown / LaTeX / CSV renderings;
 * :mod:`bench.report.plots` — reliability diagrams, risk-coverage curves, metric vs.
   severity with CI bands, OOD score histograms;
 * :mod:`bench.report.readme` — ``README.md`` (hand-written ``NOTES.md`` inlined at the top,
-  conventions from the registered metrics, tables, failures, plots).
+  conventions from the registered metrics, tables, failures, plots);
+* :mod:`bench.report.suite` — the report step of ``run`` and ``report``: the store's
+  cells selected, analysed or their analysis files reused (``bench.analysis.analyse_store``),
+  the report written, the cells it leaves out and the exit status told.
 
 Layout written under ``out_dir``::
 
@@ -45,13 +50,15 @@ from bench.metrics import selection
 from bench.report.plots import sanitize, write_plots
 from bench.report.readme import NOTES, readme_text
 from bench.data import SEVERITIES
-from bench.report.tables import FORMATS, TABLES, Column, TableSpec, _Index, build_tables, render, select_metrics, tex_escape
+from bench.report.tables import (FORMATS, TABLES, Column, TableSpec, _Index, build_tables, render, tex_escape,
+                                 validate_metrics)
 from bench.store import atomic_write_text
 
 if TYPE_CHECKING:
     from bench.analysis import AnalysisResults
 
-__all__ = ["Column", "TableSpec", "TABLES", "FORMATS", "NOTES", "write_report", "staged", "sanitize", "tex_escape"]
+__all__ = ["Column", "TableSpec", "TABLES", "FORMATS", "NOTES", "write_report", "render_report", "staged", "sanitize",
+           "tex_escape", "validate_metrics"]
 
 
 def write_report(
@@ -76,7 +83,19 @@ def write_report(
     the tables leave out, listed at the top of the README with ``complete_with``, the
     command that completes them.  Plots of an earlier report that this call does not draw
     are removed; other files in ``out_dir`` that it does not write are left alone.
+
+    The metric names are checked against the registry here (:func:`validate_metrics`:
+    unknown names are a ConfigError); :func:`render_report` takes names already checked.
     """
+    picked = None if metrics is None else validate_metrics(metrics)
+    return render_report(results, out_dir, formats, methods, picked, severity, left_out, complete_with)
+
+
+def render_report(results: AnalysisResults, out_dir: Path, formats: Sequence[str], methods: Sequence[str] | None,
+                  metrics: list[str] | None, severity: int, left_out: Sequence = (), complete_with: str = "") -> list[Path]:
+    """:func:`write_report` for ``metrics`` that are registered names without repeats, as
+    :func:`validate_metrics` returns them where the names entered (``None``: each table's
+    selection)."""
     out_dir = Path(out_dir)
     unknown_fmt = sorted(set(formats) - set(FORMATS))
     if unknown_fmt:
@@ -84,14 +103,13 @@ def write_report(
     if isinstance(severity, bool) or not isinstance(severity, (int, np.integer)) or severity not in SEVERITIES:
         raise ConfigError(f"report severity must be one of {list(SEVERITIES)}, got {severity!r}")
     shown = _select_methods(results, methods)
-    picked = select_metrics(metrics)
     _check_filenames(results.datasets, shown)
 
     written: list[Path] = []
     tables_dir = out_dir / "tables"
     tables_dir.mkdir(parents=True, exist_ok=True)
     index = _Index.build(results, int(severity))  # shared by the tables and the severity plots
-    built = build_tables(results, shown, picked, index)
+    built = build_tables(results, shown, metrics, index)
     for table in built:
         for fmt in FORMATS:  # fixed order, whatever order `formats` lists them in
             if fmt in formats:
@@ -99,7 +117,7 @@ def write_report(
                 atomic_write_text(path, render(table, fmt))
                 written.append(path)
 
-    plot_metrics = [m for m in selection("severity") if picked is None or m in picked]
+    plot_metrics = [m for m in selection("severity") if metrics is None or m in metrics]
     plots = write_plots(results, shown, index, plot_metrics, out_dir / "plots")
     written.extend(path for _, _, path in plots)
     fresh = {path for _, _, path in plots}

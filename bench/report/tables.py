@@ -177,9 +177,11 @@ APPROXIMATE = "≈"  # before the interval of a metric whose intervals are only 
 CSV_FLOAT_FORMAT = "%.10g"
 
 
-def select_metrics(metrics: Sequence[str] | None) -> list[str] | None:
-    if metrics is None:
-        return None
+def validate_metrics(metrics: Sequence[str]) -> list[str]:
+    """``metrics`` checked against the registry, repeats dropped, order kept; any unknown
+    name is a ConfigError that lists the registered ones.  Called where names enter the
+    report (``--metrics`` through :class:`bench.report.suite.ReportOptions`,
+    :func:`bench.report.write_report`); what it returns is passed on unchecked."""
     unknown = [m for m in metrics if m not in METRICS]
     if unknown:
         raise ConfigError(f"unknown metric(s) {unknown} for the report; known: {', '.join(METRICS.names())}")

@@ -1,0 +1,32 @@
+"""Analysis: a store's predictions -> versioned result files that the report reads.
+
+Three steps, one module each, below :func:`analyse` (:mod:`bench.analysis.results`):
+
+* :mod:`bench.analysis.evaluate` -- every selected registered metric on every cell of a
+  :class:`~bench.catalog.Catalog` (derived methods combined from their members' stored
+  predictions): labelled-split metrics (kinds other than ``ood``) on ``test`` and
+  ``shift/...`` splits, OOD metrics on ``ood/...`` splits with the ``test`` split as the
+  in-distribution side, once per OOD score (MSP; predictive entropy; mutual information
+  where the decomposition exists);
+* :mod:`bench.analysis.statistics` -- mean and std over seeds, paired bootstrap intervals
+  and significance against the reference method (``test`` and OOD splits), corruption
+  aggregates per severity, corruption errors and the efficiency of every method;
+* :mod:`bench.analysis.files` -- the analysis files (:func:`save`, :func:`load`) and the
+  cache (:func:`analyse_store`: the files are reused while their fingerprint, over the
+  store, the selection, the options and the analysis code, is unchanged).
+
+Everything is seeded: the same store gives the same numbers.
+"""
+from bench.analysis.evaluate import (DAMAGED_COLUMNS, FAILURE_COLUMNS, METRIC_COLUMNS, SCORES, analysed_metrics,
+                                     evaluate, evaluate_catalog, ood_scores, split_order, table_of)
+from bench.analysis.files import ANALYSIS_DIR, ANALYSIS_SCHEMA, FILES, analyse_store, fingerprint, load, read_manifest, save
+from bench.analysis.results import AnalysisResults, analyse
+from bench.analysis.statistics import (ALPHA, BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CE_COLUMNS, EFFICIENCY_COLUMNS,
+                                       SEVERITY_COLUMNS, SEVERITY_RESAMPLES, SIGNIFICANCE, SUMMARY_COLUMNS, TESTS,
+                                       check_significance)
+
+__all__ = ["AnalysisResults", "analyse", "analyse_store", "analysed_metrics", "save", "load", "fingerprint",
+           "read_manifest", "evaluate", "evaluate_catalog", "ood_scores", "check_significance", "split_order",
+           "table_of", "ANALYSIS_DIR", "ANALYSIS_SCHEMA", "FILES", "SCORES", "TESTS", "SIGNIFICANCE", "ALPHA",
+           "BOOTSTRAP_RESAMPLES", "BOOTSTRAP_SEED", "SEVERITY_RESAMPLES", "METRIC_COLUMNS", "SUMMARY_COLUMNS",
+           "SEVERITY_COLUMNS", "CE_COLUMNS", "EFFICIENCY_COLUMNS", "FAILURE_COLUMNS", "DAMAGED_COLUMNS"]

@@ -1,0 +1,179 @@
+"""The analysis files: :func:`save`, :func:`load` and the cache :func:`analyse_store`.
+
+:func:`save` writes the analysis under ``<reports>/<suite>/analysis/`` (:data:`FILES`:
+tidy CSV tables a researcher loads with ``pandas.read_csv``, and ``analysis.json`` with
+the schema version, the options, the fingerprint of the store and the display orders);
+:func:`load` reads them back into an :class:`~bench.analysis.results.AnalysisResults`,
+which is all the report renders from.  :func:`analyse_store` reuses the files when the
+fingerprint (the manifests' digests of the cells used, the selection, the analysis
+options and the analysis code) is unchanged, and recomputes them otherwise.
+
+Why CSV and not Parquet: the tables are small (the default store's per-seed table is
+about 1 MB gzipped), CSV needs no further dependency in a suite whose fresh install is
+measured against a time budget, it diffs in review, and floats are written with
+``repr`` precision so reading them back gives the same bits (the report renders from
+the reloaded files, so a cached and a fresh report are byte-identical).
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import inspect
+import json
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+
+from bench.analysis.evaluate import DAMAGED_COLUMNS, FAILURE_COLUMNS, METRIC_COLUMNS, analysed_metrics
+from bench.analysis.results import AnalysisResults, analyse
+from bench.analysis.statistics import (BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CE_COLUMNS, EFFICIENCY_COLUMNS,
+                                       SEVERITY_COLUMNS, SIGNIFICANCE, SUMMARY_COLUMNS, check_significance)
+from bench.catalog import Catalog
+from bench.metrics import get_metric
+from bench.store import atomic_write_bytes, atomic_write_json
+
+ANALYSIS_SCHEMA = 3  # bump when the files' columns or meaning change
+ANALYSIS_DIR = "analysis"
+#: file -> (AnalysisResults field, columns, string columns)
+FILES: dict[str, tuple[str, list[str], tuple[str, ...]]] = {
+    "metrics.csv.gz": ("metrics", METRIC_COLUMNS, ("dataset", "method", "split", "metric", "score")),
+    "summary.csv": ("summary", SUMMARY_COLUMNS, ("dataset", "method", "split", "table", "metric", "score", "verdict",
+                                                 "test")),
+    "severity.csv": ("severity", SEVERITY_COLUMNS, ("dataset", "method", "metric")),
+    "corruption_errors.csv": ("corruption_errors", CE_COLUMNS, ("dataset", "method", "corruption")),
+    "efficiency.csv": ("efficiency", EFFICIENCY_COLUMNS, ("dataset", "method")),
+    "failures.csv": ("failures", FAILURE_COLUMNS, ("dataset", "method", "reason")),
+    "damaged.csv": ("damaged", DAMAGED_COLUMNS, ("cell", "dataset", "method", "reason")),
+}
+#: The code the analysis files depend on, as paths under ``bench/`` (a folder stands for
+#: every ``.py`` file below it); their text is in the fingerprint.
+_CODE = ("metrics.py", "stats.py", "analysis", "catalog.py", "method.py")
+
+
+def fingerprint(catalog: Catalog, metrics: list[str], resamples: int, seed: int,
+                significance: str = SIGNIFICANCE) -> str:
+    """sha256 of everything the analysis files depend on (see the module docstring)."""
+    code = {name: hashlib.sha256(path.read_bytes()).hexdigest() for name, path in _code_files().items()}
+    fns = {name: hashlib.sha256(_source(get_metric(name).fn).encode()).hexdigest() for name in metrics}
+    blob = json.dumps({"schema": ANALYSIS_SCHEMA, "metrics": metrics, "resamples": resamples, "seed": seed,
+                       "significance": significance, "code": code, "functions": fns, "store": catalog.fingerprint()},
+                      sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _code_files() -> dict[str, Path]:
+    """Every file of :data:`_CODE`, by its path under ``bench/`` (``analysis/files.py``)."""
+    bench = Path(__file__).parent.parent
+    paths = []
+    for entry in _CODE:
+        path = bench / entry
+        paths += sorted(path.rglob("*.py")) if path.is_dir() else [path]
+    return {path.relative_to(bench).as_posix(): path for path in paths}
+
+
+def _source(fn) -> str:
+    """A function's source text (a plugin metric's code is not among the files hashed)."""
+    try:
+        return inspect.getsource(fn)
+    except (OSError, TypeError):
+        return repr(fn)
+
+
+def save(results: AnalysisResults, out: Path, key: str, options: dict) -> None:
+    """Write the analysis files under ``out`` (``analysis.json`` last, so a run killed
+    midway leaves files whose key does not match and is recomputed)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    digests = {}
+    for name, (attr, columns, _) in FILES.items():
+        frame = getattr(results, attr)
+        frame = frame[columns] if len(frame) else pd.DataFrame(columns=columns)
+        text = frame.to_csv(index=False, na_rep="nan", lineterminator="\n")
+        data = text.encode("utf-8")
+        if name.endswith(".gz"):
+            data = _gzip(data)
+        atomic_write_bytes(out / name, data)
+        digests[name] = hashlib.sha256(data).hexdigest()
+    atomic_write_json(out / "analysis.json", {
+        "schema": ANALYSIS_SCHEMA,
+        "key": key,
+        "options": options,
+        "suite": results.suite,
+        "reference": results.reference,
+        "datasets": results.datasets,
+        "methods": results.methods,
+        "metrics": results.analysed_metrics,
+        "headlines": results.headlines,
+        "notes": results.notes,
+        "splits": results.splits,
+        "seeds": [[d, m, s] for (d, m), s in sorted(results.seeds.items())],
+        "files": digests,
+        "columns": {name: columns for name, (_, columns, _) in FILES.items()},
+    })
+
+
+def _gzip(data: bytes) -> bytes:
+    return gzip.compress(data, compresslevel=6, mtime=0)  # mtime 0: the same bytes every time
+
+
+def read_manifest(out: Path) -> dict | None:
+    """``analysis.json`` of ``out`` when it and every file it lists verify, else None."""
+    try:
+        meta = json.loads((Path(out) / "analysis.json").read_text(encoding="utf-8"))
+        if not isinstance(meta, dict) or meta.get("schema") != ANALYSIS_SCHEMA:
+            return None
+        for name, digest in meta["files"].items():
+            if hashlib.sha256((Path(out) / name).read_bytes()).hexdigest() != digest:
+                return None
+    except (OSError, ValueError, KeyError, AttributeError, TypeError):
+        return None
+    return meta
+
+
+def load(out: Path, load_predictions: Callable | None = None) -> AnalysisResults:
+    """The analysis files under ``out`` as :class:`AnalysisResults` (what the report reads)."""
+    meta = read_manifest(out)
+    if meta is None:
+        raise FileNotFoundError(f"no valid analysis files under {out}")
+    frames = {}
+    for name, (attr, columns, strings) in FILES.items():
+        frame = pd.read_csv(Path(out) / name, keep_default_na=False, na_values={c: ["nan"] for c in columns if c not in strings},
+                            dtype={c: str for c in strings})
+        frames[attr] = frame[columns]
+
+    def missing(*_args):
+        raise KeyError("these analysis files were loaded without a store to read predictions from")
+
+    return AnalysisResults(
+        suite=meta["suite"],
+        datasets=list(meta["datasets"]),
+        methods=list(meta["methods"]),
+        splits={d: list(v) for d, v in meta["splits"].items()},
+        seeds={(d, m): list(s) for d, m, s in meta["seeds"]},
+        load_predictions=load_predictions or missing,
+        reference=meta["reference"],
+        analysed_metrics=list(meta["metrics"]),
+        significance=str(meta["options"].get("significance", SIGNIFICANCE)),
+        headlines={d: dict(v) for d, v in meta.get("headlines", {}).items()},
+        notes=dict(meta.get("notes", {})),
+        **frames,
+    )
+
+
+def analyse_store(catalog: Catalog, out: Path, metrics: list[str] | None = None,
+                  resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED,
+                  significance: str = SIGNIFICANCE) -> tuple[AnalysisResults, bool]:
+    """The analysis of ``catalog`` as written under ``out``: reused when its key matches,
+    else recomputed and written.  ``metrics``: registered metric names computed on top of
+    the default selection (checked where they entered: :func:`bench.report.validate_metrics`).
+    Returns ``(results read from the files, reused)``."""
+    names = analysed_metrics(metrics)
+    key = fingerprint(catalog, names, resamples, seed, check_significance(significance))
+    meta = read_manifest(out)
+    reused = meta is not None and meta.get("key") == key
+    if not reused:
+        save(analyse(catalog, names, resamples, seed, significance), out, key,
+             {"resamples": resamples, "seed": seed, "significance": significance})
+    return load(out, catalog.predictions), reused
+

@@ -1,0 +1,323 @@
+"""Statistics: the per-seed metric values summarised over seeds, with intervals and tests.
+
+:func:`summarise` gives mean and std over seeds of every (dataset, method, split, metric,
+score), and on ``test`` and OOD splits the interval of the seed-mean and the test against
+the reference method (:data:`SIGNIFICANCE_TESTS <bench.stats.SIGNIFICANCE_TESTS>`: by
+default seed-level variation added to a paired bootstrap over test samples), Holm-corrected.
+:func:`severity_table` averages the labelled-split metrics over corruption types per
+severity, with bootstrap bands; :func:`corruption_errors` gives CE and mCE relative to the
+reference; :func:`efficiency` the costs from ``cell.json``.  Everything is seeded: the same
+predictions give the same numbers.
+"""
+from __future__ import annotations
+
+import functools
+import zlib
+
+import numpy as np
+import pandas as pd
+
+from bench import stats
+from bench.analysis.evaluate import SCORES, labelled_and_ood, ood_scores, table_of
+from bench.catalog import Catalog
+from bench.data import corruption_of, is_ood
+from bench.errors import ConfigError, one_line
+from bench.metrics import get_metric, selection
+
+BOOTSTRAP_RESAMPLES = 1000
+BOOTSTRAP_SEED = 0
+ALPHA = 0.05  # significance level after Holm correction
+SEVERITY_RESAMPLES = 200  # 75 splits x a few metrics stay fast on CIFAR-sized stores
+SIGNIFICANCE = stats.SEEDS_AND_SAMPLES  # the default test behind a mark (stats.SIGNIFICANCE_TESTS)
+#: ``test`` column: what a p-value accounts for
+TESTS = {"both": "seeds+samples", "one_run": "samples only (one run)",
+         stats.SAMPLES_SEEDS_FIXED: "samples, seeds fixed"}
+
+SUMMARY_COLUMNS = ["dataset", "method", "split", "table", "metric", "score", "n_seeds", "mean", "std",
+                   "ci_low", "ci_high", "p_value", "p_holm", "verdict", "test", "seeds_needed"]
+SEVERITY_COLUMNS = ["dataset", "method", "severity", "metric", "n_seeds", "mean", "std", "ci_low", "ci_high"]
+CE_COLUMNS = ["dataset", "method", "corruption", "ce"]
+EFFICIENCY_COLUMNS = ["dataset", "method", "parameters", "train_seconds", "predict_seconds_per_1000",
+                      "peak_memory_mb", "passes"]
+
+
+def check_significance(significance: str) -> str:
+    """``significance`` when it names a test of :data:`bench.stats.SIGNIFICANCE_TESTS`, else a ConfigError."""
+    if significance not in stats.SIGNIFICANCE_TESTS:
+        raise ConfigError(f"unknown significance test {significance!r}; known: {', '.join(stats.SIGNIFICANCE_TESTS)}")
+    return significance
+
+
+def _units(metrics_df: pd.DataFrame, keys: list[str]) -> dict[tuple, dict[int, float]]:
+    """``keys`` tuple -> {seed or replicate: value on the full split} (the units of a mean)."""
+    units: dict[tuple, dict[int, float]] = {}
+    for *k, s, v in metrics_df[keys + ["seed", "value"]].itertuples(index=False, name=None):
+        units.setdefault(tuple(k), {})[int(s)] = float(v)
+    return units
+
+
+def _resampled(errors: dict[str, tuple], where: tuple, name: str, boot, *inputs) -> np.ndarray | None:
+    """``boot(name, *inputs)`` (a :mod:`bench.stats` bootstrap of metric ``name``), or None
+    once the metric's bootstrap has raised (a plugin's kernel, or its function on one
+    resample): its first error is recorded in ``errors`` with ``where`` (dataset, method, seed)."""
+    if name in errors:
+        return None
+    try:
+        return boot(name, *inputs)
+    except Exception as exc:  # noqa: BLE001  (any error of a metric's own code)
+        errors[name] = (*where, one_line(exc))
+        return None
+
+
+def summarise(metrics_df: pd.DataFrame, cache: dict, seeds: dict, reference: str, names: list[str],
+              resamples: int, seed: int, headlines: dict[str, dict[str, str]] | None = None,
+              by_seed: set[str] | frozenset[str] = frozenset(), significance: str = SIGNIFICANCE,
+              errors: dict[str, tuple] | None = None) -> pd.DataFrame:
+    """Mean/std over seeds for every (dataset, method, split, metric, score); on ``test``
+    and OOD splits also the CI of the seed-mean and the test against the reference method
+    (``significance``; methods in ``by_seed`` are keyed by training seed and compared seed
+    by seed when both sides have the same seeds), Holm-corrected per (dataset, table)
+    within the paper selection (with a dataset's ``headlines`` swapped in: CoLA's MCC for
+    accuracy), and separately among any further metrics.  A metric whose bootstrap raises
+    (recorded in ``errors``, :func:`_resampled`) keeps its mean and std, without CI or test."""
+    errors = {} if errors is None else errors
+    if metrics_df.empty:
+        return pd.DataFrame(columns=SUMMARY_COLUMNS)
+    labelled, on_scores = labelled_and_ood(names)
+    keys = ["dataset", "method", "split", "metric", "score"]
+    g = metrics_df.groupby(keys, sort=False)["value"]
+    out = g.agg(n_seeds="count", mean="mean", std=lambda v: v.std(ddof=1) if len(v) > 1 else np.nan).reset_index()
+    out.insert(3, "table", out["split"].map(table_of))
+    boots: dict[tuple, dict[int, np.ndarray]] = {}  # key -> seed -> the metric on every resample
+    for dataset in out["dataset"].unique():
+        weights = {}
+        for (dn, _method, _s), preds in cache.items():
+            if dn != dataset:
+                continue
+            for split in preds:
+                if split == "test" or is_ood(split):
+                    n = len(preds[split]["labels"])
+                    weights.setdefault(split, _weights(n, resamples, seed, split))
+        for method in out.loc[out["dataset"] == dataset, "method"].unique():
+            for s in seeds.get((dataset, method), []):
+                preds = cache[(dataset, method, s)]
+                if "test" not in preds:
+                    continue
+                probs = np.exp(preds["test"]["log_probs"].astype(np.float64))
+                for name in labelled:
+                    boot = _resampled(errors, (dataset, method, s), name, stats.boot_metric,
+                                      probs, preds["test"]["labels"], weights["test"])
+                    if boot is not None:
+                        boots.setdefault((dataset, method, "test", name, ""), {})[s] = boot
+                test_scores = ood_scores(preds["test"])
+                for split in preds:
+                    if not is_ood(split):
+                        continue
+                    scores = ood_scores(preds[split])
+                    for score in SCORES:
+                        if score in scores and score in test_scores:
+                            for name in on_scores:
+                                boot = _resampled(errors, (dataset, method, s), name, stats.boot_ood_metric,
+                                                  test_scores[score], scores[score], weights["test"], weights[split])
+                                if boot is not None:
+                                    boots.setdefault((dataset, method, split, name, score), {})[s] = boot
+    boots = {k: per_seed for k, per_seed in boots.items() if k[3] not in errors}
+    dist = {k: stats.seed_mean_distribution(list(per_seed.values())) for k, per_seed in boots.items()}
+
+    units = _units(metrics_df, keys)
+    rows = list(out[keys].itertuples(index=False, name=None))
+    means = dict(zip(rows, out["mean"]))
+    both = significance == stats.SEEDS_AND_SAMPLES
+    ci = [(np.nan, np.nan) if k not in dist else
+          stats.seed_mean(units[k], boots[k]).interval() if both else stats.bootstrap_ci(dist[k]) for k in rows]
+    out["ci_low"], out["ci_high"] = [c[0] for c in ci], [c[1] for c in ci]
+    p_values, directions, tests, needed = [], [], [], []
+    for k in rows:
+        ref = (k[0], reference, *k[2:])
+        if k[1] == reference or k not in dist or ref not in dist:
+            p_values.append(np.nan), directions.append(0.0), tests.append(""), needed.append(np.nan)
+            continue
+        if both:
+            pair = (units[k], boots[k], units[ref], boots[ref], k[1] in by_seed and reference in by_seed)
+            est = stats.difference(*pair)
+            p_values.append(est.p_value())
+            directions.append(est.center)
+            tests.append(TESTS["both"] if est.measured else TESTS["one_run"])
+            needed.append(stats.seeds_needed(*pair))
+        else:
+            observed = float(means[k] - means[ref])
+            p_values.append(stats.paired_z_test(dist[k] - dist[ref], observed))
+            directions.append(observed)
+            tests.append(TESTS[stats.SAMPLES_SEEDS_FIXED])
+            needed.append(np.nan)
+    out["p_value"] = p_values
+    out["p_holm"] = np.nan
+    # Holm families: one dataset's table, the paper selection apart from metrics picked on
+    # top of it, so adding columns never changes the verdicts of the paper's metrics
+    paper = set(selection("paper"))
+    swaps = headlines or {}
+    family = pd.Series([
+        (metric in paper and metric not in swaps.get(d, {})) or metric in swaps.get(d, {}).values()
+        for d, metric in zip(out["dataset"], out["metric"])], index=out.index, dtype=bool)
+    for _, idx in out.groupby([out["dataset"], out["table"], family], sort=False).groups.items():
+        finite = [i for i in idx if np.isfinite(out.at[i, "p_value"])]
+        if finite:
+            out.loc[finite, "p_holm"] = stats.holm(out.loc[finite, "p_value"].to_numpy())
+    out["verdict"] = [
+        _verdict(method, metric, direction, p, reference, test)
+        for method, metric, direction, p, test in zip(out["method"], out["metric"], directions, out["p_holm"], tests)
+    ]
+    out["test"], out["seeds_needed"] = tests, needed
+    return out[SUMMARY_COLUMNS]
+
+
+def _verdict(method: str, metric: str, direction: float, p_holm: float, reference: str, test: str) -> str:
+    """``ref`` for the reference; ``better``/``worse`` when significant after Holm (the sign
+    of ``direction``, the estimated difference to the reference, against the metric's
+    good direction), with `` (one run)`` when a side's seed variation was not measured."""
+    if method == reference:
+        return "ref"
+    if not (np.isfinite(p_holm) and p_holm < ALPHA):
+        return ""
+    verdict = "better" if (direction > 0) == get_metric(metric).higher_is_better else "worse"
+    return verdict + (" (one run)" if test == TESTS["one_run"] else "")
+
+
+@functools.lru_cache(maxsize=8)  # a few [B, N] matrices per analysis (test, OOD sets, severity)
+def _weights(n: int, resamples: int, seed: int, ood_split: str = "") -> np.ndarray:
+    """Bootstrap count vectors [resamples, n].  ``test`` and every corruption split are the
+    same images, so one matrix per size pairs them by image; each OOD set (``ood_split``)
+    is a separate sample and gets its own draw."""
+    offset = zlib.crc32(ood_split.encode()) if is_ood(ood_split) else 0
+    w = stats.resample_weights(n, resamples, (seed + offset) % 2**32)
+    w.flags.writeable = False
+    return w
+
+
+def _severity_of(split: str) -> int | None:
+    """1..5 for ``shift/<corruption>/<severity>``, 0 for ``test``, None otherwise."""
+    if split == "test":
+        return 0
+    corruption = corruption_of(split)
+    return corruption[1] if corruption else None
+
+
+def severity_table(metrics_df: pd.DataFrame, cache: dict, seeds: dict, names: list[str], seed: int,
+                   significance: str = SIGNIFICANCE, errors: dict[str, tuple] | None = None) -> pd.DataFrame:
+    """Labelled-split metrics averaged over corruption types per severity (0 = clean test,
+    -1 = every corruption split), then mean and std over seeds; for the analysed metrics
+    of the ``"severity"`` selection also a 95% interval of the seed-mean, built as the
+    summary's (``significance``) from a paired bootstrap over test samples (each split
+    resampled with its own shared index matrix, the corruption average taken per
+    resample) and, by default, the seeds' spread."""
+    df = metrics_df[metrics_df["score"] == ""].copy()
+    df["severity"] = df["split"].map(_severity_of)
+    df = df.dropna(subset=["severity"])
+    if df.empty or (df["severity"] > 0).sum() == 0:
+        return pd.DataFrame(columns=SEVERITY_COLUMNS)
+    df["severity"] = df["severity"].astype(int)
+    per_seed = df.groupby(["dataset", "method", "seed", "severity", "metric"], sort=False)["value"].mean().reset_index()
+    overall = df[df["severity"] > 0].groupby(["dataset", "method", "seed", "metric"], sort=False)["value"].mean().reset_index()
+    overall["severity"] = -1
+    per_seed = pd.concat([per_seed, overall[per_seed.columns]], ignore_index=True)
+    g = per_seed.groupby(["dataset", "method", "severity", "metric"], sort=False)["value"]
+    out = g.agg(n_seeds="count", mean="mean", std=lambda v: v.std(ddof=1) if len(v) > 1 else np.nan).reset_index()
+    banded = [n for n in selection("severity") if n in names]
+    bands = _severity_bands(df, cache, seeds, banded, seed, {} if errors is None else errors)
+    keys = ["dataset", "method", "severity", "metric"]
+    units = _units(per_seed, keys)
+    ci = [(np.nan, np.nan) if k not in bands else
+          stats.seed_mean(units[k], bands[k]).interval() if significance == stats.SEEDS_AND_SAMPLES
+          else stats.bootstrap_ci(stats.seed_mean_distribution(list(bands[k].values())))
+          for k in out[keys].itertuples(index=False, name=None)]
+    out["ci_low"], out["ci_high"] = [c[0] for c in ci], [c[1] for c in ci]
+    return out.sort_values(["dataset", "method", "severity", "metric"], kind="stable",
+                           key=_display_key(out))[SEVERITY_COLUMNS].reset_index(drop=True)
+
+
+def _severity_bands(df: pd.DataFrame, cache: dict, seeds: dict, names: list[str],
+                    seed: int, errors: dict[str, tuple]) -> dict[tuple, dict[int, np.ndarray]]:
+    """(dataset, method, severity, metric) -> seed -> the corruption-averaged metric on
+    every resample [B] (each split resampled with its own shared matrix); none for a
+    metric whose bootstrap raised (recorded in ``errors``, :func:`_resampled`)."""
+    split_severity = dict(zip(df["split"], df["severity"]))
+    bands = {}
+    for (dataset, method), seed_list in seeds.items():
+        for s in seed_list:
+            preds = cache[(dataset, method, s)]
+            sums: dict[tuple[int, str], list[np.ndarray]] = {}
+            for split, sev in split_severity.items():
+                if split not in preds:
+                    continue
+                arrays = preds[split]
+                n = len(arrays["labels"])
+                w = _weights(n, SEVERITY_RESAMPLES, seed)
+                probs = np.exp(arrays["log_probs"].astype(np.float64))
+                for name in names:
+                    value = _resampled(errors, (dataset, method, s), name, stats.boot_metric, probs, arrays["labels"], w)
+                    if value is None:
+                        continue
+                    sums.setdefault((sev, name), []).append(value)
+                    if sev > 0:
+                        sums.setdefault((-1, name), []).append(value)
+            for (sev, name), values in sums.items():
+                bands.setdefault((dataset, method, sev, name), {})[s] = np.mean(values, axis=0)
+    return {k: per_seed for k, per_seed in bands.items() if k[3] not in errors}
+
+
+def _display_key(df: pd.DataFrame):
+    """Sort key keeping datasets and methods in their first-appearance (suite) order."""
+    order = {c: {v: i for i, v in enumerate(dict.fromkeys(df[c]))} for c in ("dataset", "method")}
+    return lambda col: col.map(order[col.name]) if col.name in order else col
+
+
+def corruption_errors(metrics_df: pd.DataFrame, reference: str) -> pd.DataFrame:
+    """CE_c = sum_s err(method, c, s) / sum_s err(reference, c, s), err = 1 - accuracy
+    (seed-mean); mCE = mean over corruptions (Hendrycks & Dietterich, 2019, relative to a
+    reference method instead of AlexNet)."""
+    acc = metrics_df[(metrics_df["metric"] == "accuracy") & metrics_df["split"].map(lambda s: corruption_of(s) is not None)]
+    if acc.empty:
+        return pd.DataFrame(columns=CE_COLUMNS)
+    acc = acc.assign(corruption=acc["split"].map(lambda s: corruption_of(s)[0]), error=1.0 - acc["value"])
+    err = acc.groupby(["dataset", "method", "corruption", "split"], sort=False)["error"].mean().reset_index()
+    total = err.groupby(["dataset", "method", "corruption"], sort=False)["error"].sum().reset_index()
+    rows = []
+    for (dataset, method), grp in total.groupby(["dataset", "method"], sort=False):
+        ref = total[(total["dataset"] == dataset) & (total["method"] == reference)].set_index("corruption")["error"]
+        ces = [(c, e / ref[c]) for c, e in zip(grp["corruption"], grp["error"]) if c in ref and ref[c] > 0]
+        rows += [(dataset, method, c, ce) for c, ce in ces]
+        if ces:
+            rows.append((dataset, method, "mCE", float(np.mean([ce for _, ce in ces]))))
+    return pd.DataFrame(rows, columns=CE_COLUMNS)
+
+
+def efficiency(catalog: Catalog) -> pd.DataFrame:
+    """Cost per method from ``cell.json`` (mean over seeds); a combinator of M members costs
+    the sum of its members' training and prediction, with M x S passes."""
+    rows = []
+    for d in catalog.datasets:
+        trained = {}
+        for e in catalog.methods:
+            if e.kind != "trained":
+                continue
+            infos = [catalog.cells[(d, e.name, s)].read_cell() or {} for s in catalog.seeds
+                     if (d, e.name, s) in catalog.cells]
+            if infos:
+                trained[e.name] = {
+                    "parameters": infos[0].get("parameters", np.nan),
+                    "train_seconds": float(np.mean([i.get("train_seconds", np.nan) for i in infos])),
+                    "predict_seconds_per_1000": float(np.mean([i.get("predict_seconds_per_1000", np.nan) for i in infos])),
+                    "peak_memory_mb": float(np.max([i.get("peak_memory_mb", np.nan) for i in infos])),
+                    "passes": infos[0].get("samples", 1),
+                }
+        for e in catalog.methods:
+            if e.name in trained:
+                rows.append({"dataset": d, "method": e.name, **trained[e.name]})
+            elif e.kind == "derived" and e.base in trained:
+                base = trained[e.base]
+                k = e.method.members_per_replicate()
+                rows.append({"dataset": d, "method": e.name, "parameters": base["parameters"] * k,
+                             "train_seconds": base["train_seconds"] * k,
+                             "predict_seconds_per_1000": base["predict_seconds_per_1000"] * k,
+                             "peak_memory_mb": base["peak_memory_mb"], "passes": base["passes"] * k})
+    return pd.DataFrame(rows, columns=EFFICIENCY_COLUMNS)
