@@ -573,7 +573,8 @@ def test_tex_bold_best_marks_and_escaping(report, results):
     out, _ = report
     text = (out / "tables" / "summary.tex").read_text(encoding="utf-8")
     assert r"\toprule" in text and r"\midrule" in text and r"\bottomrule" in text
-    assert "±" not in text and "▲" not in text and r"$\pm$" in text
+    assert "±" not in text and "▲" not in text and "≈" not in text and r"$\pm$" in text
+    assert r"$\approx$[" in text  # the calibration errors' approximate intervals
     assert r"ACC (\%)" in text and r"AURC ($\times$1000)" in text and r"NLL ($\times$10)" in text
     lines = tex_lines(out / "tables" / "summary.tex", 2)
     assert r"toy b\&c/mc\_dropout" in lines  # special characters escaped

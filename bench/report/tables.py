@@ -560,9 +560,9 @@ _TEX_SPECIAL = {
 
 
 def tex_escape(text: str) -> str:
-    """Escape LaTeX special characters; ``±`` becomes ``$\\pm$``."""
+    """Escape LaTeX special characters; ``±`` and ``≈`` become ``$\\pm$`` and ``$\\approx$``."""
     out = "".join(_TEX_SPECIAL.get(ch, ch) for ch in text)
-    return out.replace("±", r"$\pm$")
+    return out.replace("±", r"$\pm$").replace("≈", r"$\approx$")
 
 
 def _to_latex(table: _Table) -> str:
