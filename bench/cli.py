@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 
 from bench.errors import ConfigError, one_line
-from bench.executors import EXECUTORS, ExecutorConfig, require_executor
+from bench.executor_config import EXECUTORS, ExecutorConfig
+from bench.executors import require_executor
 from bench.registry import DuplicateName
 from bench.stats import SEEDS_AND_SAMPLES as SIGNIFICANCE, SIGNIFICANCE_TESTS
 
@@ -423,11 +424,11 @@ EXECUTOR_FLAGS = {"executor": "kind", "workers": "workers", "cells_per_gpu": "ce
 
 def executor_settings(args: argparse.Namespace, table: ExecutorConfig) -> ExecutorConfig:
     """The executor to run with: each flag given on the command line, else the suite's
-    ``[executor]`` key (``table``, an :class:`~bench.executors.ExecutorConfig`), else its
+    ``[executor]`` key (``table``, an :class:`~bench.executor_config.ExecutorConfig`), else its
     default.  ``--slurm-option`` adds to the table's options, replacing one of the same name.
     A partition or option that would not stay on its own line of the batch script is a
     ConfigError, as in the table."""
-    from bench.executors import sbatch_option_name, sbatch_option_problem, sbatch_text_problem
+    from bench.executor_config import sbatch_option_name, sbatch_option_problem, sbatch_text_problem
 
     given = {key: getattr(args, dest) for dest, key in EXECUTOR_FLAGS.items() if getattr(args, dest) is not None}
     if args.slurm_partition is not None and (problem := sbatch_text_problem(args.slurm_partition)):

@@ -144,7 +144,8 @@ def _run_jobs(plan, store, device, console, describe, executor, workers, cells_p
     """:func:`run_plan` once the data are loaded and checked: describe the store, submit the
     incomplete cells to the executor, log each outcome."""
     from bench.data import data_settings
-    from bench.executors import Job, SlurmOptions, pool, preload, run_job, submitit_run
+    from bench.executor_config import SlurmOptions
+    from bench.executors import Job, pool, preload, run_job, submitit_run
 
     if describe is not None:
         from bench.catalog import write_store_description

@@ -209,7 +209,8 @@ def test_sbatch_script_for_slurm(tmp_path, monkeypatch):
     """The script submitit hands to ``sbatch`` for our options, captured by stand-in
     ``sbatch``/``srun`` programs (no SLURM here): every option reaches its #SBATCH line."""
     pytest.importorskip("submitit")
-    from bench.executors import SlurmOptions, submitit_executor
+    from bench.executor_config import SlurmOptions
+    from bench.executors import submitit_executor
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -280,7 +281,7 @@ def test_sbatch_flags_that_would_leave_their_line_are_one_line_exit_2(tmp_path, 
 
 def test_slurm_options_given_to_the_api_are_checked_where_the_script_is_made():
     from bench.errors import ConfigError
-    from bench.executors import SlurmOptions
+    from bench.executor_config import SlurmOptions
 
     with pytest.raises(ConfigError, match=r"sbatch option qos: 'high\\ntouch X' contains the control character U\+000A"):
         SlurmOptions(extra={"qos": "high\ntouch X"}).parameters()
