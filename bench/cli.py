@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import math
 import os
 import shlex
@@ -28,11 +27,8 @@ from pathlib import Path
 from bench.errors import ConfigError, one_line
 from bench.executor_config import EXECUTORS, ExecutorConfig
 from bench.executors import require_executor
-from bench.registry import DuplicateName
+from bench.registry import import_plugins
 from bench.stats import SEEDS_AND_SAMPLES as SIGNIFICANCE, SIGNIFICANCE_TESTS
-
-# modules whose import registers the built-in attention layers, metrics, methods and datasets
-BUILTIN_PLUGINS = ("bench.vit", "bench.metrics", "methods", "datasets")
 
 
 def _csv(kind):
@@ -168,31 +164,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bars or per-cell lines")
     p.add_argument("--debug", action="store_true", help="show the full traceback of any error")
     return p
-
-
-def import_plugins(names: list[str]) -> None:
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    for name in BUILTIN_PLUGINS:
-        importlib.import_module(name)
-    for name in names:
-        try:
-            importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name and name.startswith(exc.name):
-                raise ConfigError(
-                    f"--plugin {name}: no such module ({exc}); give an importable module name "
-                    "(a .py file or package in the current directory or on PYTHONPATH)"
-                ) from None
-            raise ConfigError(f"--plugin {name}: importing it failed: {type(exc).__name__}: {exc}") from None
-        except SyntaxError as exc:
-            raise ConfigError(f"--plugin {name}: syntax error in {exc.filename}, line {exc.lineno}: {exc.msg}") from None
-        except DuplicateName as exc:
-            raise ConfigError(f"--plugin {name}: {exc}") from None
-        except (Exception, SystemExit, KeyboardInterrupt) as exc:  # noqa: BLE001  (a plugin's own error, in one line)
-            what = f"called sys.exit({exc.code!r})" if isinstance(exc, SystemExit) else f"raised {one_line(exc)}"
-            raise ConfigError(f"--plugin {name}: importing it {what}; a plugin module should only define and "
-                              "register (methods, datasets, attention layers, metrics)") from None
 
 
 def cmd_list() -> int:

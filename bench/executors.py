@@ -35,6 +35,7 @@ from pathlib import Path
 
 from bench.executor_config import SlurmOptions
 from bench.plan import Cell
+from bench.registry import import_plugins
 
 
 @dataclass(frozen=True)
@@ -70,13 +71,11 @@ _DEVICE: str | None = None  # a pool worker's device, claimed at its start
 
 
 def _prepare(job: Job) -> None:
-    """Once per process: plugins registered, data settings, torch threads."""
+    """Once per process: the registries filled (built-ins and the job's plugins), data
+    settings, torch threads."""
     key = (job.plugins, job.data_root, job.download, job.strict, job.threads)
     if key in _READY:
         return
-    import datasets  # noqa: F401  (registers the data sets)
-    import methods  # noqa: F401  (registers the methods)
-    from bench.cli import import_plugins
     from bench.data import configure_data
 
     import_plugins(list(job.plugins))

@@ -154,7 +154,7 @@ def test_executor_table_of_the_suite_file_runs_its_executor_without_flags(tmp_pa
     assert "executor processes: 2 worker(s)" in err and "queued or running" in err, err
     assert len(_trained(err)) == 2
     # the table is no part of any cell: the store holds exactly the keys of the suite without it
-    from bench.cli import import_plugins
+    from bench.registry import import_plugins
     from bench.plan import make_plan
     from bench.spec import load_suite, select
 
@@ -167,7 +167,8 @@ def test_executor_table_of_the_suite_file_runs_its_executor_without_flags(tmp_pa
 
 
 def test_executor_flags_override_the_table_key_by_key(tmp_path):
-    from bench.cli import build_parser, executor_settings, import_plugins
+    from bench.cli import build_parser, executor_settings
+    from bench.registry import import_plugins
     from bench.spec import load_suite
 
     import_plugins([])

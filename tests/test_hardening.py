@@ -427,8 +427,8 @@ def run_cells(suite: Path, store: Path, methods: tuple[str, ...], seeds: tuple[i
     """Train, predict and store these cells of the suite (``bench.runner.run_plan``, no report)."""
     import torch
 
-    from bench.cli import import_plugins
     from bench.plan import make_plan
+    from bench.registry import import_plugins
     from bench.runner import Console, run_plan
     from bench.spec import Overrides, load_suite, select
     from bench.store import Store
