@@ -26,7 +26,6 @@ from pathlib import Path
 
 from bench.errors import ConfigError, one_line
 from bench.executor_config import EXECUTORS, ExecutorConfig
-from bench.executors import require_executor
 from bench.registry import import_plugins
 from bench.stats import SEEDS_AND_SAMPLES as SIGNIFICANCE, SIGNIFICANCE_TESTS
 
@@ -205,8 +204,8 @@ def cmd_status(suite, args: argparse.Namespace) -> int:
     import torch
 
     from bench.catalog import describe_runner, live_runner
+    from bench.cell import TRAIN_STATE
     from bench.plan import make_plan
-    from bench.runner import TRAIN_STATE
     from bench.store import Store
 
     store = Store(args.results / suite.name)
@@ -358,8 +357,10 @@ def _main(args: argparse.Namespace) -> int:
     store_root = args.results / suite.name
     status = 0
     if args.command == "run":
+        from bench.cell import Console
+        from bench.executors import require_executor
         from bench.plan import make_plan
-        from bench.runner import Console, run_plan
+        from bench.runner import run_plan
         from bench.store import Store
         from bench.train import resolve_device
 

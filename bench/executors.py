@@ -1,4 +1,5 @@
-"""Where cells run: one cell function, :func:`run_job`, behind three executors.
+"""Where cells run: :func:`run_job` (one cell under its lock, in any process) behind three
+executors.
 
 * ``local`` (default): the cells one after another in this process.
 * ``processes``: a pool of ``--workers N`` processes on this machine (:func:`pool`;
@@ -19,9 +20,11 @@
 
 Every executor runs :func:`run_job`, which takes the cell's lock (:mod:`bench.lock`), so
 runners on one store (two terminals, two SLURM arrays) never train a cell twice: a cell
-another runner holds is reported ``elsewhere`` and left to it.  The parent process plans,
-checks the configuration (preflight) and writes the report once at the end.  Which
-executor runs, and its settings, is :mod:`bench.executor_config`.
+another runner holds is reported ``elsewhere`` and left to it; under the lock the cell
+itself runs (:func:`bench.cell.run_cell`).  A fresh process (a pool worker, a SLURM job)
+first loads the registries (:func:`bench.registry.import_plugins`) and the data settings
+the job carries.  The runner above (:mod:`bench.runner`) plans, checks the configuration
+and picks the executor; the settings that pick it are :mod:`bench.executor_config`.
 """
 from __future__ import annotations
 
@@ -33,9 +36,16 @@ from contextlib import suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import torch
+
+from bench.cell import Console, load_data, run_cell
+from bench.data import configure_data
+from bench.errors import ConfigError
 from bench.executor_config import SlurmOptions
+from bench.lock import LOCK_SUFFIX, CellLock
 from bench.plan import Cell
 from bench.registry import import_plugins
+from bench.store import Store
 
 
 @dataclass(frozen=True)
@@ -62,29 +72,25 @@ class Outcome:
     seconds: float
 
 
-# --------------------------------------------------------------------------- the cell function
+# --------------------------------------------------------------------------- the cell function of every executor
 
 _DATA: dict[str, object] = {}  # dataset name -> loaded bundle, per process
-_READY: set[tuple] = set()
+_SET_UP: set[tuple] = set()  # the process settings (plugins, data, threads) this process has taken
 _LOCK = None  # the lock of the cell this process is running (released on preemption)
 _DEVICE: str | None = None  # a pool worker's device, claimed at its start
 
 
-def _prepare(job: Job) -> None:
-    """Once per process: the registries filled (built-ins and the job's plugins), data
-    settings, torch threads."""
+def _set_up_process(job: Job) -> None:
+    """Once per process and settings: the registries filled (built-ins and the job's
+    plugins), the data settings, torch's thread count."""
     key = (job.plugins, job.data_root, job.download, job.strict, job.threads)
-    if key in _READY:
+    if key in _SET_UP:
         return
-    from bench.data import configure_data
-
     import_plugins(list(job.plugins))
     configure_data(job.data_root, download=job.download, strict=job.strict)
     if job.threads:
-        import torch
-
         torch.set_num_threads(job.threads)
-    _READY.add(key)
+    _SET_UP.add(key)
 
 
 def preload(datasets: dict) -> None:
@@ -94,15 +100,9 @@ def preload(datasets: dict) -> None:
 
 def run_job(job: Job, console=None) -> Outcome:
     """Run one cell under its lock: skipped when complete, ``elsewhere`` when another runner
-    holds it, else trained, predicted and stored (:func:`bench.runner.run_cell`)."""
+    holds it, else trained, predicted and stored (:func:`bench.cell.run_cell`)."""
     global _LOCK
-    import torch
-
-    from bench.lock import LOCK_SUFFIX, CellLock
-    from bench.runner import Console, load_data, run_cell
-    from bench.store import Store
-
-    _prepare(job)
+    _set_up_process(job)
     console = console or Console(quiet=True)
     cell, t0 = job.cell, time.perf_counter()
     store = Store(Path(job.store_root))
@@ -148,8 +148,6 @@ def _pool_worker(conn, device: str | None, threads: int) -> None:
     global _DEVICE
     _DEVICE = device
     if threads:
-        import torch
-
         torch.set_num_threads(threads)
     while True:
         try:
@@ -193,9 +191,6 @@ def _record_death(job: Job, reason: str) -> Outcome:
     another runner holds the cell meanwhile; the dead worker's own lock is stale at once
     (:mod:`bench.lock`) and is broken here.  A cell its worker completed before dying
     stays complete."""
-    from bench.lock import LOCK_SUFFIX, CellLock
-    from bench.store import Store
-
     cell = job.cell
     store = Store(Path(job.store_root))
     cd = store.cell(cell.key)
@@ -274,8 +269,6 @@ def pool(jobs: list[Job], workers: int, devices: list[str] | None):
 def require_executor(kind: str) -> None:
     """Refuse, before any work, an executor this machine cannot run (a ConfigError): slurm
     and submitit-local need submitit, slurm also SLURM's ``sbatch`` and ``srun`` on PATH."""
-    from bench.errors import ConfigError
-
     if kind not in ("slurm", "submitit-local"):
         return
     try:
