@@ -17,19 +17,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import math
 import os
 import sys
 from pathlib import Path
 
 from bench.errors import ConfigError, one_line
-from bench.executors import EXECUTORS, ExecutorConfig, require_executor
-from bench.registry import DuplicateName
+from bench.executor_config import EXECUTORS, ExecutorConfig
+from bench.registry import import_plugins
 from bench.stats import SEEDS_AND_SAMPLES as SIGNIFICANCE, SIGNIFICANCE_TESTS
-
-# modules whose import registers the built-in attention layers, metrics, methods and datasets
-BUILTIN_PLUGINS = ("bench.vit", "bench.metrics", "methods", "datasets")
 
 
 def _csv(kind):
@@ -167,31 +163,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def import_plugins(names: list[str]) -> None:
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    for name in BUILTIN_PLUGINS:
-        importlib.import_module(name)
-    for name in names:
-        try:
-            importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name and name.startswith(exc.name):
-                raise ConfigError(
-                    f"--plugin {name}: no such module ({exc}); give an importable module name "
-                    "(a .py file or package in the current directory or on PYTHONPATH)"
-                ) from None
-            raise ConfigError(f"--plugin {name}: importing it failed: {type(exc).__name__}: {exc}") from None
-        except SyntaxError as exc:
-            raise ConfigError(f"--plugin {name}: syntax error in {exc.filename}, line {exc.lineno}: {exc.msg}") from None
-        except DuplicateName as exc:
-            raise ConfigError(f"--plugin {name}: {exc}") from None
-        except (Exception, SystemExit, KeyboardInterrupt) as exc:  # noqa: BLE001  (a plugin's own error, in one line)
-            what = f"called sys.exit({exc.code!r})" if isinstance(exc, SystemExit) else f"raised {one_line(exc)}"
-            raise ConfigError(f"--plugin {name}: importing it {what}; a plugin module should only define and "
-                              "register (methods, datasets, attention layers, metrics)") from None
-
-
 def cmd_list() -> int:
     from bench.registry import ATTENTIONS, DATASETS, METHODS, METRICS
     from bench.spec import available_suites
@@ -231,8 +202,8 @@ def cmd_status(suite, args: argparse.Namespace) -> int:
     import torch
 
     from bench.catalog import describe_runner, live_runner
+    from bench.cell import TRAIN_STATE
     from bench.plan import make_plan
-    from bench.runner import TRAIN_STATE
     from bench.store import Store
 
     store = Store(args.results / suite.name)
@@ -383,8 +354,10 @@ def _main(args: argparse.Namespace) -> int:
     store_root = args.results / suite.name
     status = 0
     if args.command == "run":
+        from bench.cell import Console
+        from bench.executors import require_executor
         from bench.plan import make_plan
-        from bench.runner import Console, run_plan
+        from bench.runner import run_plan
         from bench.store import Store
         from bench.train import resolve_device
 
@@ -420,11 +393,11 @@ EXECUTOR_FLAGS = {"executor": "kind", "workers": "workers", "cells_per_gpu": "ce
 
 def executor_settings(args: argparse.Namespace, table: ExecutorConfig) -> ExecutorConfig:
     """The executor to run with: each flag given on the command line, else the suite's
-    ``[executor]`` key (``table``, an :class:`~bench.executors.ExecutorConfig`), else its
+    ``[executor]`` key (``table``, an :class:`~bench.executor_config.ExecutorConfig`), else its
     default.  ``--slurm-option`` adds to the table's options, replacing one of the same name.
     A partition or option that would not stay on its own line of the batch script is a
     ConfigError, as in the table."""
-    from bench.executors import sbatch_option_name, sbatch_option_problem, sbatch_text_problem
+    from bench.executor_config import sbatch_option_name, sbatch_option_problem, sbatch_text_problem
 
     given = {key: getattr(args, dest) for dest, key in EXECUTOR_FLAGS.items() if getattr(args, dest) is not None}
     if args.slurm_partition is not None and (problem := sbatch_text_problem(args.slurm_partition)):

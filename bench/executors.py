@@ -1,4 +1,5 @@
-"""Where cells run: one cell function, :func:`run_job`, behind three executors.
+"""Where cells run: :func:`run_job` (one cell under its lock, in any process) behind three
+executors.
 
 * ``local`` (default): the cells one after another in this process.
 * ``processes``: a pool of ``--workers N`` processes on this machine (:func:`pool`;
@@ -10,39 +11,41 @@
 * ``slurm`` (and ``submitit-local``, the same jobs as local processes, for testing and for
   a workstation): one job per cell through **submitit**, as a SLURM job array with the
   partition, GPUs and CPUs per cell, memory, time limit, array throttle and extra sbatch
-  options given on the command line or in the suite's ``[executor]`` table.  Submitit pickles the cell function and its
-  arguments, writes the sbatch script, requeues a job on preemption or time-out (the cell
-  resumes from its last training state, ``[train] checkpoint_every``) and returns each
-  job's result.  It is a small, well-kept library with no server, unlike Ray; a Ray user
-  would plug in by mapping :func:`run_job` over the :class:`Job` list with ``ray.remote``.
+  options of :class:`~bench.executor_config.SlurmOptions`.  Submitit pickles the cell
+  function and its arguments, writes the sbatch script, requeues a job on preemption or
+  time-out (the cell resumes from its last training state, ``[train] checkpoint_every``)
+  and returns each job's result.  It is a small, well-kept library with no server, unlike
+  Ray; a Ray user would plug in by mapping :func:`run_job` over the :class:`Job` list with
+  ``ray.remote``.
 
 Every executor runs :func:`run_job`, which takes the cell's lock (:mod:`bench.lock`), so
 runners on one store (two terminals, two SLURM arrays) never train a cell twice: a cell
-another runner holds is reported ``elsewhere`` and left to it.  The parent process plans,
-checks the configuration (preflight) and writes the report once at the end.
-
-Which executor, and its settings, come from a suite's ``[executor]`` table
-(:class:`ExecutorConfig`, one key per flag) with the command-line flags on top.  Neither
-enters a cell's key or the store: they decide where a cell runs, not what it computes.
+another runner holds is reported ``elsewhere`` and left to it; under the lock the cell
+itself runs (:func:`bench.cell.run_cell`).  A fresh process (a pool worker, a SLURM job)
+first loads the registries (:func:`bench.registry.import_plugins`) and the data settings
+the job carries.  The runner above (:mod:`bench.runner`) plans, checks the configuration
+and picks the executor; the settings that pick it are :mod:`bench.executor_config`.
 """
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import signal
 import time
 from contextlib import suppress
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from bench.options import Problems, parse
+import torch
 
-if TYPE_CHECKING:  # bench.spec imports this module (for ExecutorConfig); bench.plan imports bench.spec
-    from bench.plan import Cell
-
-EXECUTORS = ("local", "processes", "slurm", "submitit-local")
+from bench.cell import Console, load_data, run_cell
+from bench.data import configure_data
+from bench.errors import ConfigError
+from bench.executor_config import SlurmOptions
+from bench.lock import LOCK_SUFFIX, CellLock
+from bench.plan import Cell
+from bench.registry import import_plugins
+from bench.store import Store
 
 
 @dataclass(frozen=True)
@@ -69,165 +72,25 @@ class Outcome:
     seconds: float
 
 
-@dataclass
-class SlurmOptions:
-    """``--slurm-*`` flags: what each cell's job asks SLURM for."""
-
-    partition: str | None = None
-    gpus_per_cell: int = 1
-    cpus_per_cell: int = 8
-    mem_gb: float = 32.0
-    time_min: int = 24 * 60
-    array_limit: int = 64  # at most this many cells at once (sbatch --array=...%limit)
-    extra: dict[str, str] = field(default_factory=dict)  # further sbatch options, e.g. {"account": "x"}
-
-    def parameters(self) -> dict:
-        """submitit ``update_parameters`` keywords for SLURM; a partition or extra option that
-        would not stay on its own ``#SBATCH`` line (:func:`sbatch_option_problem`) is a
-        ConfigError."""
-        from bench.errors import ConfigError
-
-        for key, value in self.extra.items():
-            if problem := sbatch_option_problem(key, value):
-                raise ConfigError(f"sbatch option {shown(key)}: {problem}")
-        if problem := sbatch_text_problem(self.partition or ""):
-            raise ConfigError(f"SLURM partition: {problem}")
-        params = {"timeout_min": self.time_min, "slurm_array_parallelism": self.array_limit,
-                  "gpus_per_node": self.gpus_per_cell, "cpus_per_task": self.cpus_per_cell,
-                  "mem_gb": self.mem_gb, "tasks_per_node": 1, "nodes": 1}
-        if self.partition:
-            params["slurm_partition"] = self.partition
-        if self.extra:
-            params["slurm_additional_parameters"] = dict(self.extra)
-        return params
-
-
-def sbatch_option_name(key: str) -> str:
-    """An extra sbatch option's name as submitit takes it: ``--mail-type`` -> ``mail_type``."""
-    return key.strip().lstrip("-").replace("-", "_")
-
-
-_SBATCH_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")  # an option name as sbatch_option_name leaves it
-
-
-def shown(text: str) -> str:
-    """``text`` as one line of a message: itself when printable, else its repr (``'a\\nb'``)."""
-    return text if text.isprintable() else repr(text)
-
-
-def sbatch_text_problem(text: str) -> str | None:
-    """Why ``text`` cannot go into the batch script (None: it can).  Each SLURM setting
-    becomes one line ``#SBATCH --name=value`` of the script: a newline (or any other
-    control character) would begin a line of its own, a shell command."""
-    bad = next((c for c in text if not c.isprintable()), None)
-    if bad is None:
-        return None
-    return (f"{text!r} contains the control character U+{ord(bad):04X}; each sbatch setting is one "
-            "line of printable text in the batch script, so remove it")
-
-
-def sbatch_option_problem(key: str, value: str) -> str | None:
-    """Why the extra sbatch option ``key = value`` cannot be used (None: it can): a control
-    character in either (:func:`sbatch_text_problem`), or a name unlike sbatch's option
-    names (letters, digits, ``-``, ``_``)."""
-    problem = sbatch_text_problem(key) or sbatch_text_problem(value)
-    if problem is None and not _SBATCH_NAME.fullmatch(sbatch_option_name(key)):
-        problem = (f"{key!r} is not an sbatch option name: letters, digits, '-' and '_', starting with a letter "
-                   "(e.g. account, mail-type)")
-    return problem
-
-
-@dataclass(frozen=True)
-class ExecutorConfig:
-    """Where the cells run: a suite's ``[executor]`` table.  Each key stands for the flag
-    named beside it, and a flag given on the command line wins over the key.  Example::
-
-        [executor]
-        kind = "slurm"
-        partition = "gpu"
-        time = 720             # minutes
-        [executor.options]     # further sbatch options
-        account = "myproject"
-    """
-
-    kind: str = field(default="local", metadata={"choices": EXECUTORS})  # --executor
-    workers: int = field(default=2, metadata={"min": 1, "soft_max": 4096})  # --workers (CPU pool size)
-    cells_per_gpu: int = field(default=1, metadata={"min": 1, "soft_max": 1024})  # --cells-per-gpu
-    partition: str = ""  # --slurm-partition; "" = the cluster's default partition
-    gpus: int = field(default=SlurmOptions.gpus_per_cell, metadata={"min": 0, "soft_max": 64})  # --slurm-gpus, per cell
-    cpus: int = field(default=SlurmOptions.cpus_per_cell, metadata={"min": 1, "soft_max": 4096})  # --slurm-cpus, per cell
-    mem_gb: float = field(default=SlurmOptions.mem_gb, metadata={"exclusive_min": 0.0, "soft_max": 1 << 16})  # --slurm-mem-gb
-    time: int = field(default=SlurmOptions.time_min, metadata={"min": 1, "soft_max": 366 * 24 * 60})  # --slurm-time, minutes
-    array_limit: int = field(default=SlurmOptions.array_limit, metadata={"min": 1, "soft_max": 1 << 20})  # --slurm-array-limit
-    options: dict = field(default_factory=dict, hash=False)  # --slurm-option KEY=VALUE; name -> value (strings)
-
-    def slurm_options(self) -> SlurmOptions:
-        return SlurmOptions(self.partition or None, self.gpus, self.cpus, self.mem_gb, self.time, self.array_limit,
-                            dict(self.options))
-
-
-def parse_executor(table: object, path: str = "executor", problems: Problems | None = None) -> ExecutorConfig | None:
-    """An ``[executor]`` table as an :class:`ExecutorConfig`; every problem is reported with
-    its key path (``executor.workers``), like the rest of the suite.  Option names are
-    normalised as ``--slurm-option`` does (``mail-type`` -> ``mail_type``), integer values
-    become strings."""
-    own = problems is None
-    problems = Problems() if own else problems
-    before = len(problems)
-    if not isinstance(table, dict):
-        problems.add(path, f"expected a table of executor settings (kind, workers, partition, ...), got {table!r}")
-        table = None
-    elif isinstance(table.get("time"), str):  # "24:00:00", sbatch's own notation
-        problems.add(f"{path}.time", f"the time limit per cell in minutes, an integer (e.g. time = 1440 for "
-                                     f"24 hours), got {table['time']!r}")
-        table = {k: v for k, v in table.items() if k != "time"}
-    config = parse(ExecutorConfig, table, path, problems) if table is not None else None
-    if config is not None:
-        options = {}
-        for key, value in config.options.items():
-            sub = f"{path}.options.{shown(key)}"
-            name = sbatch_option_name(key)
-            if not name:
-                problems.add(sub, "an sbatch option needs a name, e.g. account = \"myproject\"")
-            elif isinstance(value, bool) or not isinstance(value, (str, int)):
-                problems.add(sub, f"expected a string or an integer (the sbatch option's value), got {value!r}")
-            elif problem := sbatch_option_problem(key, str(value)):
-                problems.add(sub, problem)
-            else:
-                options[name] = str(value)
-        if problem := sbatch_text_problem(config.partition):
-            problems.add(f"{path}.partition", problem)
-        config = replace(config, options=options)
-    if own:
-        problems.raise_if_any()
-    return config if len(problems) == before else None
-
-
-# --------------------------------------------------------------------------- the cell function
+# --------------------------------------------------------------------------- the cell function of every executor
 
 _DATA: dict[str, object] = {}  # dataset name -> loaded bundle, per process
-_READY: set[tuple] = set()
+_SET_UP: set[tuple] = set()  # the process settings (plugins, data, threads) this process has taken
 _LOCK = None  # the lock of the cell this process is running (released on preemption)
 _DEVICE: str | None = None  # a pool worker's device, claimed at its start
 
 
-def _prepare(job: Job) -> None:
-    """Once per process: plugins registered, data settings, torch threads."""
+def _set_up_process(job: Job) -> None:
+    """Once per process and settings: the registries filled (built-ins and the job's
+    plugins), the data settings, torch's thread count."""
     key = (job.plugins, job.data_root, job.download, job.strict, job.threads)
-    if key in _READY:
+    if key in _SET_UP:
         return
-    import datasets  # noqa: F401  (registers the data sets)
-    import methods  # noqa: F401  (registers the methods)
-    from bench.cli import import_plugins
-    from bench.data import configure_data
-
     import_plugins(list(job.plugins))
     configure_data(job.data_root, download=job.download, strict=job.strict)
     if job.threads:
-        import torch
-
         torch.set_num_threads(job.threads)
-    _READY.add(key)
+    _SET_UP.add(key)
 
 
 def preload(datasets: dict) -> None:
@@ -237,15 +100,9 @@ def preload(datasets: dict) -> None:
 
 def run_job(job: Job, console=None) -> Outcome:
     """Run one cell under its lock: skipped when complete, ``elsewhere`` when another runner
-    holds it, else trained, predicted and stored (:func:`bench.runner.run_cell`)."""
+    holds it, else trained, predicted and stored (:func:`bench.cell.run_cell`)."""
     global _LOCK
-    import torch
-
-    from bench.lock import LOCK_SUFFIX, CellLock
-    from bench.runner import Console, load_data, run_cell
-    from bench.store import Store
-
-    _prepare(job)
+    _set_up_process(job)
     console = console or Console(quiet=True)
     cell, t0 = job.cell, time.perf_counter()
     store = Store(Path(job.store_root))
@@ -291,8 +148,6 @@ def _pool_worker(conn, device: str | None, threads: int) -> None:
     global _DEVICE
     _DEVICE = device
     if threads:
-        import torch
-
         torch.set_num_threads(threads)
     while True:
         try:
@@ -336,9 +191,6 @@ def _record_death(job: Job, reason: str) -> Outcome:
     another runner holds the cell meanwhile; the dead worker's own lock is stale at once
     (:mod:`bench.lock`) and is broken here.  A cell its worker completed before dying
     stays complete."""
-    from bench.lock import LOCK_SUFFIX, CellLock
-    from bench.store import Store
-
     cell = job.cell
     store = Store(Path(job.store_root))
     cd = store.cell(cell.key)
@@ -417,8 +269,6 @@ def pool(jobs: list[Job], workers: int, devices: list[str] | None):
 def require_executor(kind: str) -> None:
     """Refuse, before any work, an executor this machine cannot run (a ConfigError): slurm
     and submitit-local need submitit, slurm also SLURM's ``sbatch`` and ``srun`` on PATH."""
-    from bench.errors import ConfigError
-
     if kind not in ("slurm", "submitit-local"):
         return
     try:

@@ -1,14 +1,22 @@
-"""One small generic registry, used for methods, datasets, attention layers and metrics.
+"""One small generic registry, used for methods, datasets, attention layers and metrics,
+and the loading of the modules that fill them (:func:`import_plugins`).
 
 ``bench`` never names a concrete method or dataset: modules in ``methods/`` and
 ``datasets/`` register themselves with a decorator and the core looks them up by name.
+Each registry knows the names of the modules whose import registers its built-in
+entries and imports them (through importlib, as a plugin is imported) before its first
+lookup, so it is complete whichever module a caller imported first: after ``import
+methods`` alone, ``ATTENTIONS.get("softmax")`` finds the ViT's own attention layer.
 """
 from __future__ import annotations
 
 import difflib
+import importlib
+import os
+import sys
 from typing import Callable, Generic, Iterator, TypeVar
 
-from bench.errors import ConfigError
+from bench.errors import ConfigError, one_line
 
 T = TypeVar("T")
 
@@ -23,16 +31,40 @@ def _module_of(obj: object) -> str:
 
 
 class Registry(Generic[T]):
-    """A name -> object map with decorator registration and helpful lookup errors."""
+    """A name -> object map with decorator registration and helpful lookup errors.
 
-    def __init__(self, kind: str) -> None:
+    ``builtins``: the modules (by name) whose import registers the built-in entries.  They
+    are imported before the first lookup, and before the first registration from any
+    other module, so a plugin that reuses a built-in name is told so at once."""
+
+    def __init__(self, kind: str, builtins: tuple[str, ...] = ()) -> None:
         self.kind = kind
+        self.builtins = builtins
         self._items: dict[str, T] = {}
+        self._complete = not builtins
+
+    def complete(self) -> None:
+        """Import the built-in modules, once.  A lookup made while they are being imported
+        (the first one started it) sees the entries registered so far."""
+        if self._complete:
+            return
+        self._complete = True
+        try:
+            for name in self.builtins:
+                importlib.import_module(name)
+        except BaseException:
+            self._complete = False
+            raise
+
+    def _builtin(self, module: str) -> bool:
+        return any(module == b or module.startswith(f"{b}.") for b in self.builtins)
 
     def register(self, name: str) -> Callable[[T], T]:
         """Decorator: ``@METHODS.register("msp")`` registers the decorated object."""
 
         def deco(obj: T) -> T:
+            if not self._builtin(_module_of(obj)):
+                self.complete()
             if name in self._items and self._items[name] is not obj:
                 raise DuplicateName(
                     f"{self.kind} {name!r} is already registered by module {_module_of(self._items[name])!r}; "
@@ -48,6 +80,7 @@ class Registry(Generic[T]):
 
         ``key`` is the config path the name came from, quoted in the message.
         """
+        self.complete()
         try:
             return self._items[name]
         except KeyError:
@@ -61,19 +94,52 @@ class Registry(Generic[T]):
         return f"unknown {self.kind} {name!r}{where}.{hint} Known {self.kind}s: {known}."
 
     def names(self) -> list[str]:
+        self.complete()
         return sorted(self._items)
 
     def __contains__(self, name: object) -> bool:
+        self.complete()
         return name in self._items
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
 
     def __len__(self) -> int:
+        self.complete()
         return len(self._items)
 
 
-METHODS: Registry = Registry("method")
-DATASETS: Registry = Registry("dataset")
-ATTENTIONS: Registry = Registry("attention")
-METRICS: Registry = Registry("metric")
+METHODS: Registry = Registry("method", builtins=("methods",))
+DATASETS: Registry = Registry("dataset", builtins=("datasets",))
+# attention layers: the ViT's own (softmax), and each other one with the method that introduces it
+ATTENTIONS: Registry = Registry("attention", builtins=("bench.vit", "methods"))
+METRICS: Registry = Registry("metric", builtins=("bench.metrics",))
+
+
+def import_plugins(names: list[str]) -> None:
+    """Fill every registry: the built-in modules, then each plugin module of ``names``
+    (``--plugin``; the current directory is on the module path).  The CLI, a pool worker
+    and a SLURM job all start here.  A plugin that cannot be imported, raises or reuses a
+    registered name is a one-line ConfigError naming it."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    for registry in (ATTENTIONS, METRICS, METHODS, DATASETS):
+        registry.complete()
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name and name.startswith(exc.name):
+                raise ConfigError(
+                    f"--plugin {name}: no such module ({exc}); give an importable module name "
+                    "(a .py file or package in the current directory or on PYTHONPATH)"
+                ) from None
+            raise ConfigError(f"--plugin {name}: importing it failed: {type(exc).__name__}: {exc}") from None
+        except SyntaxError as exc:
+            raise ConfigError(f"--plugin {name}: syntax error in {exc.filename}, line {exc.lineno}: {exc.msg}") from None
+        except DuplicateName as exc:
+            raise ConfigError(f"--plugin {name}: {exc}") from None
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:  # noqa: BLE001  (a plugin's own error, in one line)
+            what = f"called sys.exit({exc.code!r})" if isinstance(exc, SystemExit) else f"raised {one_line(exc)}"
+            raise ConfigError(f"--plugin {name}: importing it {what}; a plugin module should only define and "
+                              "register (methods, datasets, attention layers, metrics)") from None

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from bench.errors import ConfigError
-from bench.executors import ExecutorConfig, parse_executor
+from bench.executor_config import ExecutorConfig, parse_executor
 from bench.options import ALLOW_LARGE_HINT, Problems, allow_large, parse
 from bench.registry import ATTENTIONS, DATASETS, METHODS
 

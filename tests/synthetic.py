@@ -68,7 +68,7 @@ def fake_store(results, suite_file, *, overrides=None, only=None, failed=(), uns
     from scipy.special import log_softmax
 
     from bench.catalog import write_store_description
-    from bench.cli import import_plugins
+    from bench.registry import import_plugins
     from bench.plan import make_plan
     from bench.spec import Overrides, load_suite
     from bench.store import Store

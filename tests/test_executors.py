@@ -154,7 +154,7 @@ def test_executor_table_of_the_suite_file_runs_its_executor_without_flags(tmp_pa
     assert "executor processes: 2 worker(s)" in err and "queued or running" in err, err
     assert len(_trained(err)) == 2
     # the table is no part of any cell: the store holds exactly the keys of the suite without it
-    from bench.cli import import_plugins
+    from bench.registry import import_plugins
     from bench.plan import make_plan
     from bench.spec import load_suite, select
 
@@ -167,7 +167,8 @@ def test_executor_table_of_the_suite_file_runs_its_executor_without_flags(tmp_pa
 
 
 def test_executor_flags_override_the_table_key_by_key(tmp_path):
-    from bench.cli import build_parser, executor_settings, import_plugins
+    from bench.cli import build_parser, executor_settings
+    from bench.registry import import_plugins
     from bench.spec import load_suite
 
     import_plugins([])
@@ -209,7 +210,8 @@ def test_sbatch_script_for_slurm(tmp_path, monkeypatch):
     """The script submitit hands to ``sbatch`` for our options, captured by stand-in
     ``sbatch``/``srun`` programs (no SLURM here): every option reaches its #SBATCH line."""
     pytest.importorskip("submitit")
-    from bench.executors import SlurmOptions, submitit_executor
+    from bench.executor_config import SlurmOptions
+    from bench.executors import submitit_executor
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -280,7 +282,7 @@ def test_sbatch_flags_that_would_leave_their_line_are_one_line_exit_2(tmp_path, 
 
 def test_slurm_options_given_to_the_api_are_checked_where_the_script_is_made():
     from bench.errors import ConfigError
-    from bench.executors import SlurmOptions
+    from bench.executor_config import SlurmOptions
 
     with pytest.raises(ConfigError, match=r"sbatch option qos: 'high\\ntouch X' contains the control character U\+000A"):
         SlurmOptions(extra={"qos": "high\ntouch X"}).parameters()

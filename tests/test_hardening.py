@@ -427,9 +427,10 @@ def run_cells(suite: Path, store: Path, methods: tuple[str, ...], seeds: tuple[i
     """Train, predict and store these cells of the suite (``bench.runner.run_plan``, no report)."""
     import torch
 
-    from bench.cli import import_plugins
+    from bench.cell import Console
     from bench.plan import make_plan
-    from bench.runner import Console, run_plan
+    from bench.registry import import_plugins
+    from bench.runner import run_plan
     from bench.spec import Overrides, load_suite, select
     from bench.store import Store
 
@@ -501,12 +502,12 @@ def test_a_foreign_or_edited_training_state_is_discarded_and_the_cell_starts_ove
 
 
 def test_out_of_memory_fails_only_its_cell_with_a_hint(tmp_path, capsys, monkeypatch):
-    import bench.runner
+    import bench.cell
 
     def oom(*_a, **_k):
         raise MemoryError("cannot allocate 120 GB")
 
-    monkeypatch.setattr(bench.runner, "fit", oom)
+    monkeypatch.setattr(bench.cell, "fit", oom)
     code, err = run(tmp_path, capsys=capsys)
     assert code == 1 and "Traceback" not in err, err  # the run finished, with a failed cell
     cells = [p for p in (tmp_path / "results" / "hard").iterdir() if p.is_dir()]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from bench.runner import peak_memory_mb, reset_peak_memory
+from bench.cell import peak_memory_mb, reset_peak_memory
 
 CPU = torch.device("cpu")
 

@@ -1,0 +1,232 @@
+"""One cell from start to end, in whichever process runs it: :func:`run_cell` trains the
+cell's model (:mod:`bench.train`), predicts every evaluation split and stores the
+predictions (:mod:`bench.store`).  Every executor calls it (through
+:func:`bench.executors.run_job`, which holds the cell's lock).
+
+An incomplete cell (a run killed mid-cell) is cleared and redone; one that left a saved
+training state that passes the checks resumes from it.  A cell whose training fails (a
+non-finite loss, running out of memory, any other error inside the cell) is stored with
+status ``failed`` and the reason, and the run goes on.  Also here: the console a cell
+reports progress on (:class:`Console`) and the cell's peak-memory window
+(:func:`reset_peak_memory`, :func:`peak_memory_mb`).
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import platform
+import sys
+import time
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bench import distributed
+from bench.data import DataBundle
+from bench.errors import ConfigError, NonFiniteLoss
+from bench.plan import Cell
+from bench.registry import DATASETS, METHODS
+from bench.spec import DatasetSpec
+from bench.store import CellDir
+from bench.train import UnusableState, fit, predict, read_training_state, seed_everything, training_state_bytes
+
+
+class Console:
+    """Progress bars on a terminal, one line per finished cell, nothing when quiet."""
+
+    def __init__(self, quiet: bool = False) -> None:
+        self.quiet = quiet
+        self.bars = not quiet and sys.stderr.isatty()
+        self._tqdm = None
+        if self.bars:
+            from tqdm import tqdm
+
+            self._tqdm = tqdm
+
+    def log(self, msg: str) -> None:
+        if self.quiet:
+            return
+        if self._tqdm is not None:
+            self._tqdm.write(msg, file=sys.stderr)
+        else:
+            print(msg, file=sys.stderr, flush=True)
+
+    def warn(self, msg: str) -> None:
+        print(f"warning: {msg}", file=sys.stderr, flush=True)
+
+    def bar(self, total: int, desc: str, leave: bool = True):
+        if self._tqdm is None:
+            return None
+        return self._tqdm(total=total, desc=desc, leave=leave, file=sys.stderr, dynamic_ncols=True)
+
+
+def load_data(spec: DatasetSpec) -> DataBundle:
+    """A suite's data set, loaded by its registered family."""
+    return DATASETS.get(spec.type).load(spec.options)
+
+
+def versions() -> dict:
+    """The versions a cell records in its ``cell.json``."""
+    return {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__}
+
+
+TRAIN_STATE = "train_state.pt"  # the resumable training state of a cell in progress
+TOKENIZER = "tokenizer.json"  # text cells: the vocabulary and length (bench.text.WordTokenizer.to_dict)
+
+
+def _save_state(cd: CellDir, state: dict) -> None:
+    # atomic: a kill leaves the old state or the new one, each with its key and checksum
+    cd.write_bytes(TRAIN_STATE, training_state_bytes(state, cd.key))
+
+
+def _saved_state(cell: Cell, cd: CellDir, model: torch.nn.Module, console: Console) -> dict | None:
+    """The training state an interrupted run of this cell left, if any, when it is this
+    cell's and fits ``model`` (:func:`bench.train.read_training_state`); any other state
+    is deleted with one warning naming the cell and the reason, and the cell starts over."""
+    path = cd.path / TRAIN_STATE
+    if not path.is_file():
+        return None
+    try:
+        state = read_training_state(path, cell.key, model, cell.method.train)
+    except UnusableState as exc:
+        console.warn(f"{cell.label} ({cell.key}): {TRAIN_STATE} not resumed: {exc}; discarded, the cell starts over")
+        path.unlink(missing_ok=True)
+        return None
+    console.log(f"{cd.key}: resuming from epoch {state['epoch']}")
+    return state
+
+
+def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, console: Console) -> tuple[str, str]:
+    """Train, predict every evaluation split, store; returns (status, one-line detail).
+    An interrupted cell whose saved training state passes the checks resumes from it."""
+    cd.reset(keep=(TRAIN_STATE,))  # a damaged sealed cell is moved aside whole: it keeps no state
+    method = METHODS.get(cell.method.type)(cell.method.options)
+    info = {
+        "key": cell.key,
+        "dataset": cell.dataset.name,
+        "method": cell.method.name,
+        "seed": cell.seed,
+        "config": cell.config,
+        "status": "running",
+        "device": str(device),
+        "versions": versions(),
+        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "samples": method.samples,
+        "average": method.average,
+    }
+    cd.write_cell(info)
+    try:
+        seed_everything(cell.seed)
+        model = method.build_model(cell.method.model, data).to(device)
+        resume = _saved_state(cell, cd, model, console)
+        if resume is not None:
+            info["resumed_from_epoch"] = resume["epoch"]
+        reset_peak_memory(device)
+        if distributed.active():  # the other torchrun ranks train this cell with this one
+            distributed.announce({"key": cell.key, "resume": resume})
+        bar = console.bar(cell.method.train.epochs, "epochs", leave=False)
+        result = fit(method, model, data, cell.method.train, device, cell.seed,
+                     on_epoch=(lambda _r: bar.update(1)) if bar else None, resume=resume,
+                     on_checkpoint=lambda state: _save_state(cd, state))
+        if bar is not None:
+            bar.close()
+        if result.compile.startswith("failed"):
+            console.warn(f"{cell.label}: torch.compile {result.compile}")
+        log_buf = io.StringIO()
+        writer = csv.DictWriter(log_buf, fieldnames=list(result.log[0]))
+        writer.writeheader()
+        writer.writerows(result.log)
+        cd.write_bytes("train_log.csv", log_buf.getvalue().encode())
+        ckpt = io.BytesIO()
+        torch.save(result.state_dict, ckpt)
+        cd.write_checkpoint(ckpt.getvalue())
+        if data.tokenizer is not None:  # the vocabulary the predictions were made with
+            cd.write_bytes(TOKENIZER, json.dumps(data.tokenizer.to_dict(), ensure_ascii=False).encode("utf-8"))
+
+        model = method.prediction_model(model, cell.method.model, data).to(device)
+        t_pred, n_pred = time.perf_counter(), 0
+        test_acc = float("nan")
+        for split in data.eval_splits(cell.dataset.splits):
+            s = data.get(split)
+            extras: dict[str, np.ndarray] = {}
+            train = cell.method.train
+            lp = predict(method, model, s, data, device, train.eval_batch_size, extras, precision=train.precision,
+                         batch_passes=train.batch_passes)
+            cd.write_preds(split, lp, s.y, **extras)
+            n_pred += len(s)
+            if split == "test":
+                test_acc = float((lp.argmax(1) == s.y).mean())
+            if split not in ("train", "val", "test"):
+                data.release(split)
+        pred_secs = time.perf_counter() - t_pred
+    except NonFiniteLoss as exc:
+        return cd.mark_failed(info, str(exc))
+    except ConfigError:
+        raise
+    except (MemoryError, torch.OutOfMemoryError) as exc:  # this cell is too big; the grid goes on
+        m, t = cell.method.model, cell.method.train
+        return _fail_cell(cd, info, (
+            f"out of memory ({type(exc).__name__}) with model dim {m.dim}, depth {m.depth}, heads {m.heads}, "
+            f"batch_size {t.batch_size}, eval_batch_size {t.eval_batch_size}: lower batch_size / "
+            "eval_batch_size or the model size, or use a machine with more memory"))
+    except Exception as exc:  # a bug or resource error inside one cell must not stop the grid
+        console.warn(traceback.format_exc())
+        return _fail_cell(cd, info, f"{type(exc).__name__}: {exc}")
+    info.update(
+        {
+            "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "train_seconds": round(result.seconds, 3),
+            "predict_seconds": round(pred_secs, 3),
+            "predict_seconds_per_1000": round(1000 * pred_secs / max(1, n_pred), 4),
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "best_epoch": result.best_epoch,
+            "compile": result.compile,
+            "best_val_acc": result.best_val_acc,
+            "test_acc": test_acc,
+            "peak_memory_mb": peak_memory_mb(device),
+        }
+    )
+    (cd.path / TRAIN_STATE).unlink(missing_ok=True)  # the finished cell needs no resumable state
+    cd.seal(info)
+    return "complete", f"best epoch {result.best_epoch}, test acc {test_acc:.3f}"
+
+
+def _fail_cell(cd: CellDir, info: dict, reason: str) -> tuple[str, str]:
+    """A cell's own failure (not a non-finite loss): recorded, and the grid goes on; under
+    torchrun the other ranks may wait in a collective, so the run stops (torchrun ends them)."""
+    outcome = cd.mark_failed(info, reason)
+    if distributed.active():
+        distributed.abort(f"cell {info['key']} failed: {reason}")
+    return outcome
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Start a cell's peak-memory window: CUDA's peak counter, or on Linux the process's
+    resident-set high-water mark (writing 5 to /proc/self/clear_refs resets VmHWM)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass  # not Linux, or not allowed: peak_memory_mb falls back to the lifetime peak
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak memory since :func:`reset_peak_memory`: CUDA memory allocated, or the
+    process's peak resident set (VmHWM; without /proc, the lifetime peak ru_maxrss)."""
+    if device.type == "cuda":
+        return round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)  # kB
+    except OSError:
+        pass
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # Linux: KiB
