@@ -48,7 +48,7 @@ FILES: dict[str, tuple[str, list[str], tuple[str, ...]]] = {
 }
 #: The code the analysis files depend on, as paths under ``bench/`` (a folder stands for
 #: every ``.py`` file below it); their text is in the fingerprint.
-_CODE = ("metrics.py", "stats.py", "analysis", "catalog.py", "method.py")
+_CODE = ("metrics", "stats.py", "analysis", "catalog.py", "method.py")
 
 
 def fingerprint(catalog: Catalog, metrics: list[str], resamples: int, seed: int,
