@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import hashlib
+import inspect
 import io
 import math
 import random
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -36,6 +39,7 @@ from bench.data import DataBundle, Split, TokenSplit
 from bench.errors import ConfigError, NonFiniteLoss
 from bench.method import TrainedMethod
 from bench.spec import TrainConfig
+from bench.vit import Backbone
 
 
 def resolve_device(name: str) -> torch.device:
@@ -111,6 +115,39 @@ def enabled(setting: bool | str, device: torch.device) -> bool:
     return setting is True or (setting == "auto" and device.type == "cuda")
 
 
+_FLUSHING = threading.local()  # how deep this thread is in flushing_denormals calls
+
+
+def flushing_denormals(fn):
+    """Run ``fn`` (which takes a ``device`` argument) with denormal floats flushed to zero
+    when the device is the CPU, and restore the default afterwards.
+
+    SGPA's kernel produces denormals, which x86 processors of some makes handle in
+    microcode (a training step several times slower); flushing them costs nothing
+    measurable on processors without that penalty.  Scoped to training and prediction, so
+    that numbers computed later in the process (analysis, numpy) keep the default float
+    behaviour; nested calls (``fit`` validates with ``predict``) leave the flag to the
+    outermost.  The flag is per thread: torch sets it on the calling thread."""
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if signature.bind(*args, **kwargs).arguments["device"].type != "cpu":
+            return fn(*args, **kwargs)
+        depth = getattr(_FLUSHING, "depth", 0)
+        if depth == 0:
+            torch.set_flush_denormal(True)
+        _FLUSHING.depth = depth + 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _FLUSHING.depth = depth
+            if depth == 0:
+                torch.set_flush_denormal(False)
+
+    return wrapper
+
+
 def autocast(device: torch.device, precision: str = "auto"):
     """The forward pass's precision (``[train] precision``): bf16 autocast for "bf16", and
     for "auto" on CUDA; float32 otherwise.  Layers keep their delicate parts in float32."""
@@ -160,6 +197,7 @@ def _entropy(log_p: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
+@flushing_denormals
 def predict(
     method: TrainedMethod, model: torch.nn.Module, split: Split | TokenSplit, data: DataBundle, device: torch.device,
     batch_size: int, extras: dict[str, np.ndarray] | None = None, precision: str = "auto",
@@ -177,7 +215,8 @@ def predict(
     noise is drawn per input (:attr:`TrainedMethod.batched_samples`), the S passes run as
     one forward of the batch repeated S times, over ``batch_size // S`` images at a time,
     so every forward holds about ``batch_size`` inputs; otherwise S forwards of
-    ``batch_size`` images.  Results stay on the device until the end."""
+    ``batch_size`` images.  Either way only the blocks from the first one that draws noise
+    run S times (:func:`passes`).  Results stay on the device until the end."""
     method.eval_mode(model)
     norm = Normalize(data, device)
     x_all, _ = to_tensor(split, device)
@@ -188,10 +227,7 @@ def predict(
     for i in range(0, len(x_all), chunk):
         x = norm(x_all[i : i + chunk])
         with autocast(device, precision):
-            if batched:  # pass s reads rows s*B .. (s+1)*B - 1
-                logits = model(x.repeat(samples, *[1] * (x.dim() - 1))).float().unflatten(0, (samples, len(x)))
-            else:
-                logits = torch.stack([model(x).float() for _ in range(samples)])  # [S, B, C]
+            logits = passes(model, x, samples, batched)
         sample_lp = F.log_softmax(logits, dim=-1)
         mean_lp = torch.logsumexp(sample_lp, dim=0) - math.log(samples)  # log of the mean probability
         lp = F.log_softmax(logits.mean(0), dim=-1) if method.average == "logits" else mean_lp
@@ -203,6 +239,27 @@ def predict(
         extras["entropy_of_mean"] = torch.cat(total).cpu().numpy().astype(np.float32)
         extras["mean_entropy"] = torch.cat(aleatoric).cpu().numpy().astype(np.float32)
     return torch.cat(out).cpu().numpy().astype(np.float32)
+
+
+def passes(model: torch.nn.Module, x: torch.Tensor, samples: int, batched: bool) -> torch.Tensor:
+    """Logits ``[S, B, C]`` (float32) of ``samples`` forward passes of ``x``.
+
+    The blocks before the first one that draws noise in the model's current mode
+    (:meth:`bench.vit.Backbone.deterministic_depth`) give the same output in every pass:
+    they run once (:meth:`~bench.vit.Backbone.trunk`), and only the rest S times
+    (:meth:`~bench.vit.Backbone.tail`), drawing the same random numbers in the same order
+    as S whole forwards would.  ``batched``: the S tails as one forward of the trunk's
+    output repeated S times (pass s reads rows s*B .. (s+1)*B - 1)."""
+    depth = model.deterministic_depth() if samples > 1 and isinstance(model, Backbone) else None
+    if depth is None:
+        h, mask, tail = x, None, lambda t, m: model(t)
+    else:
+        h, mask = model.trunk(x, depth)
+        tail = lambda t, m: model.tail(t, m, depth)  # noqa: E731
+    if batched:
+        repeat = h.repeat(samples, *[1] * (h.dim() - 1))
+        return tail(repeat, None if mask is None else mask.repeat(samples, 1)).float().unflatten(0, (samples, len(x)))
+    return torch.stack([tail(h, mask).float() for _ in range(samples)])
 
 
 def _training_state(epoch: int, model, opt, sched, gen: torch.Generator, aug_gen: torch.Generator,
@@ -381,6 +438,7 @@ class TrainResult:
     compile: str = "off"  # "on", "off" or "failed, trained eagerly: <reason>"
 
 
+@flushing_denormals
 def fit(
     method: TrainedMethod,
     model: torch.nn.Module,

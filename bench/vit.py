@@ -31,6 +31,15 @@ computes exactly what it computes without the argument).  A layer masks padded k
 its outputs at real tokens do not depend on what sits at padded positions.  Blocks pass
 the mask only when there is one.
 
+**Noise at prediction time.**  A layer that draws random numbers in a forward pass whatever
+the mode (a GP layer's samples, KDEformer's hash directions) says so with the class attribute
+``stochastic = True``; one that does not says ``stochastic = False``, and a layer that says
+nothing is taken to sample.  A dropout layer draws noise while it is in training mode (MC
+Dropout keeps it so at test).  :meth:`Backbone.deterministic_depth` reads this off the
+model in its current mode: the blocks before the first noisy one compute the same thing in
+every Monte-Carlo pass, so ``bench.train.predict`` runs them once per batch
+(:meth:`Backbone.trunk`) and only the rest S times (:meth:`Backbone.tail`).
+
 **Backbones.**  :class:`ViT` (patches of images) and :class:`TextTransformer` (token ids)
 differ only in how they embed their input and whether it has padding; both are a
 :class:`Backbone`: the same blocks from the same attention constructor, the same forward
@@ -61,6 +70,8 @@ class SoftmaxAttention(nn.Module):
 
     ``scale = "head"``: d = head width (the usual choice); ``"width"``: d = the model width
     (the official KEP-SVGP ViT divides by sqrt(384) with 12 heads of 32)."""
+
+    stochastic = False  # no noise but its dropout (module docstring, "Noise at prediction time")
 
     def __init__(self, dim: int, heads: int, dropout: float = 0.0, scale: str = "head") -> None:
         super().__init__()
@@ -98,6 +109,18 @@ def make_attention(cfg: ModelConfig, n_tokens: int, choice: AttentionChoice | No
         raise ConfigError(f"attention {name!r}: bad options {dict(options)}: {exc}") from None
 
 
+def draws_noise(module: nn.Module) -> bool:
+    """Whether a forward pass of ``module`` in its current mode draws random numbers: a
+    dropout with p > 0 in training mode, or a layer whose ``stochastic`` is True (module
+    docstring, "Noise at prediction time"); checked over every submodule."""
+    for m in module.modules():
+        if isinstance(m, nn.modules.dropout._DropoutNd) and m.training and m.p > 0:
+            return True
+        if getattr(m, "stochastic", False):
+            return True
+    return False
+
+
 class Block(nn.Module):
     """Pre-LN transformer block: x + Attn(LN x), then x + MLP(LN x)."""
 
@@ -119,6 +142,11 @@ class Block(nn.Module):
         if z is None or previous is None:
             return z
         return self.norm1(z + previous.mlp(z))
+
+    def draws_noise(self) -> bool:
+        """Whether a forward pass draws random numbers in the current mode (an attention
+        layer that does not say whether it samples is taken to)."""
+        return getattr(self.attn, "stochastic", True) or draws_noise(self)
 
     def forward(self, x: torch.Tensor, previous: "Block | None" = None, mask: torch.Tensor | None = None) -> torch.Tensor:
         kwargs = {}
@@ -180,12 +208,28 @@ class Backbone(nn.Module):
         return self.head(self.norm(pooled))
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.tail(*self.trunk(inputs, 0), 0)
+
+    def deterministic_depth(self) -> int | None:
+        """How many leading blocks draw no random numbers in the current mode (their output
+        is the same in every Monte-Carlo pass); None when the embedding itself does (an
+        active embedding dropout)."""
+        if draws_noise(self.drop):
+            return None
+        return next((i for i, block in enumerate(self.blocks) if block.draws_noise()), len(self.blocks))
+
+    def trunk(self, inputs: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The embedding and the first ``depth`` blocks: ``(tokens [B, N, dim], padding mask)``."""
         mask = self.padding_mask(inputs)
         x = self.embed(inputs)
-        previous = None
-        for block in self.blocks:
-            x = block(x, previous, mask)
-            previous = block
+        for i in range(depth):
+            x = self.blocks[i](x, self.blocks[i - 1] if i else None, mask)
+        return x, mask
+
+    def tail(self, x: torch.Tensor, mask: torch.Tensor | None, depth: int) -> torch.Tensor:
+        """Blocks ``depth`` .. end and the readout, on what :meth:`trunk` returned: logits."""
+        for i in range(depth, len(self.blocks)):
+            x = self.blocks[i](x, self.blocks[i - 1] if i else None, mask)
         return self.readout(x, mask)
 
 

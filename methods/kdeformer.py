@@ -61,6 +61,8 @@ def gray_rank(codes: torch.Tensor, bits: int) -> torch.Tensor:
 class KDEformerAttention(nn.Module):
     """The practical KDEformer estimator of softmax attention (module docstring)."""
 
+    stochastic = True  # draws its hash directions and residual samples in every forward pass
+
     def __init__(self, dim: int, heads: int, n_tokens: int, dropout: float = 0.0, bucket_size: int = 4,
                  samples: int = 4, projections: int = 4, power_iters: int = 20, scale: str = "head") -> None:
         super().__init__()

@@ -156,6 +156,8 @@ class KEPSVGPAttention(LossTerm, nn.Module):
     returns ``eta_ksvd · J² + eta_kl · KL``.
     """
 
+    stochastic = True  # samples the GP in every forward pass (bench.vit: noise at prediction time)
+
     def __init__(
         self,
         dim: int,

@@ -38,6 +38,7 @@ class _PayAttention(nn.Module):
     """Shared machinery: per-head queries (and keys), softmax over ``axis``, output W^O."""
 
     own_keys = True  # Optimised: keys from W^K; Efficient/Super: keys = X_(i)
+    stochastic = False  # no noise but its dropout (bench.vit: noise at prediction time)
 
     def __init__(self, dim: int, heads: int, dropout: float = 0.0, axis: str = "keys") -> None:
         super().__init__()

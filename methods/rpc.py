@@ -46,6 +46,8 @@ from bench.spec import ModelConfig
 class SymmetricAttention(nn.Module):
     """Softmax attention with Q = K: softmax(K K^T / sqrt(D)) V, one shared projection."""
 
+    stochastic = False  # no noise but its dropout; PAP's iterations are deterministic too
+
     def __init__(self, dim: int, heads: int, dropout: float = 0.0) -> None:
         super().__init__()
         self.heads = heads

@@ -31,6 +31,8 @@ from bench.registry import ATTENTIONS, METHODS
 class ScaledAttention(nn.Module):
     """softmax(QK^T / sqrt(D)) (I - S) V with S learned (init 0): see the module docstring."""
 
+    stochastic = False  # no noise but its dropout (bench.vit: noise at prediction time)
+
     def __init__(self, dim: int, heads: int, n_tokens: int, dropout: float = 0.0,
                  variant: str = "matrix") -> None:
         super().__init__()

@@ -246,6 +246,8 @@ class SGPAAttention(LossTerm, nn.Module):
     ``eps`` fixes the standard-normal noise of the sample (:meth:`rsample`).
     """
 
+    stochastic = True  # samples the GP in every forward pass (bench.vit: noise at prediction time)
+
     def __init__(
         self,
         dim: int,

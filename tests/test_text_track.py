@@ -260,3 +260,27 @@ def test_text_predictions_use_the_token_ids_unchanged():
     with torch.no_grad():
         expected = torch.log_softmax(model(torch.from_numpy(split.x)), -1).numpy()
     np.testing.assert_allclose(lp, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["kep_svgp", "mc_dropout"])
+def test_passes_on_padded_text_draw_what_whole_forwards_draw(name):
+    """The shared trunk on a padded text batch (its mask goes to the trunk and, repeated,
+    to the batched tails): the same logits as S whole forwards with the same seed."""
+    from bench.train import passes
+
+    cfg = ModelConfig(dim=16, depth=2, heads=2, mlp_ratio=1.0, dropout=0.1)
+    method = METHODS.get(name)(METHODS.get(name).Options())
+    bundle = _bundle(8, TEXTS, [0, 1, 0, 1])
+    torch.manual_seed(0)
+    model = method.build_model(cfg, bundle)
+    method.eval_mode(model)
+    ids = torch.as_tensor(bundle.get("test").x)
+    with torch.no_grad():
+        torch.manual_seed(3)
+        whole = torch.stack([model(ids) for _ in range(4)])
+        torch.manual_seed(3)
+        torch.testing.assert_close(passes(model, ids, 4, batched=False), whole, rtol=0, atol=0)
+        torch.manual_seed(3)
+        whole = model(ids.repeat(4, 1)).unflatten(0, (4, len(ids)))
+        torch.manual_seed(3)
+        torch.testing.assert_close(passes(model, ids, 4, batched=True), whole, rtol=1e-5, atol=1e-6)

@@ -695,3 +695,85 @@ def test_a_training_state_of_another_architecture_does_not_fit(data):
     why = training_state_problem(states[0], small, STATE_CFG)
     assert why is not None and why.startswith("its model does not fit the model:") and "32" in why, why
     assert training_state_problem(states[0], wide, STATE_CFG) is None
+
+
+# ------------------------------------------------------- Monte-Carlo passes share the trunk
+
+from bench.registry import METHODS  # noqa: E402
+from bench.train import Normalize, passes, to_tensor  # noqa: E402
+
+TRAINED = [name for name in METHODS.names() if METHODS.get(name).kind == "trained"]
+PASS_MODEL = ModelConfig(patch_size=5, dim=32, depth=3, heads=2, mlp_ratio=2.0, dropout=0.1)
+
+
+def _in_prediction_mode(name: str, data):
+    method = METHODS.get(name)(METHODS.get(name).Options())
+    seed_everything(0)
+    model = method.build_model(PASS_MODEL, data)
+    method.eval_mode(model)
+    x = Normalize(data, torch.device("cpu"))(to_tensor(data.get("test"), torch.device("cpu"))[0][:24])
+    return method, model, x
+
+
+@pytest.mark.parametrize("name", TRAINED)
+def test_passes_draw_what_whole_forwards_draw(name, one_torch_thread):
+    """For every trained method, S passes that share the deterministic trunk give what S
+    whole forwards give with the same seed (the trunk draws no random numbers), one by one
+    and batched (the batch repeated S times through the whole model)."""
+    method, model, x = _in_prediction_mode(name, squares_bundle((60, 30, 30), 0))
+    s = max(method.samples, 3)
+    with torch.no_grad():
+        torch.manual_seed(5)
+        whole = torch.stack([model(x) for _ in range(s)])
+        torch.manual_seed(5)
+        torch.testing.assert_close(passes(model, x, s, batched=False), whole, rtol=0, atol=0)
+        torch.manual_seed(5)
+        whole = model(x.repeat(s, 1, 1, 1)).unflatten(0, (s, len(x)))
+        torch.manual_seed(5)
+        torch.testing.assert_close(passes(model, x, s, batched=True), whole, rtol=1e-5, atol=1e-6)
+
+
+def _block_calls(model) -> list[int]:
+    calls = [0] * len(model.blocks)
+    for i, block in enumerate(model.blocks):
+        block.register_forward_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1))
+    return calls
+
+
+@pytest.mark.parametrize("name,once", [("kep_svgp", 2), ("msp", 3), ("mc_dropout", 0), ("sgpa", 0)])
+def test_blocks_before_the_first_noisy_one_run_once(name, once, one_torch_thread):
+    """KEP-SVGP samples in its last block only: its first two of three blocks run once per
+    batch, the last S times; MC Dropout (dropout everywhere, embedding included) and SGPA
+    (a GP in every block) keep S whole passes; a deterministic model runs once."""
+    method, model, x = _in_prediction_mode(name, squares_bundle((60, 30, 30), 0))
+    calls = _block_calls(model)
+    with torch.no_grad():
+        passes(model, x, 10, batched=False)
+    assert calls == [1] * once + [10] * (len(calls) - once)
+
+
+def test_a_layer_that_does_not_say_whether_it_samples_is_taken_to(one_torch_thread):
+    class PluginLayer(nn.Module):  # a plugin's attention without the ``stochastic`` declaration
+        def forward(self, x, mask=None):
+            return x
+
+    _, model, _ = _in_prediction_mode("msp", squares_bundle((60, 30, 30), 0))
+    assert model.deterministic_depth() == 3
+    model.blocks[1].attn = PluginLayer()
+    assert model.deterministic_depth() == 1
+
+
+def test_training_flushes_denormals_on_cpu_and_leaves_them_after(one_torch_thread):
+    """Inside fit (its per-epoch callback runs there) a product in float32's denormal range
+    is flushed to zero; after fit returns the default holds again (so later numpy and
+    analysis code computes as usual)."""
+    def tiny_product() -> float:
+        return float(torch.tensor(1e-30) * torch.tensor(1e-10))  # 1e-40: a float32 denormal
+
+    assert tiny_product() > 0
+    inside = []
+    data = squares_bundle((60, 30, 30), 0)
+    cfg = TrainConfig(epochs=1, batch_size=30, lr=1e-3, warmup_epochs=0, min_lr=0.0)
+    fit(MSP(MSP.Options()), build(MSP(MSP.Options()), data, 0), data, cfg, CPU, seed=0,
+        on_epoch=lambda _: inside.append(tiny_product()))
+    assert inside == [0.0] and tiny_product() > 0
