@@ -97,6 +97,12 @@ class TrainedMethod:
         """Options of :attr:`attention` (default: none)."""
         return {}
 
+    def deviations(self) -> list[str]:
+        """How this method, with its options, differs from its authors' code: one short line
+        each, empty when it has none or there is no such code (``docs/fidelity.md`` has the
+        full list with the official lines).  A report names them in a footnote."""
+        return []
+
     def prediction_model(self, model, cfg: ModelConfig, data: DataBundle):
         """The model that predicts, given the trained one (default: itself).  A method that
         swaps an attention at test time (KDEformer into a softmax-trained ViT) builds it
@@ -158,6 +164,10 @@ class DerivedMethod:
 
     def members_per_replicate(self) -> int:
         return 1
+
+    def deviations(self) -> list[str]:
+        """As :meth:`TrainedMethod.deviations`: how this method differs from its authors' code."""
+        return []
 
     def replicates(self, seeds: tuple[int, ...]) -> list[tuple[int, tuple[int, ...]]]:
         """``(replicate id, member seeds)`` pairs.  A one-member method (post-hoc) has one
