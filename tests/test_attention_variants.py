@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
 import methods  # noqa: F401  (registers the layers and methods)
 from bench.errors import ConfigError
+from bench.options import parse
 from bench.registry import ATTENTIONS, METHODS
 from bench.spec import ModelConfig
 from bench.vit import make_attention
@@ -135,6 +137,81 @@ def test_kdeformer_error_falls_as_residual_samples_grow():
 def test_kdeformer_bucket_must_divide_the_tokens_at_validation():
     with pytest.raises(ConfigError, match="bucket_size 5 must divide the 16 tokens.*1, 2, 4, 8, 16"):
         build("kdeformer", bucket_size=5)
+
+
+def gray_sequence(bits: int) -> np.ndarray:
+    """The reflected Gray sequence by reflection: [0, 1], then the sequence followed by its
+    mirror image with the top bit set (how the official code builds ``perm``)."""
+    seq = np.array([0, 1])
+    for b in range(1, bits):
+        seq = np.concatenate([seq, seq[::-1] + 2**b])
+    return seq
+
+
+@pytest.mark.parametrize("bits", range(1, 8))
+def test_kdeformer_ranks_codes_as_the_official_perm_by_default_and_gray_index_on_request(bits):
+    """Default: code c at perm[c] (perm = the Gray sequence), i.e. c XOR (c >> 1); the
+    ``gray_index`` option: c's position in that sequence.  Equal for r <= 2 only."""
+    codes = torch.arange(2**bits)
+    perm = gray_sequence(bits)
+    official = build("kdeformer", projections=bits).rank(codes).numpy()
+    np.testing.assert_array_equal(official, perm[codes.numpy()])
+    np.testing.assert_array_equal(official, (codes ^ (codes >> 1)).numpy())
+    old = build("kdeformer", projections=bits, ranking="gray_index").rank(codes).numpy()
+    np.testing.assert_array_equal(old, np.argsort(perm)[codes.numpy()])  # the index of c in the sequence
+    assert (official == old).all() == (bits <= 2)
+
+
+def kde_blocks_reference(layer, q, k, v, g, ranks) -> torch.Tensor:
+    """The block part of the estimator (no residual samples) written out: LSH codes from
+    the directions ``g``, ``ranks`` [2^r] the bucket order, stable sorts, blocks of b,
+    softmax over the keys of each query's block."""
+    s = layer.logit_scale**0.5
+    q, k, v = (t.double().numpy() for t in (q * s, k * s, v))
+    g, ranks = g.double().numpy(), np.asarray(ranks)
+    weights = 2 ** np.arange(g.shape[1])
+    out = np.zeros_like(v)
+    for bi, hi in np.ndindex(*q.shape[:2]):
+        rank_q = ranks[((q[bi, hi] @ g > 0) * weights).sum(-1)]
+        rank_k = ranks[((k[bi, hi] @ g > 0) * weights).sum(-1)]
+        order_q, order_k = np.argsort(rank_q, kind="stable"), np.argsort(rank_k, kind="stable")
+        for blk in range(len(order_q) // layer.bucket):
+            rows, cols = (o[blk * layer.bucket:(blk + 1) * layer.bucket] for o in (order_q, order_k))
+            w = np.exp(q[bi, hi, rows] @ k[bi, hi, cols].T)
+            out[bi, hi, rows] = (w / w.sum(1, keepdims=True)) @ v[bi, hi, cols]
+    return torch.from_numpy(out)
+
+
+def test_kdeformer_forward_sorts_buckets_in_the_official_order_and_the_option_restores_the_old():
+    """With r = 4 hash bits the two orders give different blocks: the default layer's
+    output is the official order's blocks, ``ranking = "gray_index"`` the old order's."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, HEADS, N, D, generator=gen) for _ in range(3))
+    perm = gray_sequence(4)
+    torch.manual_seed(11)
+    g = torch.randn(D, 4)  # the forward's one random draw after this seed: its LSH directions [D, r]
+    outs = {}
+    for ranking, ranks in (("gray_code", perm), ("gray_index", np.argsort(perm))):
+        layer = build("kdeformer", bucket_size=4, samples=0, projections=4,
+                      **({} if ranking == "gray_code" else {"ranking": ranking}))  # gray_code: the default
+        torch.manual_seed(11)
+        outs[ranking] = layer.estimate(q, k, v).double()
+        torch.testing.assert_close(outs[ranking], kde_blocks_reference(layer, q, k, v, g, ranks), rtol=1e-5, atol=1e-6)
+    assert (outs["gray_code"] - outs["gray_index"]).abs().max() > 1e-2  # different blocks, different outputs
+
+
+def test_kdeformer_ranking_option_is_validated_and_reaches_every_layer():
+    cls = METHODS.get("kdeformer")
+    with pytest.raises(ConfigError, match=r"methods\.kdeformer\.ranking: expected one of 'gray_code', 'gray_index'"):
+        parse(cls.Options, {"ranking": "gray"}, "methods.kdeformer")
+    with pytest.raises(ConfigError, match="ranking must be one of"):
+        build("kdeformer", ranking="gray")
+    cfg = ModelConfig(dim=DIM, heads=HEADS, depth=2, dropout=0.0)
+    for options, expected in (({}, "gray_code"), ({"ranking": "gray_index"}, "gray_index")):
+        for train_attention in ("kdeformer", "softmax"):
+            method = cls(parse(cls.Options, {**options, "train_attention": train_attention}))
+            layers = method.kde_layers(cfg)
+            assert {opts["ranking"] for _, opts in layers.values()} == {expected}
 
 
 def test_kdeformer_swapped_in_for_prediction_keeps_the_trained_weights():
