@@ -86,6 +86,64 @@ def test_rpc_logs_the_sparsity_of_s_for_each_pap_block():
         METHODS.get("rpc")(METHODS.get("rpc").Options(blocks="7")).attention_layers(cfg)
 
 
+def pap_reference(layer, x: torch.Tensor, iters: int) -> torch.Tensor:
+    """PAP written out from the module docstring's ADMM: ``iters`` iterations."""
+    k, v = (split_heads(t).double() for t in layer.kv(x).chunk(2, dim=-1))
+    mu = N * DIM / (4 * k.abs().sum(dim=(-2, -1), keepdim=True))
+    tau = layer.lam * mu
+    low, dual = torch.zeros_like(k), torch.zeros_like(k)
+    for _ in range(iters):
+        sparse = torch.sign(k - low + dual / mu) * torch.clamp((k - low + dual / mu).abs() - tau, min=0.0)
+        keys = k - sparse - dual / mu
+        low = attention(keys, keys, v)
+        dual = dual + mu * (k - low - sparse)
+    return layer.proj(merge_heads(low).float())
+
+
+def test_rpc_trains_and_predicts_with_four_admm_iterations_by_default():
+    """The official README's recipe: one count, 4, for training and prediction."""
+    from bench.data import DataBundle
+
+    cls = METHODS.get("rpc")
+    method = cls(parse(cls.Options, {"lam": 0.5}, "methods.rpc"))
+    cfg = ModelConfig(dim=DIM, heads=HEADS, depth=2, dropout=0.0, patch_size=7)
+    model = method.build_model(cfg, DataBundle("toy", 10, (28, 28, 1), (0.5,), (0.5,), {}))
+    layer = model.blocks[0].attn
+    assert type(layer).__name__ == "PAPAttention" and type(model.blocks[1].attn).__name__ == "SymmetricAttention"
+    x = x_input()
+    with torch.no_grad():
+        expected = pap_reference(layer, x, 4)
+        assert not torch.allclose(expected, pap_reference(layer, x, 1), atol=1e-4)  # the count matters here
+        torch.testing.assert_close(layer.train()(x), expected, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(layer.eval()(x), expected, rtol=1e-5, atol=1e-6)
+    assert method.deviations() == []
+
+
+def test_rpc_mismatched_iterations_only_when_named():
+    cls = METHODS.get("rpc")
+    with pytest.raises(ConfigError, match=r"methods\.rpc: iters_train \(1\) and iters_test \(4\) differ.*"
+                                          r"mismatched_iters = true"):
+        parse(cls.Options, {"iters_train": 1}, "methods.rpc")
+    method = cls(parse(cls.Options, {"iters_train": 1, "mismatched_iters": True}, "methods.rpc"))
+    options = method.attention_layers(ModelConfig(dim=DIM, heads=HEADS, depth=1))[0][1]
+    assert (options["iters_train"], options["iters_test"]) == (1, 4)
+    assert method.deviations() == ["PAP trained with 1 ADMM iteration(s), evaluated with 4 "
+                                   "(official: one count for both)"]
+
+
+def test_every_builtin_suite_runs_rpc_with_one_iteration_count():
+    import datasets  # noqa: F401  (the suites' data sets)
+    from bench.spec import available_suites, load_suite
+
+    seen = 0
+    for name in available_suites():
+        for m in load_suite(name).methods:
+            if m.type == "rpc":
+                seen += 1
+                assert m.options.iters_train == m.options.iters_test == 4, (name, m.options)
+    assert seen >= 3  # variants, cifar10, cifar100
+
+
 def test_scaled_attention_with_s_zero_is_softmax_attention():
     for variant in ("matrix", "scalar"):
         scaled, softmax = build("scaled", variant=variant), build("softmax")
