@@ -127,6 +127,10 @@ class TrainedMethod:
         """Called by the training loop before every optimisation step (``step`` counts from
         0 to ``total_steps - 1``): e.g. a KL-annealing weight that ramps with progress."""
 
+    def on_train_epoch(self, model, epoch: int, epochs: int) -> None:
+        """Called by the training loop before the first step of every epoch (``epoch``
+        counts from 0 to ``epochs - 1``): e.g. a KL-annealing weight set once per epoch."""
+
     # --- prediction --------------------------------------------------------------------
     @property
     def samples(self) -> int:
