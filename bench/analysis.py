@@ -15,8 +15,8 @@ tables a researcher loads with ``pandas.read_csv``, and ``analysis.json`` with t
 schema version, the options, the fingerprint of the store and the display orders);
 :func:`load` reads them back into an :class:`AnalysisResults`, which is all the report
 renders from.  :func:`analyse_store` reuses the files when the fingerprint (the manifests'
-digests of the cells used, the selection, the analysis options and the analysis code) is
-unchanged, and recomputes them otherwise.
+digests of the cells used, the selection, the analysis options, the analysis code and the
+methods' differences from their authors' code) is unchanged, and recomputes them otherwise.
 
 Why CSV and not Parquet: the tables are small (the default store's per-seed table is
 about 1 MB gzipped), CSV needs no further dependency in a suite whose fresh install is
@@ -142,6 +142,8 @@ class AnalysisResults:
     # accuracy column shows MCC, as the paper's Table 1): the data set's headline_metrics
     headlines: dict[str, dict[str, str]] = field(default_factory=dict)
     notes: dict[str, str] = field(default_factory=dict)  # dataset -> its protocol note (report_note)
+    # method -> how it differs from its authors' code, one line each (Catalog.method_deviations)
+    deviations: dict[str, list[str]] = field(default_factory=dict)
     damaged: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=DAMAGED_COLUMNS))
 
 
@@ -237,6 +239,7 @@ def analyse(catalog: Catalog, metrics: list[str] | None = None, resamples: int =
     classes = {d: catalog.dataset_class(d) for d in catalog.datasets}
     headlines = {d: dict(swaps) for d, c in classes.items() if (swaps := getattr(c, "headline_metrics", None))}
     notes = {d: str(note) for d, c in classes.items() if (note := getattr(c, "report_note", None))}
+    deviations = {e.name: lines for e in catalog.methods if (lines := catalog.method_deviations(e.name))}
     names += [t for swaps in headlines.values() for t in swaps.values() if t not in names]
     cache: dict[tuple[str, str, int], Preds] = {}
     for d, m, s in list(catalog.cells):
@@ -318,6 +321,7 @@ def analyse(catalog: Catalog, metrics: list[str] | None = None, resamples: int =
         significance=significance,
         headlines=headlines,
         notes=notes,
+        deviations=deviations,
     )
 
 
@@ -330,9 +334,10 @@ def fingerprint(catalog: Catalog, metrics: list[str], resamples: int, seed: int,
     here = Path(__file__).parent
     code = {name: hashlib.sha256((here / name).read_bytes()).hexdigest() for name in _CODE}
     fns = {name: hashlib.sha256(_source(get_metric(name).fn).encode()).hexdigest() for name in metrics}
+    deviations = {m.name: catalog.method_deviations(m.name) for m in catalog.methods}  # the methods' code decides
     blob = json.dumps({"schema": ANALYSIS_SCHEMA, "metrics": metrics, "resamples": resamples, "seed": seed,
-                       "significance": significance, "code": code, "functions": fns, "store": catalog.fingerprint()},
-                      sort_keys=True, separators=(",", ":"))
+                       "significance": significance, "code": code, "functions": fns, "store": catalog.fingerprint(),
+                       "deviations": deviations}, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -370,6 +375,7 @@ def save(results: AnalysisResults, out: Path, key: str, options: dict) -> None:
         "metrics": results.analysed_metrics,
         "headlines": results.headlines,
         "notes": results.notes,
+        "deviations": results.deviations,
         "splits": results.splits,
         "seeds": [[d, m, s] for (d, m), s in sorted(results.seeds.items())],
         "files": digests,
@@ -423,6 +429,7 @@ def load(out: Path, load_predictions: Callable | None = None) -> AnalysisResults
         significance=str(meta["options"].get("significance", SIGNIFICANCE)),
         headlines={d: dict(v) for d, v in meta.get("headlines", {}).items()},
         notes=dict(meta.get("notes", {})),
+        deviations={m: list(lines) for m, lines in meta.get("deviations", {}).items()},
         **frames,
     )
 
