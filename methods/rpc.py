@@ -24,7 +24,7 @@ method by default (``iters_train = iters_test = 4``).  A different T at predicti
 training is a variant the official code never runs (``Robust/run.sh``'s T = 1 training and
 T = 4 evaluation are two unrelated commands, for deit_base and deit_tiny); the method runs
 it only when asked by name (``mismatched_iters = true``), and it costs accuracy: on
-MNIST-5k (12 epochs, 2 seeds) trained 1 / tested 4 gave 0.67/0.75 test accuracy, matched
+MNIST-5k (12 epochs, seeds 0/1) trained 1 / tested 4 gave 0.67/0.75 test accuracy, matched
 1/1 and 4/4 both 0.85/0.84, SymViT 0.86/0.84.  The fraction of non-zero entries of S (last
 iteration, last training batch) is kept per layer and written to the training log: at
 some widths tau is large enough that PAP barely acts.  Differences from the official code:

@@ -3,7 +3,8 @@
 For each seed of ``base``, a single temperature T > 0 minimises the validation NLL of
 softmax(z / T); every split's predictions become softmax(z / T).  Because stored
 log-probabilities differ from logits only by a per-row constant, dividing them by T and
-renormalising gives exactly softmax(z / T).  Accuracy is unchanged.
+renormalising gives exactly softmax(z / T).  Accuracy is unchanged.  How the fit compares
+with the authors' code (gpleiss/temperature_scaling): ``docs/fidelity.md``.
 """
 from __future__ import annotations
 
