@@ -35,6 +35,17 @@ class MonteCarlo:
     samples: int = field(default=10, metadata={"min": 1})  # stochastic passes at test
     average: Literal["probs", "logits"] = "probs"
 
+    def pass_deviations(self, samples: int, average: str) -> list[str]:
+        """Lines for a method's ``deviations()``: where these passes differ from the official
+        code's ``samples`` passes combined by ``average``."""
+        names = {"probs": "probabilities", "logits": "logits"}
+        out = []
+        if self.average != average:
+            out.append(f"{names[self.average]} averaged over the passes (official: {names[average]})")
+        if self.samples != samples:
+            out.append(f"{self.samples} prediction passes (official: {samples})")
+        return out
+
 
 class LossTerm:
     """The protocol of a layer that adds a term to the training loss (KL, KSVD, ...).

@@ -353,14 +353,8 @@ class KEPSVGP(TrainedMethod):
     def deviations(self) -> list[str]:
         """What these options change from the official code (``mode = "faithful"`` matches it)."""
         o = self.options
-        out = []
-        if o.mode == "clean":
-            out.append("clean SVGP: per-output factors and noise, the exact KL (official: the faithful indexing)")
-        if o.average != "logits":
-            out.append("probabilities averaged over the passes (official: logits)")
-        if o.samples != 10:
-            out.append(f"{o.samples} prediction passes (official: 10)")
-        return out
+        clean = ["clean SVGP: per-output factors and noise, the exact KL (official: the faithful indexing)"]
+        return (clean if o.mode == "clean" else []) + o.pass_deviations(samples=10, average="logits")
 
     def attention_layers(self, cfg: ModelConfig) -> dict:
         """KEP-SVGP in the last ``layers`` blocks; the others keep the backbone's attention

@@ -618,11 +618,7 @@ class SGPA(TrainedMethod):
                 out.append("global keys not passed through the previous block (official: passed)")
         if o.covariance != "diag":
             out.append("full covariance over tokens (official HEAD: diagonal)")
-        if o.average != "probs":
-            out.append("logits averaged over the passes (official: probabilities)")
-        if o.samples != 10:
-            out.append(f"{o.samples} prediction passes (official: 10)")
-        return out
+        return out + o.pass_deviations(samples=10, average="probs")
 
     def _set_anneal_weight(self, model: nn.Module, weight: float) -> None:
         for module in model.modules():
