@@ -156,7 +156,7 @@ class Catalog:
             problems = Problems()
             options = parse(cls.Options, stored, "", problems)
             if options is None:
-                return [f"trained with options this code no longer accepts ({'; '.join(problems)})"]
+                return [f"trained with options this code does not accept ({'; '.join(problems)})"]
             unrecorded = [f for f in to_dict(options) if f not in stored]
             old = [f"trained before the option(s) {', '.join(unrecorded)} existed"] if unrecorded else []
             return list(cls(options).deviations()) + old
