@@ -134,6 +134,34 @@ class Catalog:
             return DATASETS.get(kind) if kind in DATASETS else None
         return None
 
+    def method_deviations(self, method: str) -> list[str]:
+        """How a method row differs from its authors' code: its class's ``deviations()``
+        (:mod:`bench.method`) for the options in its cells' ``cell.json`` (a derived row: its
+        own options), plus a line when those options lack fields the code has now (cells
+        of an earlier version) or no longer parse; [] when no cell names a registered method."""
+        entry = self.method(method)
+        if entry.kind == "derived":
+            return list(entry.method.deviations())
+        for (_, m, _), cd in self.cells.items():
+            if m != method:
+                continue
+            try:
+                config = (cd.read_cell() or {})["config"]["method"]
+                kind, stored = config["type"], dict(config["options"])
+            except (OSError, KeyError, TypeError, ValueError):
+                continue
+            if kind not in METHODS:
+                return []
+            cls = METHODS.get(kind)
+            problems = Problems()
+            options = parse(cls.Options, stored, "", problems)
+            if options is None:
+                return [f"trained with options this code does not accept ({'; '.join(problems)})"]
+            unrecorded = [f for f in to_dict(options) if f not in stored]
+            old = [f"trained before the option(s) {', '.join(unrecorded)} existed"] if unrecorded else []
+            return list(cls(options).deviations()) + old
+        return []
+
     # --- predictions ---------------------------------------------------------------------
     def stored(self, dataset: str, method: str, seed: int) -> Preds | None:
         """Every stored split of a trained cell (cached), or None when it has none.  A file

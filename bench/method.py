@@ -35,6 +35,17 @@ class MonteCarlo:
     samples: int = field(default=10, metadata={"min": 1})  # stochastic passes at test
     average: Literal["probs", "logits"] = "probs"
 
+    def pass_deviations(self, samples: int, average: str) -> list[str]:
+        """Lines for a method's ``deviations()``: where these passes differ from the official
+        code's ``samples`` passes combined by ``average``."""
+        names = {"probs": "probabilities", "logits": "logits"}
+        out = []
+        if self.average != average:
+            out.append(f"{names[self.average]} averaged over the passes (official: {names[average]})")
+        if self.samples != samples:
+            out.append(f"{self.samples} prediction passes (official: {samples})")
+        return out
+
 
 class LossTerm:
     """The protocol of a layer that adds a term to the training loss (KL, KSVD, ...).
@@ -97,6 +108,12 @@ class TrainedMethod:
         """Options of :attr:`attention` (default: none)."""
         return {}
 
+    def deviations(self) -> list[str]:
+        """How this method, with its options, differs from its authors' code: one short line
+        each, empty when it has none or there is no such code (``docs/fidelity.md`` has the
+        full list with the official lines).  A report names them in a footnote."""
+        return []
+
     def prediction_model(self, model, cfg: ModelConfig, data: DataBundle):
         """The model that predicts, given the trained one (default: itself).  A method that
         swaps an attention at test time (KDEformer into a softmax-trained ViT) builds it
@@ -120,6 +137,10 @@ class TrainedMethod:
     def on_train_step(self, model, step: int, total_steps: int) -> None:
         """Called by the training loop before every optimisation step (``step`` counts from
         0 to ``total_steps - 1``): e.g. a KL-annealing weight that ramps with progress."""
+
+    def on_train_epoch(self, model, epoch: int, epochs: int) -> None:
+        """Called by the training loop before the first step of every epoch (``epoch``
+        counts from 0 to ``epochs - 1``): e.g. a KL-annealing weight set once per epoch."""
 
     # --- prediction --------------------------------------------------------------------
     @property
@@ -158,6 +179,10 @@ class DerivedMethod:
 
     def members_per_replicate(self) -> int:
         return 1
+
+    def deviations(self) -> list[str]:
+        """As :meth:`TrainedMethod.deviations`: how this method differs from its authors' code."""
+        return []
 
     def replicates(self, seeds: tuple[int, ...]) -> list[tuple[int, tuple[int, ...]]]:
         """``(replicate id, member seeds)`` pairs.  A one-member method (post-hoc) has one

@@ -101,7 +101,7 @@ class ModelConfig:
     dropout: float = field(default=0.1, metadata={"min": 0.0, "max": 0.95})
     attention: str = "softmax"
     attention_options: dict = field(default_factory=dict, hash=False)
-    pool: Literal["mean", "cls"] = "mean"
+    pool: Literal["mean", "cls", "sequence"] = "mean"  # sequence: CCT's learned softmax weights over the tokens
     mlp_final_gelu: bool = False  # GELU after the MLP's second Linear too (the official KEP-SVGP ViT)
     pos_init_std: float = field(default=0.02, metadata={"min": 0.0})  # learned positional embedding init
     embed_dropout: bool = True  # Dropout after patches + positions (the official KEP-SVGP ViT has none)

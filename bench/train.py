@@ -515,6 +515,7 @@ def fit(
         correct = torch.zeros((), device=device)
         bad_step = torch.full((), -1, dtype=torch.long, device=device)  # first non-finite loss of the epoch
         bad_loss = torch.zeros((), device=device)
+        method.on_train_epoch(model, epoch, cfg.epochs)
         for s in range(steps_per_epoch):
             idx = perm[s * bs : (s + 1) * bs]
             x = x_train[idx]

@@ -44,7 +44,8 @@ every Monte-Carlo pass, so ``bench.train.predict`` runs them once per batch
 differ only in how they embed their input and whether it has padding; both are a
 :class:`Backbone`: the same blocks from the same attention constructor, the same forward
 loop and the same readout (pooled tokens -> LayerNorm -> Linear; mean pooling over real
-tokens).  :func:`backbone` picks the one that fits a data bundle.
+tokens, the class token, or sequence pooling).  :func:`backbone` picks the one that fits
+a data bundle.
 """
 from __future__ import annotations
 
@@ -184,6 +185,9 @@ class Backbone(nn.Module):
         )
         self.norm = nn.LayerNorm(cfg.dim)
         self.head = nn.Linear(cfg.dim, num_classes)
+        # ``pool = "sequence"`` (CCT's sequence pooling; the head of SGPA's official ViT): token
+        # weights softmax_n(w . x_n + b); created last, so the other models' parameters are unchanged
+        self.seqpool = nn.Linear(cfg.dim, 1) if cfg.pool == "sequence" else None
 
     def positioned(self, x: torch.Tensor) -> torch.Tensor:
         """Token embeddings ``[B, N, dim]`` -> with the class token (if any) and positions."""
@@ -196,10 +200,15 @@ class Backbone(nn.Module):
         return None
 
     def readout(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Tokens ``[B, N, dim]`` after the blocks -> pooled (class token, or the mean over
-        real tokens) -> LayerNorm -> logits ``[B, classes]``."""
+        """Tokens ``[B, N, dim]`` after the blocks -> pooled (class token, the mean over real
+        tokens, or their sequence-pooling average) -> LayerNorm -> logits ``[B, classes]``."""
         if self.cls is not None:
             pooled = x[:, 0]
+        elif self.seqpool is not None:
+            logits = self.seqpool(x)  # [B, N, 1]
+            if mask is not None:
+                logits = logits.masked_fill(~mask[..., None], float("-inf"))
+            pooled = (torch.softmax(logits, dim=1).transpose(1, 2) @ x).squeeze(1)
         elif mask is None:
             pooled = x.mean(dim=1)
         else:
@@ -237,9 +246,9 @@ class ViT(Backbone):
     """Patch embedding (Conv2d) + learned positions + ``depth`` blocks + pooled linear head.
 
     ``attention_layers`` maps block indices to the ``(name, options)`` that replace
-    ``cfg.attention`` there.  Readout: pooled token (mean of the tokens, or the class
-    token) -> LayerNorm -> Linear, as the official KEP-SVGP ViT.  Input: float images
-    ``[B, C, H, W]`` (already normalised); output: logits ``[B, classes]``.
+    ``cfg.attention`` there.  Readout: pooled token (mean of the tokens, as the official
+    KEP-SVGP ViT, the class token, or sequence pooling) -> LayerNorm -> Linear.  Input:
+    float images ``[B, C, H, W]`` (already normalised); output: logits ``[B, classes]``.
     """
 
     def __init__(

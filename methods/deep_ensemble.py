@@ -8,6 +8,8 @@ is the same combinator for any trained method of a suite, e.g.::
     type = "ensemble"
     base = "sgpa"
     members = 5
+
+The authors published no code; ``docs/fidelity.md`` says what the combination follows.
 """
 from __future__ import annotations
 

@@ -1,11 +1,16 @@
 """KDEformer (Zandieh et al., ICML 2023): attention D^-1 A V, A = exp(Q K^T / sqrt(D)),
-estimated as the official code's practical algorithm does (``../shared/reference/
+estimated by the practical algorithm of the official code (majid-daliri/kdeformer,
+``vit_models/kdeformer.py`` and ``KDEformer.py``; ``../shared/reference/
 attention_variants.md`` section 2), per (batch, head):
 
 0. q and k scaled by D^-1/4 each (``scale = "width"``: by the model width, as the softmax
    layer's option); V-bar = [V, 1] (the last column estimates the row sums).
-1. Angular LSH: r Gaussian directions g_t (``projections``), code(x) = sum_t 2^t 1[x.g_t > 0],
-   buckets ranked in reflected Gray-code order (neighbouring buckets differ in one bit).
+1. Angular LSH: r Gaussian directions g_t (``projections``), code(x) = sum_t 2^t 1[x.g_t > 0];
+   a bucket's rank is set by ``ranking``: ``"gray_code"`` (default, the official code's
+   ``perm[code]`` with ``perm`` the reflected Gray sequence, i.e. rank g(c) = c XOR (c >> 1))
+   or ``"gray_index"`` (c's position in the Gray sequence, g^-1(c), as the paper's text
+   reads: neighbouring ranks differ in one bit).  The two orders agree for r <= 2 and give
+   different blocks for r >= 3.
 2. Keys and queries sorted separately by bucket rank and cut into N / b blocks of b
    (``bucket_size``; N must be divisible by b).
 3. Exact blocks: exp(Q_t K_t^T) V-bar_t per block, put back in query order.
@@ -14,15 +19,25 @@ attention_variants.md`` section 2), per (batch, head):
    block are masked (the exact part has them).
 5. out = (A_blk + A_res)[:, :D] / (A_blk + A_res)[:, D]: one ratio with shared randomness.
 
-A per-query constant ||q_i|| max_j ||k_j|| is subtracted from all of that query's logits
-before exp (it cancels in the ratio) and the estimator runs in float32.  Directions and
-samples are redrawn on every forward pass, so the layer is stochastic: the method's
-prediction passes (``samples``) serve as Monte-Carlo samples, like the GP methods'.  With
-bucket_size = N and no residual samples it is exact softmax attention.  Parameters have the softmax
-layer's names and shapes (``qkv``, ``proj``), so a softmax-trained state dict loads into
-it unchanged: the ``kdeformer`` method trains with it, or (``train_attention =
-"softmax"``) trains exact attention and swaps the estimator in at prediction time, as the
-authors use it.
+Deliberate differences from the official code (``docs/fidelity.md`` lists them with the
+official lines): keys and queries of equal rank keep their token order (a stable sort;
+the official ``torch.sort`` leaves ties, common with N tokens in 2^r buckets, in an
+unspecified order); sigma_max^2 is the Rayleigh quotient after 20 power iterations started from
+ones (official: the norm of the last product after 32 iterations from a random start,
+20 in ``KDEformer.py``); one set of LSH directions per forward pass, shared by the batch
+and the heads (official ViT: one set drawn at construction; ``KDEformer.py``: one per
+batch element and head per call); and a per-query constant ||q_i|| max_j ||k_j|| is
+subtracted from all of that query's logits before exp (it cancels in the ratio; without
+it float32 overflows on clustered keys, as the official code does).  The estimator runs
+in float32.
+
+Directions and samples are redrawn on every forward pass, so the layer is stochastic: the
+method's prediction passes (``samples``) serve as Monte-Carlo samples, like the GP
+methods'.  With bucket_size = N and no residual samples it is exact softmax attention.
+Parameters have the softmax layer's names and shapes (``qkv``, ``proj``), so a
+softmax-trained state dict loads into it unchanged: the ``kdeformer`` method trains with
+it, or (``train_attention = "softmax"``) trains exact attention and swaps the estimator in
+at prediction time, as the authors use it.
 
 Padding (``mask [B, N]``, True at real tokens; ``None`` runs the code above unchanged):
 padded tokens' q, k and V-bar rows (the ones column included) are zeroed, so they add
@@ -46,9 +61,18 @@ from bench.registry import ATTENTIONS, METHODS
 from bench.spec import ModelConfig
 
 
-def gray_rank(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """Position of each ``bits``-bit code in the reflected Gray-code sequence
-    (g(i) = i ^ (i >> 1)): the inverse Gray code, by prefix XOR of the bits."""
+RANKINGS = ("gray_code", "gray_index")  # the official order first (the default)
+
+
+def gray_code(codes: torch.Tensor) -> torch.Tensor:
+    """g(c) = c ^ (c >> 1): the official rank of code c, ``perm[c]`` with ``perm`` the
+    reflected Gray sequence (``ranking = "gray_code"``)."""
+    return codes ^ (codes >> 1)
+
+
+def gray_index(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """g^-1(c): the position of each ``bits``-bit code c in the reflected Gray sequence, by
+    prefix XOR of the bits (``ranking = "gray_index"``)."""
     rank = codes.clone()
     shift = 1
     while shift < bits:
@@ -64,10 +88,13 @@ class KDEformerAttention(nn.Module):
     stochastic = True  # draws its hash directions and residual samples in every forward pass
 
     def __init__(self, dim: int, heads: int, n_tokens: int, dropout: float = 0.0, bucket_size: int = 4,
-                 samples: int = 4, projections: int = 4, power_iters: int = 20, scale: str = "head") -> None:
+                 samples: int = 4, projections: int = 4, power_iters: int = 20, scale: str = "head",
+                 ranking: str = "gray_code") -> None:
         super().__init__()
         if scale not in ("head", "width"):
             raise ConfigError(f"kdeformer: scale must be 'head' or 'width' (as the softmax layer's), got {scale!r}")
+        if ranking not in RANKINGS:
+            raise ConfigError(f"kdeformer: ranking must be one of {', '.join(map(repr, RANKINGS))}, got {ranking!r}")
         self.logit_scale = dim**-0.5 if scale == "width" else (dim // heads) ** -0.5
         if bucket_size < 1 or n_tokens % bucket_size:
             fits = [b for b in range(1, n_tokens + 1) if n_tokens % b == 0]
@@ -77,7 +104,7 @@ class KDEformerAttention(nn.Module):
             raise ConfigError(f"kdeformer: samples >= 0, projections >= 1 and power_iters >= 1 needed, got "
                               f"{samples}, {projections}, {power_iters}")
         self.heads, self.bucket, self.samples = heads, bucket_size, samples
-        self.projections, self.power_iters = projections, power_iters
+        self.projections, self.power_iters, self.ranking = projections, power_iters, ranking
         self.qkv = nn.Linear(dim, 3 * dim)  # the softmax layer's names and shapes
         self.proj = nn.Linear(dim, dim)
         self.drop = nn.Dropout(dropout)
@@ -100,11 +127,11 @@ class KDEformerAttention(nn.Module):
         shift = q.norm(dim=-1, keepdim=True) * k.norm(dim=-1).amax(dim=-1)[..., None, None]  # >= q.k
         blocks = n // self.bucket
 
-        # 1-2. angular LSH, Gray-code ranks, separate sorts of queries and keys
+        # 1-2. angular LSH, bucket ranks, separate sorts of queries and keys
         g = torch.randn(d, self.projections, device=q.device)
         weights = 2 ** torch.arange(self.projections, device=q.device)
-        rank_q = gray_rank((((q @ g) > 0).long() * weights).sum(-1), self.projections)
-        rank_k = gray_rank((((k @ g) > 0).long() * weights).sum(-1), self.projections)
+        rank_q = self.rank((((q @ g) > 0).long() * weights).sum(-1))
+        rank_k = self.rank((((k @ g) > 0).long() * weights).sum(-1))
         if mask is not None:  # padded tokens after every real bucket (ranks are < 2^projections)
             rank_q = rank_q.masked_fill(pad, 2**self.projections)
             rank_k = rank_k.masked_fill(pad, 2**self.projections)
@@ -141,6 +168,10 @@ class KDEformerAttention(nn.Module):
             est = est + res @ vsamp
         return est[..., :d] / est[..., d:].clamp_min(torch.finfo(est.dtype).tiny)
 
+    def rank(self, codes: torch.Tensor) -> torch.Tensor:
+        """Each LSH code's bucket rank by ``ranking`` (module docstring), in 0..2^r - 1."""
+        return gray_code(codes) if self.ranking == "gray_code" else gray_index(codes, self.projections)
+
     def top_singular_value(self, m: torch.Tensor) -> torch.Tensor:
         """sigma_max of ``m`` [B, H, N, E] by ``power_iters`` power iterations on m^T m."""
         gram = m.transpose(-2, -1) @ m
@@ -151,7 +182,8 @@ class KDEformerAttention(nn.Module):
         return ((gram @ vec) * vec).sum(dim=(-2, -1)).clamp_min(0.0).sqrt()
 
     def extra_repr(self) -> str:
-        return f"heads={self.heads}, bucket_size={self.bucket}, samples={self.samples}, projections={self.projections}"
+        return (f"heads={self.heads}, bucket_size={self.bucket}, samples={self.samples}, "
+                f"projections={self.projections}, ranking={self.ranking!r}")
 
 
 @METHODS.register("kdeformer")
@@ -168,14 +200,24 @@ class KDEformer(TrainedMethod):
         bucket_size: int = field(default=4, metadata={"min": 1})  # b: must divide the token count
         residual_samples: int = field(default=4, metadata={"min": 0})  # m: importance-sampled keys per query
         projections: int = field(default=4, metadata={"min": 1, "max": 30})  # r: LSH directions
+        ranking: Literal["gray_code", "gray_index"] = "gray_code"  # bucket order: official g(c), or g^-1(c)
         samples: int = field(default=5, metadata={"min": 1})  # Monte-Carlo passes at test
+
+    def deviations(self) -> list[str]:
+        """The differences from the official code that change outputs (module docstring)."""
+        o = self.options
+        out = ["ranking = 'gray_index': buckets ordered by g^-1(code) (official: g(code))"] if o.ranking != "gray_code" else []
+        if o.train_attention == "kdeformer":
+            out.append("trained with the estimator (the authors swap it into an exactly trained model)")
+        return out + ["LSH directions redrawn every forward pass (official ViT: drawn once at construction)",
+                      "sigma_max from 20 power iterations started from ones (official ViT: 32 from a random start)"]
 
     def kde_layers(self, cfg: ModelConfig) -> dict:
         """KDEformer in every block, with the backbone softmax's logit scale."""
         o = self.options
         scale = cfg.attention_options.get("scale", "head") if cfg.attention == "softmax" else "head"
         options = {"bucket_size": o.bucket_size, "samples": o.residual_samples, "projections": o.projections,
-                   "scale": scale}
+                   "scale": scale, "ranking": o.ranking}
         return {block: ("kdeformer", options) for block in range(cfg.depth)}
 
     def attention_layers(self, cfg: ModelConfig) -> dict:

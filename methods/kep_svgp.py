@@ -80,7 +80,8 @@ tensor L differently, which changes the sampling noise and the KL.
   term (log|S_j| = 2 Σ_a ℓ_S[h, j, a] because L_j is triangular with diagonal exp ℓ_S).
 
 Everything else (η values, no 1/N_data scaling of the KL, logit averaging of the MC
-samples) is an option of :class:`KEPSVGP`, not of the mode.  Token subsampling uses the
+samples) is an option of :class:`KEPSVGP`, not of the mode.  ``docs/fidelity.md`` lists
+every difference from the official code with its file and line.  Token subsampling uses the
 exact integers ⌊k(N−1)/(N'−1)⌋; the official ``torch.linspace(..., dtype=int)`` computes in
 float32 and can be one lower on rare (N, N') pairs (not on CIFAR, where N' = N, nor on
 N = 512, N' = 100).
@@ -350,6 +351,12 @@ class KEPSVGP(TrainedMethod):
         eta_ksvd: float | None = field(default=None, metadata={"min": 0.0})  # None: 1 (add) or 10 (concat)
         eta_kl: float = field(default=1.0, metadata={"min": 0.0})  # KL weight (not ÷ data-set size)
         average: Literal["logits", "probs"] = "logits"  # the paper averages logits
+
+    def deviations(self) -> list[str]:
+        """What these options change from the official code (``mode = "faithful"`` matches it)."""
+        o = self.options
+        clean = ["clean SVGP: per-output factors and noise, the exact KL (official: the faithful indexing)"]
+        return (clean if o.mode == "clean" else []) + o.pass_deviations(samples=10, average="logits")
 
     def attention_layers(self, cfg: ModelConfig) -> dict:
         """KEP-SVGP in the last ``layers`` blocks; the others keep the backbone's attention

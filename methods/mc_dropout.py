@@ -1,5 +1,6 @@
 """MC Dropout (Gal & Ghahramani, 2016): the softmax ViT trained with dropout, and dropout
-kept on at test time; the predictive is the average of S stochastic passes."""
+kept on at test time; the predictive is the average of S stochastic passes.  No authors'
+code exists for a ViT (``docs/fidelity.md``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,5 +1,6 @@
 """MSP: the plain softmax-attention ViT; confidence = maximum softmax probability
-(Hendrycks & Gimpel, 2017).  One deterministic forward pass per prediction."""
+(Hendrycks & Gimpel, 2017).  One deterministic forward pass per prediction.  How the
+backbone compares with the official KEP-SVGP ViT it follows: ``docs/fidelity.md``."""
 from __future__ import annotations
 
 from bench.method import TrainedMethod

@@ -19,6 +19,8 @@ padded keys get no weight in the softmax over keys; with ``axis = "queries"`` pa
 queries are left out of the softmax over the queries (their weights are 0) and padded keys
 out of the sum over keys.  Super zeroes X's padded rows before W_A X, so W_A mixes real
 tokens only.
+
+The authors published no code: the layers follow the paper's equations (``docs/fidelity.md``).
 """
 from __future__ import annotations
 

@@ -13,6 +13,8 @@ The query/key/value and output projections have the softmax layer's names and sh
 Padding (``mask [B, N]``, True at real tokens; ``None`` runs the code above unchanged):
 padded keys get no weight in softmax(Q K^T) (and, scalar form, in softmax(K K^T)); the
 matrix form zeroes V's padded rows before S V, so S mixes real tokens only.
+
+Compared with the official layer: ``docs/fidelity.md``.
 """
 from __future__ import annotations
 

@@ -9,8 +9,10 @@ Notation (per head; B batch, T tokens, C width, H heads, D = C / H head width, M
 keys).  ``h`` is the block's LayerNorm output ``[B, T, C]``.
 
 * Keys and queries share one projection (W_q = W_k, needed for a symmetric kernel): one
-  bias-free Linear C → 2C gives [W_qk h; W_v h] (official ``fc_qkv``), so q = k = W_qk h
-  and v = W_v h.  Since queries and keys are the same tokens, q = k = γ below; the
+  bias-free Linear C → 2C whose rows are [W_qk (all heads); W_v (all heads)], so q = k =
+  W_qk h and v = W_v h.  The official ``fc_qkv`` holds the same parameters in another row
+  order, interleaved per head [W_qk^(0); W_v^(0); W_qk^(1); W_v^(1); …]: permuting the rows
+  maps one layer onto the other (the initial distribution is the same).  Since queries and keys are the same tokens, q = k = γ below; the
   equations keep separate letters for readability.
 * Kernels (per head; parameters per layer), with their initialisation
   (``lengthscale_init``):
@@ -33,7 +35,8 @@ keys).  ``h`` is the block's LayerNorm output ``[B, T, C]``.
       KL      = Σ_{h,d} ½[v_β,dᵀ K̂_ββ v_β,d + E_batch{v_γ,dᵀ (K_γγ − K_γβ K̂_ββ^{-1} K_βγ) v_γ,d}
                           + ‖S̃_d^{1/2}‖_F² − M] − Σ log diag S̃_d^{1/2}
 
-  (amortised term averaged over the batch, everything summed over heads and dims).
+  (amortised term averaged over the batch, everything summed over heads and dims; the
+  official code, and ``preset = "official"``, has K_ββ without the jitter in v_βᵀ K v_β).
   Cost O(T²D + M³ + TDM²) per head with the diagonal covariance (the T·D·M² of
   ‖F_d,t‖² dominates for M ≳ √T: SGPA costs several times a softmax layer).
 
@@ -69,7 +72,9 @@ keys).  ``h`` is the block's LayerNorm output ``[B, T, C]``.
   every head is concatenated, then W_O (Linear) and dropout.
 * **Global keys** (decoupled only).  Every layer owns M keys per head in the model's hidden
   space, ``[H, M, C]`` ~ N(0, 1) (official ``keys``), and head h uses k_β = W_qk^{(h)} z_h,
-  its own rows of W_qk.  ``key_passing=True`` (official ViT): the keys are the layer's
+  its own rows of W_qk.  (The official multi-head layer projects every head's keys with
+  ``fc_qkv.weight[:hdim]``, which in its interleaved layout are not head h's query rows for
+  h ≥ 1 (head 1 gets W_v^(0)): an upstream bug we do not copy, in either preset.)  ``key_passing=True`` (official ViT): the keys are the layer's
   ``hidden_tokens`` and the backbone hands them over (:mod:`bench.vit`, the one mechanism
   for this): layer 0 receives z as it is; layer l ≥ 1 receives LN_l(z + MLP_{l−1}(z)),
   its keys through the previous block's MLP with residual and this block's LayerNorm.
@@ -79,10 +84,11 @@ keys).  ``h`` is the block's LayerNorm output ``[B, T, C]``.
   i.e. q(u_β) starts at the prior.
 
 * **Loss.**  CE + Σ_layers kl_weight · w · KL (not divided by the data size).  With
-  ``kl_anneal`` the weight w ramps linearly from 0 (first step) to 1 at half of the
-  optimiser steps, then stays 1; otherwise w = 1.  The training loop's
-  ``method.on_train_step(model, step, total_steps)`` hook sets w on every layer before
-  each step (a layer used outside ``fit`` keeps w = 1).
+  ``kl_anneal`` the weight w ramps linearly from 0 to 1 over the first half of training,
+  then stays 1; otherwise w = 1.  The ramp is per optimiser step (w = step / (steps / 2),
+  set by the training loop's ``method.on_train_step`` hook before each step) or, with
+  ``preset = "official"``, per epoch as the official training (w = 2e / E in epoch e of E,
+  set by ``method.on_train_epoch``).  A layer used outside ``fit`` keeps w = 1.
 
 * **Padding** (``mask [B, T]``, True at real tokens; text): padded tokens are removed from
   the amortised inducing set, so a real token's posterior (mean, variance, covariance over
@@ -95,13 +101,34 @@ keys).  ``h`` is the block's LayerNorm output ``[B, T, C]``.
   block is the unpadded one (padded positions draw independent noise).  ``mask=None``
   runs the unmasked code unchanged.
 
-Faithful to HEAD 689cddd with the defaults: decoupled SGPA, diagonal covariance, ARD
-kernel, keys_len 16, jitter 1e-6, official initialisation, key passing, 10 samples with
-probability averaging, KL not divided by the data size, KL annealing available
-(``kl_anneal``; the CIFAR suites turn it on as HEAD does).  SGPA replaces the attention of
-every block.  Deviations: per-block LayerNorms (SGPA's ViT shares one LayerNorm module
-across blocks); the backbone is :class:`bench.vit.ViT` (Conv2d patches, learned positions,
-mean pooling -> LayerNorm -> head), not SGPA's CCT head; the ramp is per optimiser step.
+**Presets.**  The options' defaults are the official values (HEAD 689cddd): decoupled SGPA,
+diagonal covariance, ARD kernel, keys_len 16, jitter 1e-6, official initialisation, key
+passing, 10 samples with probability averaging, KL not divided by the data size; KL
+annealing (``kl_anneal``) is off by default and on in the CIFAR suites, as HEAD's CIFAR
+training anneals.  SGPA replaces the attention of every block of :class:`bench.vit.ViT`.
+``preset`` sets the remaining modelling choices:
+
+* ``"uqbench"`` (default): the backbone's own blocks and readout (MLP Linear → GELU →
+  Dropout → Linear → Dropout, two LayerNorms per block, mean pooling → LayerNorm → head),
+  the jitter in the KL's v_βᵀ K̂_ββ v_β (the posterior's K̂_ββ), the KL ramp per step.
+* ``"official"``: the official ViT and training where they differ: MLP Linear → Dropout →
+  GELU → Linear → Dropout; one LayerNorm module shared by every pre-attention and pre-MLP
+  position of every block except the first block's pre-attention one (the official
+  patch embedding's own LayerNorm), the global keys' passage included; on images the
+  official CCT head (``model.pool = "sequence"``: softmax-weighted token average → LayerNorm
+  → Linear; text keeps mean pooling, as the official text model, whose masked mean
+  divides by the padded length, which the LayerNorm after it cancels up to its ε, and
+  whose head ends with a dropout we do not have); K_ββ without jitter in the KL; the KL
+  ramp per epoch.  ``model.pool = "cls"`` or ``model.mlp_final_gelu = true`` contradict it
+  and are config errors.
+
+The rest of the official model is set in ``[model]`` (SGPA's CIFAR ViT: patch 4, width 128,
+depth 5, 4 heads, ``mlp_ratio = 1``, ``pos_init_std = 0.1``, dropout 0.1).  Not reproduced in
+either preset: the qkv row order (above), the global keys' projection bug (above), the
+official training loop (Adam re-created every epoch, linear warm-up and decay per epoch,
+500 epochs) and its random draws.  :meth:`SGPA.deviations` lists what a configuration
+keeps from the official model; ``docs/fidelity.md`` has each difference with the official
+file and line.
 
 **What was wrong** (issue 15; default suite, MNIST-5k, 12 epochs, seed 0 unless stated; msp
 88.5%, seeds 0-2 mean 86.9%).  The first version reached 58% (three seeds) against 85% for
@@ -125,12 +152,14 @@ values, which the CIFAR protocol suites use.  For comparison msp at lr 5e-3 reac
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, NamedTuple
 
 import torch
 from torch import nn
 
+from bench.data import DataBundle
+from bench.errors import ConfigError
 from bench.method import LossTerm, MonteCarlo, TrainedMethod
 from bench.registry import ATTENTIONS, METHODS
 from bench.spec import ModelConfig
@@ -263,6 +292,7 @@ class SGPAAttention(LossTerm, nn.Module):
         key_passing: bool = False,
         lengthscale_init: str = "official",
         variational_init: str = "official",
+        kl_jitter: bool = True,
     ) -> None:
         super().__init__()
         if dim % heads:
@@ -273,7 +303,7 @@ class SGPAAttention(LossTerm, nn.Module):
             raise ValueError(f"unknown lengthscale_init {lengthscale_init!r} or variational_init {variational_init!r}")
         self.heads, self.head_dim = heads, dim // heads
         self.variant, self.covariance, self.jitter = variant, covariance, jitter
-        self.qkv = nn.Linear(dim, 2 * dim, bias=False)  # [W_qk; W_v], no bias (official fc_qkv); W_q = W_k
+        self.qkv = nn.Linear(dim, 2 * dim, bias=False)  # rows [W_qk; W_v] (all heads each), no bias; W_q = W_k
         self.kernel = KERNELS[kernel](heads, self.head_dim, lengthscale_init)
         self.proj = nn.Linear(dim, dim)
         self.drop = nn.Dropout(dropout)
@@ -297,6 +327,7 @@ class SGPAAttention(LossTerm, nn.Module):
             nn.init.zeros_(self.log_sigma.weight)
             nn.init.zeros_(self.log_sigma.bias)
         self.sample = True  # reparameterised sample; False = posterior mean
+        self.kl_jitter = kl_jitter  # K̂_ββ (True) or K_ββ (False, official) in the KL's v_βᵀ K v_β
         self.kl_weight = kl_weight
         self.anneal_weight = 1.0  # set by SGPA.on_train_step
         self._kl: torch.Tensor | None = None
@@ -364,7 +395,8 @@ class SGPAAttention(LossTerm, nn.Module):
         if with_kl:
             amortised = ((v * kv).sum((-2, -1)) - (av * av).sum((-2, -1))).mean(0).sum()
             h, d = self.heads, self.head_dim
-            glob = (v_beta * (k_bb @ v_beta)).sum() + (s_sqrt * s_sqrt).sum() - h * d * m
+            k_kl = k_bb if self.kl_jitter else k_bb_raw
+            glob = (v_beta * (k_kl @ v_beta)).sum() + (s_sqrt * s_sqrt).sum() - h * d * m
             kl = 0.5 * (amortised + glob) - self.s_log_diag.sum()
         return _GP(mean, k_qq, a, factor, kl)
 
@@ -493,12 +525,36 @@ def kl_anneal_weight(step: int, total_steps: int) -> float:
     return min(1.0, step / half) if half > 0 else 1.0
 
 
+def kl_anneal_weight_per_epoch(epoch: int, epochs: int) -> float:
+    """The official ramp: weight min(1, 2e / E) through epoch e of E (epoch 0 has weight 0),
+    accumulated by adding 2 / E after each epoch as the official training does."""
+    weight = 0.0
+    for _ in range(epoch):
+        weight += 2 / epochs
+    return min(1.0, weight)
+
+
+def official_blocks(model: nn.Module) -> nn.Module:
+    """The official SGPA ViT's blocks on a built backbone (module docstring, "Presets"):
+    each MLP reordered to Linear → Dropout → GELU → Linear → Dropout (parameter-free
+    modules swap places, so the parameter names stay ``mlp.0`` and ``mlp.3``), and block
+    0's pre-MLP LayerNorm shared by every later pre-attention and pre-MLP position."""
+    shared = model.blocks[0].norm2
+    for i, block in enumerate(model.blocks):
+        first, act, drop, second, *rest = block.mlp
+        block.mlp = nn.Sequential(first, drop, act, second, *rest)
+        if i:
+            block.norm1 = block.norm2 = shared
+    return model
+
+
 @METHODS.register("sgpa")
 class SGPA(TrainedMethod):
     """ViT with SGPA in every block; CE + weighted KL; averages ``samples`` passes."""
 
     @dataclass(frozen=True)
     class Options(MonteCarlo):
+        preset: Literal["uqbench", "official"] = "uqbench"  # official: the official model where we differ
         kernel: Literal["ard", "exponential"] = "ard"
         keys_len: int = field(default=16, metadata={"min": 1})  # M global keys per layer (decoupled)
         variant: Literal["decoupled", "standard"] = "decoupled"
@@ -508,7 +564,7 @@ class SGPA(TrainedMethod):
         variational_init: Literal["official", "prior"] = "official"  # q(u_β) at N(0,1) draws, or the prior
         jitter: float = field(default=1e-6, metadata={"exclusive_min": 0.0})
         kl_weight: float = field(default=1.0, metadata={"min": 0.0})  # η_kl; KL not ÷ N_data
-        kl_anneal: bool = False  # linear 0 → 1 over the first half of training (HEAD)
+        kl_anneal: bool = False  # linear 0 → 1 over the first half of training (HEAD's CIFAR training)
 
     def attention_layers(self, cfg: ModelConfig) -> dict:
         """SGPA replaces the attention of every block."""
@@ -517,13 +573,68 @@ class SGPA(TrainedMethod):
             kernel=o.kernel, keys_len=o.keys_len, variant=o.variant, covariance=o.covariance, jitter=o.jitter,
             kl_weight=o.kl_weight, key_passing=o.key_passing and o.variant == "decoupled",
             lengthscale_init=o.lengthscale_init, variational_init=o.variational_init,
+            kl_jitter=o.preset != "official",
         )
         return {block: ("sgpa", options) for block in range(cfg.depth)}
 
-    def on_train_step(self, model: nn.Module, step: int, total_steps: int) -> None:
-        """Before optimiser step ``step`` of ``total_steps``: set every layer's KL-annealing
-        weight (:func:`kl_anneal_weight` with ``kl_anneal``, else 1)."""
-        weight = kl_anneal_weight(step, total_steps) if self.options.kl_anneal else 1.0
+    def build_model(self, cfg: ModelConfig, data: DataBundle, attention_layers: dict | None = None):
+        """The backbone with SGPA layers; with ``preset = "official"`` the official blocks
+        (:func:`official_blocks`) and, on images, the sequence-pooling head."""
+        if self.options.preset != "official":
+            return super().build_model(cfg, data, attention_layers)
+        if cfg.mlp_final_gelu:
+            raise ConfigError("sgpa preset 'official' builds the official MLP (Linear, Dropout, GELU, Linear, "
+                              "Dropout): model.mlp_final_gelu must be false")
+        if cfg.pool == "cls":
+            raise ConfigError("sgpa preset 'official' reads out by pooling the tokens as the official model "
+                              "(no class token): model.pool must be 'mean' or 'sequence'")
+        if data.tokenizer is None:
+            cfg = replace(cfg, pool="sequence")
+        return official_blocks(super().build_model(cfg, data, attention_layers))
+
+    def deviations(self) -> list[str]:
+        """What this configuration keeps from the official model, one line each (module docstring)."""
+        o = self.options
+        out = []
+        if o.preset != "official":
+            out += ["MLP Linear, GELU, Dropout, Linear, Dropout (official: Linear, Dropout, GELU, Linear, Dropout)",
+                    "two LayerNorms per block (official: one shared by the blocks)",
+                    "mean-pooled readout (official ViT: sequence pooling)",
+                    "jitter in K_beta_beta inside the KL (official: only in its Cholesky)"]
+        if o.kl_anneal and o.preset != "official":
+            out.append("KL annealed per optimiser step (official: per epoch)")
+        if not o.kl_anneal:
+            out.append("KL not annealed (official CIFAR training: 0 to 1 over the first half, per epoch)")
+        if o.kl_weight != 1.0:
+            out.append(f"KL weight {o.kl_weight:g} (official: 1)")
+        if o.lengthscale_init != "official":
+            out.append("lengthscales initialised from the head width (official: random log-lengthscales)")
+        if o.variational_init != "official":
+            out.append("q(u_beta) initialised at the prior (official: N(0, 1) draws)")
+        if o.variant != "decoupled":
+            out.append("standard SGPA (the official code has the decoupled variant only)")
+        else:
+            out.append("each head projects its global keys with its own query rows (official: fc_qkv rows "
+                       "[:hdim] for every head, an upstream bug with 2 or more heads)")
+            if not o.key_passing:
+                out.append("global keys not passed through the previous block (official: passed)")
+        if o.covariance != "diag":
+            out.append("full covariance over tokens (official HEAD: diagonal)")
+        return out + o.pass_deviations(samples=10, average="probs")
+
+    def _set_anneal_weight(self, model: nn.Module, weight: float) -> None:
         for module in model.modules():
             if isinstance(module, SGPAAttention):
                 module.anneal_weight = weight
+
+    def on_train_step(self, model: nn.Module, step: int, total_steps: int) -> None:
+        """Before optimiser step ``step`` of ``total_steps`` (``preset = "uqbench"``): set
+        every layer's KL-annealing weight (:func:`kl_anneal_weight` with ``kl_anneal``, else 1)."""
+        if self.options.preset != "official":
+            self._set_anneal_weight(model, kl_anneal_weight(step, total_steps) if self.options.kl_anneal else 1.0)
+
+    def on_train_epoch(self, model: nn.Module, epoch: int, epochs: int) -> None:
+        """Before epoch ``epoch`` of ``epochs`` (``preset = "official"``): set every layer's
+        KL-annealing weight (:func:`kl_anneal_weight_per_epoch` with ``kl_anneal``, else 1)."""
+        if self.options.preset == "official":
+            self._set_anneal_weight(model, kl_anneal_weight_per_epoch(epoch, epochs) if self.options.kl_anneal else 1.0)

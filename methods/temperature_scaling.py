@@ -3,7 +3,8 @@
 For each seed of ``base``, a single temperature T > 0 minimises the validation NLL of
 softmax(z / T); every split's predictions become softmax(z / T).  Because stored
 log-probabilities differ from logits only by a per-row constant, dividing them by T and
-renormalising gives exactly softmax(z / T).  Accuracy is unchanged.
+renormalising gives exactly softmax(z / T).  Accuracy is unchanged.  How the fit compares
+with the authors' code (gpleiss/temperature_scaling): ``docs/fidelity.md``.
 """
 from __future__ import annotations
 
@@ -29,6 +30,13 @@ def fit_temperature(log_probs: np.ndarray, labels: np.ndarray) -> float:
 @METHODS.register("temperature_scaling")
 class TemperatureScaling(DerivedMethod):
     """One temperature per seed of ``base``, fitted by NLL on its stored ``val`` split."""
+
+    def deviations(self) -> list[str]:
+        """The authors' fit (LBFGS from T = 1.5 with a fixed step, lr 0.01, at most 200
+        iterations) can stop short of the minimum that :func:`fit_temperature` reaches, or
+        diverge (``docs/fidelity.md``)."""
+        return ["T at the validation-NLL minimum (official: LBFGS from 1.5 with lr 0.01 and 200 iterations, "
+                "which can stop short of it or diverge)"]
 
     def combine(self, members: list[dict[str, np.ndarray]], labels: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         (preds,) = members

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
 import methods  # noqa: F401  (registers the layers and methods)
 from bench.errors import ConfigError
+from bench.options import parse
 from bench.registry import ATTENTIONS, METHODS
 from bench.spec import ModelConfig
 from bench.vit import make_attention
@@ -84,6 +86,64 @@ def test_rpc_logs_the_sparsity_of_s_for_each_pap_block():
         METHODS.get("rpc")(METHODS.get("rpc").Options(blocks="7")).attention_layers(cfg)
 
 
+def pap_reference(layer, x: torch.Tensor, iters: int) -> torch.Tensor:
+    """PAP written out from the module docstring's ADMM: ``iters`` iterations."""
+    k, v = (split_heads(t).double() for t in layer.kv(x).chunk(2, dim=-1))
+    mu = N * DIM / (4 * k.abs().sum(dim=(-2, -1), keepdim=True))
+    tau = layer.lam * mu
+    low, dual = torch.zeros_like(k), torch.zeros_like(k)
+    for _ in range(iters):
+        sparse = torch.sign(k - low + dual / mu) * torch.clamp((k - low + dual / mu).abs() - tau, min=0.0)
+        keys = k - sparse - dual / mu
+        low = attention(keys, keys, v)
+        dual = dual + mu * (k - low - sparse)
+    return layer.proj(merge_heads(low).float())
+
+
+def test_rpc_trains_and_predicts_with_four_admm_iterations_by_default():
+    """The official README's recipe: one count, 4, for training and prediction."""
+    from bench.data import DataBundle
+
+    cls = METHODS.get("rpc")
+    method = cls(parse(cls.Options, {"lam": 0.5}, "methods.rpc"))
+    cfg = ModelConfig(dim=DIM, heads=HEADS, depth=2, dropout=0.0, patch_size=7)
+    model = method.build_model(cfg, DataBundle("toy", 10, (28, 28, 1), (0.5,), (0.5,), {}))
+    layer = model.blocks[0].attn
+    assert type(layer).__name__ == "PAPAttention" and type(model.blocks[1].attn).__name__ == "SymmetricAttention"
+    x = x_input()
+    with torch.no_grad():
+        expected = pap_reference(layer, x, 4)
+        assert not torch.allclose(expected, pap_reference(layer, x, 1), atol=1e-4)  # the count matters here
+        torch.testing.assert_close(layer.train()(x), expected, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(layer.eval()(x), expected, rtol=1e-5, atol=1e-6)
+    assert method.deviations() == []
+
+
+def test_rpc_mismatched_iterations_only_when_named():
+    cls = METHODS.get("rpc")
+    with pytest.raises(ConfigError, match=r"methods\.rpc: iters_train \(1\) and iters_test \(4\) differ.*"
+                                          r"mismatched_iters = true"):
+        parse(cls.Options, {"iters_train": 1}, "methods.rpc")
+    method = cls(parse(cls.Options, {"iters_train": 1, "mismatched_iters": True}, "methods.rpc"))
+    options = method.attention_layers(ModelConfig(dim=DIM, heads=HEADS, depth=1))[0][1]
+    assert (options["iters_train"], options["iters_test"]) == (1, 4)
+    assert method.deviations() == ["PAP trained with 1 ADMM iteration(s), evaluated with 4 "
+                                   "(official: one count for both)"]
+
+
+def test_every_builtin_suite_runs_rpc_with_one_iteration_count():
+    import datasets  # noqa: F401  (the suites' data sets)
+    from bench.spec import available_suites, load_suite
+
+    seen = 0
+    for name in available_suites():
+        for m in load_suite(name).methods:
+            if m.type == "rpc":
+                seen += 1
+                assert m.options.iters_train == m.options.iters_test == 4, (name, m.options)
+    assert seen >= 3  # variants, cifar10, cifar100
+
+
 def test_scaled_attention_with_s_zero_is_softmax_attention():
     for variant in ("matrix", "scalar"):
         scaled, softmax = build("scaled", variant=variant), build("softmax")
@@ -135,6 +195,81 @@ def test_kdeformer_error_falls_as_residual_samples_grow():
 def test_kdeformer_bucket_must_divide_the_tokens_at_validation():
     with pytest.raises(ConfigError, match="bucket_size 5 must divide the 16 tokens.*1, 2, 4, 8, 16"):
         build("kdeformer", bucket_size=5)
+
+
+def gray_sequence(bits: int) -> np.ndarray:
+    """The reflected Gray sequence by reflection: [0, 1], then the sequence followed by its
+    mirror image with the top bit set (how the official code builds ``perm``)."""
+    seq = np.array([0, 1])
+    for b in range(1, bits):
+        seq = np.concatenate([seq, seq[::-1] + 2**b])
+    return seq
+
+
+@pytest.mark.parametrize("bits", range(1, 8))
+def test_kdeformer_ranks_codes_as_the_official_perm_by_default_and_gray_index_on_request(bits):
+    """Default: code c at perm[c] (perm = the Gray sequence), i.e. c XOR (c >> 1); the
+    ``gray_index`` option: c's position in that sequence.  Equal for r <= 2 only."""
+    codes = torch.arange(2**bits)
+    perm = gray_sequence(bits)
+    official = build("kdeformer", projections=bits).rank(codes).numpy()
+    np.testing.assert_array_equal(official, perm[codes.numpy()])
+    np.testing.assert_array_equal(official, (codes ^ (codes >> 1)).numpy())
+    old = build("kdeformer", projections=bits, ranking="gray_index").rank(codes).numpy()
+    np.testing.assert_array_equal(old, np.argsort(perm)[codes.numpy()])  # the index of c in the sequence
+    assert (official == old).all() == (bits <= 2)
+
+
+def kde_blocks_reference(layer, q, k, v, g, ranks) -> torch.Tensor:
+    """The block part of the estimator (no residual samples) written out: LSH codes from
+    the directions ``g``, ``ranks`` [2^r] the bucket order, stable sorts, blocks of b,
+    softmax over the keys of each query's block."""
+    s = layer.logit_scale**0.5
+    q, k, v = (t.double().numpy() for t in (q * s, k * s, v))
+    g, ranks = g.double().numpy(), np.asarray(ranks)
+    weights = 2 ** np.arange(g.shape[1])
+    out = np.zeros_like(v)
+    for bi, hi in np.ndindex(*q.shape[:2]):
+        rank_q = ranks[((q[bi, hi] @ g > 0) * weights).sum(-1)]
+        rank_k = ranks[((k[bi, hi] @ g > 0) * weights).sum(-1)]
+        order_q, order_k = np.argsort(rank_q, kind="stable"), np.argsort(rank_k, kind="stable")
+        for blk in range(len(order_q) // layer.bucket):
+            rows, cols = (o[blk * layer.bucket:(blk + 1) * layer.bucket] for o in (order_q, order_k))
+            w = np.exp(q[bi, hi, rows] @ k[bi, hi, cols].T)
+            out[bi, hi, rows] = (w / w.sum(1, keepdims=True)) @ v[bi, hi, cols]
+    return torch.from_numpy(out)
+
+
+def test_kdeformer_forward_sorts_buckets_in_the_official_order_and_the_option_restores_the_old():
+    """With r = 4 hash bits the two orders give different blocks: the default layer's
+    output is the official order's blocks, ``ranking = "gray_index"`` the old order's."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, HEADS, N, D, generator=gen) for _ in range(3))
+    perm = gray_sequence(4)
+    torch.manual_seed(11)
+    g = torch.randn(D, 4)  # the forward's one random draw after this seed: its LSH directions [D, r]
+    outs = {}
+    for ranking, ranks in (("gray_code", perm), ("gray_index", np.argsort(perm))):
+        layer = build("kdeformer", bucket_size=4, samples=0, projections=4,
+                      **({} if ranking == "gray_code" else {"ranking": ranking}))  # gray_code: the default
+        torch.manual_seed(11)
+        outs[ranking] = layer.estimate(q, k, v).double()
+        torch.testing.assert_close(outs[ranking], kde_blocks_reference(layer, q, k, v, g, ranks), rtol=1e-5, atol=1e-6)
+    assert (outs["gray_code"] - outs["gray_index"]).abs().max() > 1e-2  # different blocks, different outputs
+
+
+def test_kdeformer_ranking_option_is_validated_and_reaches_every_layer():
+    cls = METHODS.get("kdeformer")
+    with pytest.raises(ConfigError, match=r"methods\.kdeformer\.ranking: expected one of 'gray_code', 'gray_index'"):
+        parse(cls.Options, {"ranking": "gray"}, "methods.kdeformer")
+    with pytest.raises(ConfigError, match="ranking must be one of"):
+        build("kdeformer", ranking="gray")
+    cfg = ModelConfig(dim=DIM, heads=HEADS, depth=2, dropout=0.0)
+    for options, expected in (({}, "gray_code"), ({"ranking": "gray_index"}, "gray_index")):
+        for train_attention in ("kdeformer", "softmax"):
+            method = cls(parse(cls.Options, {**options, "train_attention": train_attention}))
+            layers = method.kde_layers(cfg)
+            assert {opts["ranking"] for _, opts in layers.values()} == {expected}
 
 
 def test_kdeformer_swapped_in_for_prediction_keeps_the_trained_weights():

@@ -16,6 +16,7 @@ import methods  # noqa: F401
 from bench.analysis import analyse
 from bench.catalog import open_store
 from bench.plan import make_plan
+from bench.registry import METHODS
 from bench.spec import Overrides, load_suite
 from synthetic import fake_store, fake_suite
 
@@ -86,3 +87,45 @@ def test_with_a_suite_only_its_configuration_is_used(tmp_path, suite_file):
 def _test_accuracy(cell) -> float:
     with np.load(cell / "preds" / "test.npz") as z:
         return float((z["log_probs"].argmax(1) == z["labels"]).mean())
+
+
+def test_report_footnotes_name_what_each_method_keeps_from_its_authors_code(tmp_path, monkeypatch):
+    """Each method's deviations for the options in its cells travel through the analysis
+    files (analysis.json) to a footnote of the README; methods without any get none."""
+    import bench.report as report_mod
+    from bench.analysis import analyse_store, load
+    from bench.report import write_report
+
+    monkeypatch.setattr(report_mod, "write_plots", lambda *args: [])  # tables and README only
+    methods = ('[methods.rpc]\niters_train = 1\nmismatched_iters = true\n[methods.symvit]\n'
+               '[methods.kdeformer]\nranking = "gray_index"\ntrain_attention = "softmax"\n'
+               '[methods.ens]\ntype = "deep_ensemble"\nbase = "msp"\nmembers = 2\n')
+    path = tmp_path / "fid.toml"
+    path.write_text(fake_suite("fid", methods))
+    results = tmp_path / "results"
+    fake_store(results, path)
+    suite = load_suite(str(path))
+    catalog = open_store(results / "fid", suite, {c.key for c in make_plan(suite).cells})
+    analysed, _ = analyse_store(catalog, tmp_path / "analysis", ["accuracy"], resamples=20)
+    meta = json.loads((tmp_path / "analysis" / "analysis.json").read_text())
+    kde = METHODS.get("kdeformer")(suite.method("kdeformer").options).deviations()
+    assert meta["deviations"] == {
+        "rpc": ["PAP trained with 1 ADMM iteration(s), evaluated with 4 (official: one count for both)"],
+        "kdeformer": kde}
+    assert kde[0].startswith("ranking = 'gray_index'") and len(kde) == 3  # swapped in: no training line
+    readme = tmp_path / "report" / "README.md"
+    write_report(load(tmp_path / "analysis"), tmp_path / "report")
+    text = readme.read_text()
+    assert "differences from their authors' code: `rpc`[^1], `kdeformer`[^2] (" in text
+    assert text.rstrip().endswith("[^1]: `rpc`: PAP trained with 1 ADMM iteration(s), evaluated with 4 (official: one "
+                                  "count for both).\n[^2]: `kdeformer`: " + "; ".join(kde) + ".")
+    assert "`msp`[^" not in text and "`symvit`[^" not in text and "`ens`[^" not in text
+
+    # a cell of an earlier version, without the option `ranking`, says so
+    for cd in catalog.cells.values():
+        info = cd.read_cell()
+        if info["method"] == "kdeformer":
+            del info["config"]["method"]["options"]["ranking"]
+            cd.seal(info)
+    again = open_store(results / "fid")
+    assert again.method_deviations("kdeformer")[-1] == "trained before the option(s) ranking existed"

@@ -252,3 +252,38 @@ def test_ensemble_replicates_are_disjoint_consecutive_blocks():
     assert method.replicates((10, 11, 12, 13, 14, 15, 16)) == [(0, (10, 11, 12)), (1, (13, 14, 15))]
     assert method.replicates((1, 2)) == []
     assert METHODS.get("ensemble") is METHODS.get("deep_ensemble")
+
+
+def authors_lbfgs_temperature(stored: np.ndarray, y: np.ndarray) -> float:
+    """gpleiss/temperature_scaling (ce1154e): T from 1.5, LBFGS with lr 0.01 and max_iter 200
+    on the NLL of logits / T, in float32 as on its GPU."""
+    import torch
+
+    t = torch.nn.Parameter(torch.ones(1) * 1.5)
+    logits, labels = torch.from_numpy(stored).float(), torch.from_numpy(y)
+    opt = torch.optim.LBFGS([t], lr=0.01, max_iter=200)
+
+    def closure():
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(logits / t, labels)
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    return float(t.item())
+
+
+def test_fit_temperature_reaches_the_minimum_the_authors_lbfgs_misses():
+    """With the optimum far from 1.5 the authors' fixed-step LBFGS stops short of it
+    (over-confident model, T* = 2.4) or diverges (under-confident, T* = 0.7: a negative T);
+    ``fit_temperature`` reaches it, and the method's deviations() says so."""
+    for scale, t_true, check in ((4.0, 2.5, lambda theirs, ours: ours * 0.5 < theirs < 0.95 * ours),
+                                 (1.0, 0.7, lambda theirs, ours: theirs < 0)):
+        rng = np.random.default_rng(3)
+        z = rng.normal(scale=scale, size=(4000, 10))
+        y = sample_labels(z / t_true, rng)
+        stored = sp_log_softmax(z, axis=1)
+        ours, theirs = fit_temperature(stored, y), authors_lbfgs_temperature(stored, y)
+        assert ours == pytest.approx(scipy_temperature(stored.astype(np.float32), y), rel=1e-3)
+        assert check(theirs, ours), (theirs, ours)
+    assert "stop short of it or diverge" in TemperatureScaling(DerivedOptions()).deviations()[0]

@@ -35,9 +35,10 @@ DEVICES = [CPU] + ([torch.device("cuda")] if CUDA_OK else [])
 needs_cuda = pytest.mark.skipif(not CUDA_OK, reason="needs a CUDA device (run on the GPU machine)")
 
 TRAINED = [name for name in METHODS.names() if METHODS.get(name).kind == "trained"]
-#: every trained method with its defaults, and SGPA's full-covariance variants
+#: every trained method with its defaults, SGPA's full-covariance variants and its official preset
 CASES = [(name, {}) for name in TRAINED] + [
-    ("sgpa", {"covariance": "full"}), ("sgpa", {"covariance": "full", "variant": "standard"})]
+    ("sgpa", {"covariance": "full"}), ("sgpa", {"covariance": "full", "variant": "standard"}),
+    ("sgpa", {"preset": "official", "kl_anneal": True})]
 MODEL = ModelConfig(patch_size=5, dim=32, depth=2, heads=2, mlp_ratio=2.0, dropout=0.1)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -447,3 +447,13 @@ def test_fit_end_to_end_two_epochs(data):
     assert all(math.isfinite(row["train_loss"]) and math.isfinite(row["val_nll"]) for row in result.log)
     lp = predict(method, model, data.get("test"), data, CPU, 40)
     assert lp.shape == (40, 3) and np.isfinite(lp).all()
+
+
+def test_deviations_name_the_options_that_leave_the_official_code():
+    from bench.options import parse
+    from methods.kep_svgp import KEPSVGP
+
+    assert KEPSVGP(parse(KEPSVGP.Options, {"samples": 10})).deviations() == []  # faithful, logits, 10 passes
+    lines = KEPSVGP(parse(KEPSVGP.Options, {"mode": "clean", "average": "probs", "samples": 5})).deviations()
+    assert lines == ["clean SVGP: per-output factors and noise, the exact KL (official: the faithful indexing)",
+                     "probabilities averaged over the passes (official: logits)", "5 prediction passes (official: 10)"]

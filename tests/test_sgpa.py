@@ -682,3 +682,181 @@ def test_two_epoch_fit_gives_finite_losses(anneal):
     lp = predict(method, model, data.get("test"), data, CPU, 64)
     assert lp.shape == (30, 3) and np.isfinite(lp).all()
     np.testing.assert_allclose(np.exp(lp).sum(1), 1.0, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- the official preset
+
+OFFICIAL = {"preset": "official"}
+SMALL = {"keys_len": 3, "samples": 2}
+
+
+def preset_pair(seed: int = 0, cfg: ModelConfig = TINY, data=None, **options):
+    """The default and the official-preset SGPA, built from the same seed (options parsed as
+    a suite's table)."""
+    data = data or tiny_bundle()
+    pair = []
+    for preset in ({}, OFFICIAL):
+        method = SGPA(parse(SGPA.Options, {**SMALL, **options, **preset}, "methods.sgpa"))
+        seed_everything(seed)
+        pair.append((method, method.build_model(cfg, data)))
+    return pair
+
+
+def test_official_preset_differs_from_the_default_only_in_the_listed_points():
+    """Same seed: the same parameters with the same values, except the LayerNorms the
+    official model shares (dropped) and its sequence-pooling head (added); the same modules
+    except the MLP order, the shared LayerNorms and the head; layer options except the KL's
+    jitter; the annealing hooks."""
+    (default, dm), (official, om) = preset_pair(cfg=ModelConfig(patch_size=4, dim=8, depth=3, heads=2, mlp_ratio=1.0))
+    layers_d, layers_o = default.attention_layers(TINY), official.attention_layers(TINY)
+    for block in layers_d:
+        diff = {k for k in layers_d[block][1] if layers_d[block][1][k] != layers_o[block][1][k]}
+        assert diff == {"kl_jitter"} and layers_o[block][1]["kl_jitter"] is False
+    params_d, params_o = dict(dm.named_parameters()), dict(om.named_parameters())  # shared ones once
+    dropped = {f"blocks.{i}.{n}.{p}" for i in (1, 2) for n in ("norm1", "norm2") for p in ("weight", "bias")}
+    assert set(params_d) - set(params_o) == dropped
+    assert set(params_o) - set(params_d) == {"seqpool.weight", "seqpool.bias"}
+    for name in set(params_d) & set(params_o):
+        torch.testing.assert_close(params_o[name], params_d[name], rtol=0, atol=0)
+    assert set(om.state_dict()) == set(dm.state_dict()) | {"seqpool.weight", "seqpool.bias"}  # shared: same keys
+    for (name, mod_d), (_, mod_o) in zip(dm.named_modules(remove_duplicate=False), om.named_modules(remove_duplicate=False)):
+        if ".mlp" in name or ".norm" in name:
+            continue
+        assert type(mod_d) is type(mod_o), name
+    assert dm.seqpool is None
+    mlp = [[type(m).__name__ for m in b.mlp] for b in (dm.blocks[0], om.blocks[0])]
+    assert mlp == [["Linear", "GELU", "Dropout", "Linear", "Dropout"], ["Linear", "Dropout", "GELU", "Linear", "Dropout"]]
+    assert {type(default).on_train_epoch, type(default).on_train_step} == {SGPA.on_train_epoch, SGPA.on_train_step}
+
+
+def test_official_mlp_runs_linear_dropout_gelu_linear_dropout():
+    (_, dm), (_, om) = preset_pair(cfg=ModelConfig(patch_size=4, dim=8, depth=1, heads=2, mlp_ratio=1.0, dropout=0.3))
+    x = torch.randn(5, 4, 8)
+    for model, order in ((dm, "default"), (om, "official")):
+        mlp = model.blocks[0].mlp.train()
+        first, second = (m for m in mlp if isinstance(m, torch.nn.Linear))
+        torch.manual_seed(3)
+        got = mlp(x)
+        torch.manual_seed(3)  # the same dropout masks, drawn in the same order
+        drop = lambda t: torch.nn.functional.dropout(t, 0.3, training=True)  # noqa: E731
+        gelu = torch.nn.functional.gelu
+        h = drop(gelu(first(x))) if order == "default" else gelu(drop(first(x)))
+        torch.testing.assert_close(got, drop(second(h)))
+
+
+def test_official_layernorm_is_shared_by_every_position_but_the_first_attention_input():
+    (_, om), = preset_pair(cfg=ModelConfig(patch_size=4, dim=8, depth=3, heads=2, mlp_ratio=1.0))[1:]
+    shared = om.blocks[0].norm2
+    assert om.blocks[0].norm1 is not shared and om.norm is not shared  # patch embedding's and the head's own
+    assert all(b.norm1 is shared and b.norm2 is shared for b in om.blocks[1:])
+    om.eval()
+    z = om.blocks[2].attn.hidden_tokens  # keys of block 2 through the shared LayerNorm, as the official ViT
+    torch.testing.assert_close(om.blocks[2].hidden_tokens(om.blocks[1]), shared(z + om.blocks[1].mlp(z)))
+
+
+def test_official_readout_is_sequence_pooling_on_images_and_mean_pooling_on_text():
+    from bench.text import PAD_ID
+    from datasets.text_bundle import TextOptions, text_bundle
+
+    (_, dm), (_, om) = preset_pair()
+    x = torch.randn(3, 1, 8, 8)
+    for model in (dm, om):
+        model.eval()
+        seen = {}
+        model.blocks[-1].register_forward_hook(lambda _m, _i, out: seen.setdefault("tokens", out))
+        with torch.no_grad():
+            torch.manual_seed(0)
+            logits = model(x)
+            tokens = seen["tokens"]
+            if model is dm:
+                pooled = tokens.mean(1)
+            else:
+                w = torch.softmax(tokens @ model.seqpool.weight.T + model.seqpool.bias, dim=1)  # [B, N, 1]
+                pooled = (w * tokens).sum(1)
+            torch.testing.assert_close(logits, model.head(model.norm(pooled)))
+    texts = (["a b c d", "b c", "d c b a a b", "c"], np.array([0, 1, 0, 1]))
+    text = text_bundle("toy", {"train": texts, "val": texts, "test": texts}, 2, TextOptions(max_len=6, min_freq=1))
+    (_, tm), = preset_pair(data=text)[1:]
+    assert tm.seqpool is None and all(b.norm1 is tm.blocks[0].norm2 for b in tm.blocks[1:])
+    ids = torch.tensor([[3, 4, PAD_ID, PAD_ID, PAD_ID, PAD_ID]])
+    assert tm.eval()(ids).shape == (1, 2)
+
+
+def test_sequence_pooling_weights_real_tokens_only():
+    from bench.vit import TextTransformer
+
+    torch.manual_seed(0)
+    model = TextTransformer(10, 5, 3, ModelConfig(dim=8, depth=1, heads=2, dropout=0.0, pool="sequence")).eval()
+    ids = torch.tensor([[3, 4, 0, 0, 0], [5, 6, 7, 8, 9]])
+    seen = {}
+    model.blocks[-1].register_forward_hook(lambda _m, _i, out: seen.setdefault("tokens", out))
+    with torch.no_grad():
+        logits = model(ids)
+        tokens = seen["tokens"]
+        pooled = []
+        for row, n_real in zip(tokens, (2, 5)):
+            w = torch.softmax(row[:n_real] @ model.seqpool.weight.T + model.seqpool.bias, dim=0)
+            pooled.append((w * row[:n_real]).sum(0))
+        torch.testing.assert_close(logits, model.head(model.norm(torch.stack(pooled))))
+
+
+def test_official_kl_leaves_the_jitter_out_of_v_beta_k_v_beta():
+    """The KLs differ by exactly ½ jitter ‖v_β‖² per layer (large jitter to see it in float32)."""
+    (default, dm), (official, om) = preset_pair(jitter=0.05, variational_init="official")
+    x = torch.randn(4, 1, 8, 8)
+    kls = []
+    for model in (dm, om):
+        model.train()
+        torch.manual_seed(1)
+        model(x)
+        kls.append([b.attn._kl.item() for b in model.blocks])
+    for block, kl_d, kl_o in zip(om.blocks, *kls):
+        expected = 0.5 * 0.05 * block.attn.v_beta.double().square().sum().item()
+        assert kl_d - kl_o == pytest.approx(expected, rel=1e-3)
+
+
+class RecordingAnneal(SGPA):
+    """Records the layers' KL weight each time the loop asks for the training loss."""
+
+    def training_loss(self, model, logits, labels):
+        self.weights.append(model.blocks[0].attn.anneal_weight)
+        return super().training_loss(model, logits, labels)
+
+
+@pytest.mark.parametrize("preset,expected", [
+    ("uqbench", [i / 6 for i in range(6)] + [1.0] * 6),  # per step: 12 steps, ramp over 6
+    ("official", [0.0] * 3 + [0.5] * 3 + [1.0] * 6),  # per epoch: 2/4 per epoch of 4
+])
+def test_kl_annealing_per_step_or_per_epoch_as_the_official(preset, expected):
+    from methods.sgpa import kl_anneal_weight_per_epoch
+
+    data = tiny_bundle()
+    method = RecordingAnneal(parse(SGPA.Options, {**SMALL, "kl_anneal": True, "preset": preset}))
+    method.weights = []
+    seed_everything(0)
+    model = method.build_model(TINY, data)
+    fit(method, model, data, TrainConfig(epochs=4, batch_size=20, lr=3e-3, warmup_epochs=0, eval_batch_size=64), CPU, seed=0)
+    np.testing.assert_allclose(method.weights, expected, rtol=1e-12)
+    assert kl_anneal_weight_per_epoch(3, 4) == 1.0 and kl_anneal_weight_per_epoch(1, 3) == 2 / 3
+
+
+def test_preset_option_and_its_contradictions_are_config_errors():
+    with pytest.raises(ConfigError, match=r"methods\.sgpa\.preset: expected one of 'uqbench', 'official', got 'paper'"):
+        parse(SGPA.Options, {"preset": "paper"}, "methods.sgpa")
+    method = SGPA(parse(SGPA.Options, {**SMALL, **OFFICIAL}))
+    for bad, key in (({"mlp_final_gelu": True}, "model.mlp_final_gelu"), ({"pool": "cls"}, "model.pool")):
+        with pytest.raises(ConfigError, match=key):
+            method.build_model(ModelConfig(patch_size=4, dim=8, depth=2, heads=2, **bad), tiny_bundle())
+
+
+def test_deviations_name_what_a_configuration_keeps_from_the_official_model():
+    official = SGPA(parse(SGPA.Options, {**OFFICIAL, "kl_anneal": True}))
+    assert official.deviations() == ["each head projects its global keys with its own query rows (official: fc_qkv "
+                                     "rows [:hdim] for every head, an upstream bug with 2 or more heads)"]
+    default_suite = SGPA(parse(SGPA.Options, {"samples": 10, "lengthscale_init": "head_dim", "variational_init": "prior",
+                                              "keys_len": 4, "kl_weight": 2.8e-4}))
+    lines = default_suite.deviations()
+    for part in ("MLP Linear, GELU, Dropout", "two LayerNorms", "mean-pooled", "jitter in K_beta_beta",
+                 "KL not annealed", "KL weight 0.00028", "lengthscales", "q(u_beta) initialised at the prior"):
+        assert sum(part in line for line in lines) == 1, (part, lines)
+    assert not any("passes" in line for line in lines)  # 10 passes: the official count

@@ -6,7 +6,8 @@ the schema version, the options, the fingerprint of the store and the display or
 :func:`load` reads them back into an :class:`~bench.analysis.results.AnalysisResults`,
 which is all the report renders from.  :func:`analyse_store` reuses the files when the
 fingerprint (the manifests' digests of the cells used, the selection, the analysis
-options and the analysis code) is unchanged, and recomputes them otherwise.
+options, the analysis code and the methods' differences from their authors' code) is
+unchanged, and recomputes them otherwise.
 
 Why CSV and not Parquet: the tables are small (the default store's per-seed table is
 about 1 MB gzipped), CSV needs no further dependency in a suite whose fresh install is
@@ -56,9 +57,10 @@ def fingerprint(catalog: Catalog, metrics: list[str], resamples: int, seed: int,
     """sha256 of everything the analysis files depend on (see the module docstring)."""
     code = {name: hashlib.sha256(path.read_bytes()).hexdigest() for name, path in _code_files().items()}
     fns = {name: hashlib.sha256(_source(get_metric(name).fn).encode()).hexdigest() for name in metrics}
+    deviations = {m.name: catalog.method_deviations(m.name) for m in catalog.methods}  # the methods' code decides
     blob = json.dumps({"schema": ANALYSIS_SCHEMA, "metrics": metrics, "resamples": resamples, "seed": seed,
-                       "significance": significance, "code": code, "functions": fns, "store": catalog.fingerprint()},
-                      sort_keys=True, separators=(",", ":"))
+                       "significance": significance, "code": code, "functions": fns, "store": catalog.fingerprint(),
+                       "deviations": deviations}, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -106,6 +108,7 @@ def save(results: AnalysisResults, out: Path, key: str, options: dict) -> None:
         "metrics": results.analysed_metrics,
         "headlines": results.headlines,
         "notes": results.notes,
+        "deviations": results.deviations,
         "splits": results.splits,
         "seeds": [[d, m, s] for (d, m), s in sorted(results.seeds.items())],
         "files": digests,
@@ -157,6 +160,7 @@ def load(out: Path, load_predictions: Callable | None = None) -> AnalysisResults
         significance=str(meta["options"].get("significance", SIGNIFICANCE)),
         headlines={d: dict(v) for d, v in meta.get("headlines", {}).items()},
         notes=dict(meta.get("notes", {})),
+        deviations={m: list(lines) for m, lines in meta.get("deviations", {}).items()},
         **frames,
     )
 

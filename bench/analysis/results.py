@@ -83,6 +83,8 @@ class AnalysisResults:
     # accuracy column shows MCC, as the paper's Table 1): the data set's headline_metrics
     headlines: dict[str, dict[str, str]] = field(default_factory=dict)
     notes: dict[str, str] = field(default_factory=dict)  # dataset -> its protocol note (report_note)
+    # method -> how it differs from its authors' code, one line each (Catalog.method_deviations)
+    deviations: dict[str, list[str]] = field(default_factory=dict)
     damaged: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=DAMAGED_COLUMNS))
 
 
@@ -143,4 +145,5 @@ def analyse(catalog: Catalog, metrics: list[str] | None = None, resamples: int =
         significance=significance,
         headlines=evaluated.headlines,
         notes=evaluated.notes,
+        deviations={e.name: lines for e in catalog.methods if (lines := catalog.method_deviations(e.name))},
     )

@@ -1,6 +1,6 @@
 """The report's ``README.md``: the cells it leaves out (only when there are any), notes,
-conventions (from the registered metrics), every table of each dataset, failed cells and
-the plots."""
+conventions (from the registered metrics), every table of each dataset, failed cells, the
+plots, and a footnote per method that differs from its authors' code."""
 from __future__ import annotations
 
 from collections import Counter
@@ -143,6 +143,8 @@ def readme_text(
     if notes.is_file():  # the run's hand-written discussion (e.g. a comparison with a paper)
         parts += [notes.read_text(encoding="utf-8").strip(), ""]
     parts += [_note(results.reference, results.significance), ""]
+    fidelity, footnotes = _fidelity(results, methods)
+    parts += fidelity
     shown = {t.spec.name for t in tables}
     skipped = [s.name for s in TABLES if s.name not in shown]
     if skipped:
@@ -193,7 +195,23 @@ def readme_text(
         parts += [f"### {dataset}", ""]
         for caption, path in mine:
             parts += [f"![{caption}]({path.relative_to(out_dir).as_posix()})", ""]
+    parts += footnotes
     return "\n".join(parts).rstrip("\n") + "\n"
+
+
+def _fidelity(results: AnalysisResults, methods: list[str]) -> tuple[list[str], list[str]]:
+    """The sentence naming the shown methods that run with differences from their authors'
+    code (``results.deviations``), each with a footnote mark, and the footnotes: one per
+    method, its differences joined by "; "."""
+    shown = [m for m in methods if results.deviations.get(m)]
+    if not shown:
+        return [], []
+    marks = ", ".join(f"`{m}`[^{i}]" for i, m in enumerate(shown, 1))
+    sentence = (f"Methods run here with differences from their authors' code: {marks} (every difference, "
+                "its official file and line and how to select the official behaviour: `docs/fidelity.md`).")
+    notes = [f"[^{i}]: `{m}`: " + "; ".join(line.replace("\n", " ") for line in results.deviations[m]) + "."
+             for i, m in enumerate(shown, 1)]
+    return [sentence, ""], notes
 
 
 STATES = ("missing", "running", "interrupted", "failed", "damaged")  # the order a summary counts them in
