@@ -280,7 +280,7 @@ def test_fit_temperature_reaches_the_minimum_the_authors_lbfgs_misses():
     for scale, t_true, check in ((4.0, 2.5, lambda theirs, ours: ours * 0.5 < theirs < 0.95 * ours),
                                  (1.0, 0.7, lambda theirs, ours: theirs < 0)):
         rng = np.random.default_rng(3)
-        z = rng.normal(scale=scale, size=(4000, 10))
+        z = rng.normal(scale=scale, size=(2000, 10))
         y = sample_labels(z / t_true, rng)
         stored = sp_log_softmax(z, axis=1)
         ours, theirs = fit_temperature(stored, y), authors_lbfgs_temperature(stored, y)
