@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 from tabulate import tabulate
 
+from bench.analysis import SCORES
 from bench.data import corruption_of
 from bench.errors import ConfigError
 from bench.metrics import get_metric, selection
@@ -162,7 +163,6 @@ TABLES: tuple[TableSpec, ...] = (
 )
 
 FORMATS = ("md", "tex", "csv")
-SCORE_ORDER = ("msp", "entropy", "mutual_info")  # OOD scores; others follow, sorted
 
 NA = "n/a"  # no finite value for any seed
 FAILED = "failed"  # every seed of the (dataset, method) failed
@@ -324,7 +324,8 @@ def _stat(record: dict) -> _Stat:
 
 
 def _score_key(score: str) -> tuple:
-    return (SCORE_ORDER.index(score) if score in SCORE_ORDER else len(SCORE_ORDER), score)
+    """OOD scores in the analysis' order (:data:`bench.analysis.SCORES`), any other after them, sorted."""
+    return (SCORES.index(score) if score in SCORES else len(SCORES), score)
 
 
 def _summary_rows(ix: _Index, dataset: str, method: str,
