@@ -43,6 +43,15 @@ BENCHMARK_CORRUPTIONS: tuple[str, ...] = CORRUPTIONS[:15]  # the 15 of CIFAR-10-
 SEVERITIES: tuple[int, ...] = (1, 2, 3, 4, 5)
 
 
+def check_severity(severity, what: str = "severity", error: type[Exception] = ValueError) -> int:
+    """``severity`` as an int when it is one of :data:`SEVERITIES` (an int or numpy integer,
+    not a bool, float or string), else ``error`` naming ``what`` and the allowed values:
+    the one severity check of the corruption engines, the data readers and the report."""
+    if isinstance(severity, bool) or not isinstance(severity, (int, np.integer)) or severity not in SEVERITIES:
+        raise error(f"{what} must be one of {', '.join(map(str, SEVERITIES))}, got {severity!r}")
+    return int(severity)
+
+
 @dataclass(frozen=True)
 class Split:
     """One evaluation or training split: images ``x`` (uint8) and labels ``y`` (int64)."""

@@ -77,7 +77,7 @@ import scipy.sparse as sp
 import scipy.special
 from PIL import Image
 
-from bench.data import CORRUPTIONS, SEVERITIES
+from bench.data import CORRUPTIONS, check_severity
 
 VERSION = 1  # bump on any change that alters outputs: it is part of every cache path
 
@@ -175,8 +175,7 @@ def check_name_severity(name: str, severity: int) -> None:
         close = difflib.get_close_matches(str(name), CORRUPTIONS, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ValueError(f"unknown corruption {name!r}{hint}; known: {', '.join(CORRUPTIONS)}")
-    if isinstance(severity, bool) or not isinstance(severity, (int, np.integer)) or severity not in SEVERITIES:
-        raise ValueError(f"severity must be one of {', '.join(map(str, SEVERITIES))}; got {severity!r}")
+    check_severity(severity)
 
 
 def _to_float(u8: np.ndarray) -> np.ndarray:

@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from bench.data import SEVERITIES
+from bench.data import check_severity
 
 VERSION = 1  # bump on any change that alters outputs: it is part of every cache path
 CHAR_RATES = (0.02, 0.04, 0.07, 0.10, 0.15)  # per-letter probability of a typo
@@ -106,8 +106,7 @@ TEXT_CORRUPTIONS: tuple[str, ...] = tuple(_CORRUPTIONS)
 def check_name_severity(name: str, severity: int) -> None:
     if name not in _CORRUPTIONS:
         raise ValueError(f"unknown text corruption {name!r}; known: {', '.join(TEXT_CORRUPTIONS)}")
-    if isinstance(severity, bool) or severity not in SEVERITIES:
-        raise ValueError(f"severity must be one of {list(SEVERITIES)}, got {severity!r}")
+    check_severity(severity)
 
 
 def corrupt_texts(texts: Sequence[str], name: str, severity: int, seed: int = 0) -> list[str]:
