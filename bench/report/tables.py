@@ -188,6 +188,16 @@ def validate_metrics(metrics: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(metrics))
 
 
+def validate_formats(formats: Sequence[str]) -> tuple[str, ...]:
+    """``formats`` checked against :data:`FORMATS`, repeats dropped, order kept; any unknown
+    one is a ConfigError that lists them.  Called where formats enter the report (``--format``
+    through :class:`bench.report.suite.ReportOptions`, :func:`bench.report.write_report`)."""
+    unknown = [f for f in formats if f not in FORMATS]
+    if unknown:
+        raise ConfigError(f"unknown report format(s) {unknown}; known: {', '.join(FORMATS)}")
+    return tuple(dict.fromkeys(formats))
+
+
 def _columns(spec: TableSpec, picked: list[str] | None, headlines: dict[str, dict[str, str]] | None = None) -> list[Column]:
     """The table's columns; a metric that some dataset shows another metric in place of
     (``headlines``: CoLA's MCC in the accuracy column) gets the joint label "ACC/MCC"."""
