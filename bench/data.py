@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -50,6 +51,16 @@ def check_severity(severity, what: str = "severity", error: type[Exception] = Va
     if isinstance(severity, bool) or not isinstance(severity, (int, np.integer)) or severity not in SEVERITIES:
         raise error(f"{what} must be one of {', '.join(map(str, SEVERITIES))}, got {severity!r}")
     return int(severity)
+
+
+def corruption_rng(name: str, severity: int, seed: int) -> np.random.Generator:
+    """The one generator a call of a generated corruption (image or text) draws from:
+    seeded by ``(seed, crc32(name), severity)``, never the global RNG, so a call is a pure
+    function of its arguments and two corruptions or severities draw independent streams.
+    ``seed`` must be a non-negative integer (ValueError)."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    return np.random.default_rng([int(seed), zlib.crc32(name.encode()), int(severity)])
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,9 @@ same shape.  The severity constants are those of ``make_cifar_c.py`` (repository
 hendrycks/robustness, ``ImageNet-C/create_c/make_cifar_c.py``, Apache-2.0), recorded in the
 tables below; the code is our own (no OpenCV, Wand, scikit-image or ``imagecorruptions``).
 
-Randomness.  Every call draws from one ``numpy.random.Generator`` seeded by
-``(seed, crc32(name), severity)`` -- never the global RNG -- so a call is a pure function
-of its arguments.  Draws follow the batch order (in chunks of ``CHUNK_ELEMENTS`` values, a
+Randomness.  Every call draws from one ``numpy.random.Generator``,
+``bench.data.corruption_rng(name, severity, seed)`` (never the global RNG), so a call is a
+pure function of its arguments.  Draws follow the batch order (in chunks of ``CHUNK_ELEMENTS`` values, a
 fixed function of the image size), so an image's corruption depends on its position in
 the batch: corrupt a whole split as one array.  This module is the pure engine (arrays
 in, arrays out); ``datasets.corruption_cache`` stores each (images, corruption,
@@ -68,7 +68,6 @@ import difflib
 import functools
 import io
 import math
-import zlib
 from typing import Callable
 
 import numpy as np
@@ -77,7 +76,7 @@ import scipy.sparse as sp
 import scipy.special
 from PIL import Image
 
-from bench.data import CORRUPTIONS, check_severity
+from bench.data import CORRUPTIONS, check_severity, corruption_rng
 
 VERSION = 1  # bump on any change that alters outputs: it is part of every cache path
 
@@ -144,8 +143,7 @@ def corrupt(images: np.ndarray, name: str, severity: int, seed: int = 0) -> np.n
     Deterministic: the same arguments give the same bytes.  See the module docstring for
     how parameters scale with image size and how grayscale images are treated."""
     check_name_severity(name, severity)
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    rng = corruption_rng(name, severity, seed)
     if not isinstance(images, np.ndarray) or images.dtype != np.uint8:
         raise ValueError(f"images must be a uint8 numpy array, got {getattr(images, 'dtype', type(images))}")
     if images.ndim not in (3, 4) or (images.ndim == 4 and images.shape[3] not in (1, 3)):
@@ -156,7 +154,6 @@ def corrupt(images: np.ndarray, name: str, severity: int, seed: int = 0) -> np.n
     x = images[..., None] if images.ndim == 3 else images
     n, h, w, c = x.shape
     fn, needs_rgb = _CORRUPTIONS[name]
-    rng = np.random.default_rng([int(seed), zlib.crc32(name.encode()), int(severity)])
     scale = min(h, w) / 32.0
     out = np.empty_like(x)
     step = max(1, CHUNK_ELEMENTS // (h * w * 3))
