@@ -682,26 +682,10 @@ def _spatter(u8, severity, rng, s):
     return x + m[..., None] * np.asarray(WATER_RGB, np.float32)
 
 
-# name -> (function, needs three channels)
-_CORRUPTIONS: dict[str, tuple[Callable, bool]] = {
-    "gaussian_noise": (_gaussian_noise, False),
-    "shot_noise": (_shot_noise, False),
-    "impulse_noise": (_impulse_noise, False),
-    "defocus_blur": (_defocus_blur, False),
-    "glass_blur": (_glass_blur, False),
-    "motion_blur": (_motion_blur, False),
-    "zoom_blur": (_zoom_blur, False),
-    "snow": (_snow, False),
-    "frost": (_frost, True),
-    "fog": (_fog, False),
-    "brightness": (_brightness, False),
-    "contrast": (_contrast, False),
-    "elastic_transform": (_elastic_transform, False),
-    "pixelate": (_pixelate, False),
-    "jpeg_compression": (_jpeg_compression, False),
-    "speckle_noise": (_speckle_noise, False),
-    "gaussian_blur": (_gaussian_blur, False),
-    "spatter": (_spatter, True),
-    "saturate": (_saturate, True),
-}
-assert tuple(_CORRUPTIONS) == CORRUPTIONS
+#: The corruptions that act on colour: a one-channel image is corrupted as three equal
+#: channels and the channel mean returned (module docstring, "Grayscale").
+NEEDS_RGB = frozenset({"frost", "spatter", "saturate"})
+# name -> (function, needs three channels), for every name of bench.data.CORRUPTIONS:
+# corruption ``name`` is the function ``_<name>`` of this module (a name without one fails here, at import)
+_CORRUPTIONS: dict[str, tuple[Callable, bool]] = {name: (globals()[f"_{name}"], name in NEEDS_RGB)
+                                                  for name in CORRUPTIONS}
