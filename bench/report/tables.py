@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 from tabulate import tabulate
 
-from bench.analysis import SCORES
+from bench.analysis import EFFICIENCY_COLUMNS, EFFICIENCY_FIELDS, SCORES
 from bench.data import corruption_of
 from bench.errors import ConfigError
 from bench.metrics import get_metric, selection
@@ -81,24 +81,26 @@ CE_COLUMN = Column(
     "(100 = as good as the reference); the mCE row averages CE over the corruptions. It "
     "counts every severity, not only the one of the table.",
 )
-EFFICIENCY_COLUMNS: tuple[Column, ...] = (
-    Column("parameters", "Parameters", "", 1.0, False,
-           "Model parameters (cell.json); a combinator counts all its members'.", decimals=0,
-           grouping=True),
-    Column("train_seconds", "Train time", "s", 1.0, False,
-           "Wall-clock training time, mean over seeds; a combinator (ensemble) adds up its "
-           "members'.", decimals=1),
-    Column("predict_seconds_per_1000", "Predict time / 1,000 images", "s", 1.0, False,
-           "Wall-clock prediction time per 1,000 images over every evaluated split, mean over "
-           "seeds; a combinator adds up its members'.", decimals=3),
-    Column("peak_memory_mb", "Peak memory", "MiB", 1.0, False,
-           "Peak memory during the cell, from cell.json (GPU: peak CUDA memory allocated; CPU: "
-           "peak resident set of the process during the cell, which includes memory its "
-           "allocator kept from earlier cells of the same run).", decimals=1),
-    Column("passes", "Passes", "", 1.0, None,
-           "Forward passes per prediction (Monte-Carlo samples; a combinator adds up its "
-           "members').", decimals=0),
-)
+_EFFICIENCY_LOOK: dict[str, dict] = {  # a field of bench.analysis.EFFICIENCY_FIELDS -> how its column shows it
+    "parameters": dict(label="Parameters", unit="", higher_is_better=False, decimals=0, grouping=True,
+                       convention="Model parameters (cell.json); a combinator counts all its members'."),
+    "train_seconds": dict(label="Train time", unit="s", higher_is_better=False, decimals=1,
+                          convention="Wall-clock training time, mean over seeds; a combinator (ensemble) adds up "
+                                     "its members'."),
+    "predict_seconds_per_1000": dict(label="Predict time / 1,000 images", unit="s", higher_is_better=False,
+                                     decimals=3,
+                                     convention="Wall-clock prediction time per 1,000 images over every evaluated "
+                                                "split, mean over seeds; a combinator adds up its members'."),
+    "peak_memory_mb": dict(label="Peak memory", unit="MiB", higher_is_better=False, decimals=1,
+                           convention="Peak memory during the cell, from cell.json (GPU: peak CUDA memory "
+                                      "allocated; CPU: peak resident set of the process during the cell, which "
+                                      "includes memory its allocator kept from earlier cells of the same run)."),
+    "passes": dict(label="Passes", unit="", higher_is_better=None, decimals=0,
+                   convention="Forward passes per prediction (Monte-Carlo samples; a combinator adds up its "
+                              "members')."),
+}
+EFFICIENCY_TABLE_COLUMNS: tuple[Column, ...] = tuple(Column(field, scale=1.0, **_EFFICIENCY_LOOK[field])
+                                                     for field in EFFICIENCY_FIELDS)
 
 
 
@@ -159,7 +161,7 @@ TABLES: tuple[TableSpec, ...] = (
               (("Split", "split"), ("Score", "score")), True, "default", _SUMMARY_STATS,
               marks=True, empty="No OOD split was evaluated."),
     TableSpec("efficiency", "Efficiency", "efficiency", (), None, "", (),
-              extra=EFFICIENCY_COLUMNS, empty="No efficiency record (cell.json) was found."),
+              extra=EFFICIENCY_TABLE_COLUMNS, empty="No efficiency record (cell.json) was found."),
 )
 
 FORMATS = ("md", "tex", "csv")
@@ -313,9 +315,8 @@ class _Index:
             n[sev] = max(n.get(sev, 0), _int(r["n_seeds"]))
         for r in _records(results.corruption_errors, ["dataset", "method", "corruption", "ce"]):
             ix.ce.setdefault((r["dataset"], r["method"]), {})[r["corruption"]] = _float(r["ce"])
-        names = [c.key for c in EFFICIENCY_COLUMNS]
-        for r in _records(results.efficiency, ["dataset", "method", *names]):
-            ix.efficiency[(r["dataset"], r["method"])] = {k: _float(r[k]) for k in names}
+        for r in _records(results.efficiency, EFFICIENCY_COLUMNS):
+            ix.efficiency[(r["dataset"], r["method"])] = {k: _float(r[k]) for k in EFFICIENCY_FIELDS}
         return ix
 
     def split_key(self, dataset: str, split: str) -> tuple:
