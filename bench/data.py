@@ -155,14 +155,30 @@ def uniform_noise_split(
     return Split(x, np.full(len(x), OOD_LABEL, dtype=np.int64))
 
 
+OOD_PREFIX = "ood/"
+SHIFT_PREFIX = "shift/"
+
+
 def is_ood(split: str) -> bool:
-    return split.startswith("ood/")
+    """An ``ood/<name>`` split: out-of-distribution, labels ``-1``."""
+    return split.startswith(OOD_PREFIX)
+
+
+def is_shift(split: str) -> bool:
+    """A ``shift/...`` split: covariate shift, same labels (a corruption split or another)."""
+    return split.startswith(SHIFT_PREFIX)
+
+
+def corruption_split(corruption: str, severity: int) -> str:
+    """The name ``shift/<corruption>/<severity>`` of a corruption split (:func:`corruption_of` reads it)."""
+    return f"{SHIFT_PREFIX}{corruption}/{severity}"
 
 
 def corruption_of(split: str) -> tuple[str, int] | None:
-    """``(corruption, severity)`` of a ``shift/<corruption>/<severity>`` split, else None."""
+    """``(corruption, severity)`` of a ``shift/<corruption>/<severity>`` split
+    (:func:`corruption_split`), else None."""
     parts = split.split("/")
-    if len(parts) == 3 and parts[0] == "shift" and parts[2].isdigit():
+    if len(parts) == 3 and is_shift(split) and parts[2].isdigit():
         return parts[1], int(parts[2])
     return None
 

@@ -65,7 +65,8 @@ import torch  # noqa: E402
 for _module in ("bench.vit", "datasets", "methods"):
     importlib.import_module(_module)
 
-from bench.data import CORRUPTIONS, SEVERITIES, DataBundle, Split, holdout_size  # noqa: E402
+from bench.data import (CORRUPTIONS, OOD_PREFIX, SEVERITIES, DataBundle, Split, corruption_split,  # noqa: E402
+                        holdout_size, is_ood, is_shift)
 from bench.registry import METHODS  # noqa: E402
 from bench.spec import MODEL_PRESETS, ModelConfig, TrainConfig, load_suite  # noqa: E402
 from bench.cli import positive_int_list  # noqa: E402
@@ -384,14 +385,14 @@ def suite_workload(suite) -> dict:
     limit = getattr(opts, "eval_limit", None)
     shift_n = min(CIFAR_TEST, getattr(opts, "corruption_limit", None) or CIFAR_TEST)
     names = {"test": CIFAR_TEST}
-    names.update({f"shift/{c}/{s}": shift_n for c in CORRUPTIONS for s in SEVERITIES})
+    names.update({corruption_split(c, s): shift_n for c in CORRUPTIONS for s in SEVERITIES})
     for ood in getattr(opts, "ood", ()):
-        names[f"ood/{ood}"] = OOD_SIZES.get(ood, getattr(opts, "noise_size", 1000))
+        names[f"{OOD_PREFIX}{ood}"] = OOD_SIZES.get(ood, getattr(opts, "noise_size", 1000))
     chosen = {n: k for n, k in names.items() if any(fnmatch.fnmatchcase(n, p) for p in ds.splits)}
     sizes = {"val": n_val, **{n: min(k, limit) if limit else k for n, k in chosen.items()}}
     return {"dataset": ds.name, "n_train": n_train, "n_val": n_val, "eval_splits": len(sizes),
-            "n_eval": sum(sizes.values()), "n_shift": sum(1 for n in sizes if n.startswith("shift/")),
-            "ood": [n for n in sizes if n.startswith("ood/")]}
+            "n_eval": sum(sizes.values()), "n_shift": sum(1 for n in sizes if is_shift(n)),
+            "ood": [n for n in sizes if is_ood(n)]}
 
 
 def _nearest(rows: list[dict], batch: int) -> dict:

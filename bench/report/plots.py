@@ -18,6 +18,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from bench.data import SEVERITIES, is_ood
 from bench.metrics import aurc, calibration_bins, ece, risk_coverage_curve
 from bench.report.tables import Column, _Index, _Stat, metric_column
 
@@ -93,7 +94,7 @@ def _plot_severity(lines: list[tuple[str, list[int], dict[int, _Stat]]], col: Co
         hi = np.array([cells[s].ci_high for s in sevs]) * col.scale
         (line,) = ax.plot(x, mean, marker="o", markersize=3, linewidth=1.2, label=method)
         ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
-    ax.set(xlabel="corruption severity (0 = clean test)", ylabel=col.header, xticks=list(range(0, 6)))
+    ax.set(xlabel="corruption severity (0 = clean test)", ylabel=col.header, xticks=[0, *SEVERITIES])
     ax.set_title(title)
     ax.legend(loc="best")
     _save(fig, path)
@@ -139,7 +140,7 @@ def write_plots(
     with matplotlib.style.context("default"), matplotlib.rc_context(_PLOT_RC):
         for dataset in results.datasets:
             splits = results.splits.get(dataset, [])
-            ood_splits = [s for s in splits if s.startswith("ood/")]
+            ood_splits = [s for s in splits if is_ood(s)]
             reliability, hists, curves = [], [], []
             for method in methods:
                 seeds = results.seeds.get((dataset, method), [])

@@ -21,7 +21,7 @@ import pandas as pd
 from tabulate import tabulate
 
 from bench.analysis import EFFICIENCY_COLUMNS, EFFICIENCY_FIELDS, SCORES
-from bench.data import corruption_of
+from bench.data import corruption_of, corruption_split, is_ood, is_shift
 from bench.errors import ConfigError
 from bench.metrics import get_metric, selection
 from bench.registry import METRICS
@@ -356,17 +356,17 @@ def _rows_test(ix: _Index, dataset: str, method: str) -> list[_Row]:
 
 def _rows_other_shift(ix: _Index, dataset: str, method: str) -> list[_Row]:
     def select(split: str, score: str) -> tuple | None:
-        return (split,) if split.startswith("shift/") and corruption_of(split) is None and not score else None
+        return (split,) if is_shift(split) and corruption_of(split) is None and not score else None
 
     return _summary_rows(ix, dataset, method, select)
 
 
 def _rows_all_shift(ix: _Index, dataset: str, method: str) -> list[_Row]:
-    return _summary_rows(ix, dataset, method, lambda split, score: (split,) if split.startswith("shift/") and not score else None)
+    return _summary_rows(ix, dataset, method, lambda split, score: (split,) if is_shift(split) and not score else None)
 
 
 def _rows_ood(ix: _Index, dataset: str, method: str) -> list[_Row]:
-    return _summary_rows(ix, dataset, method, lambda split, score: (split, score) if split.startswith("ood/") else None)
+    return _summary_rows(ix, dataset, method, lambda split, score: (split, score) if is_ood(split) else None)
 
 
 def _rows_corruption(ix: _Index, dataset: str, method: str) -> list[_Row]:
@@ -379,7 +379,7 @@ def _rows_corruption(ix: _Index, dataset: str, method: str) -> list[_Row]:
     rows = _summary_rows(ix, dataset, method, select)
     ce = ix.ce.get((dataset, method), {})
     seen = {r.keys[0] for r in rows}
-    order = {c: ix.split_key(dataset, f"shift/{c}/{ix.severity}") for c in ce}
+    order = {c: ix.split_key(dataset, corruption_split(c, ix.severity)) for c in ce}
     n = ix.seeds.get((dataset, method), 0)
     rows += [_Row(dataset, method, (c,), {}, n) for c in sorted(ce, key=lambda c: (order[c], c))
              if c not in seen and c != "mCE"]
