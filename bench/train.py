@@ -196,6 +196,17 @@ def _entropy(log_p: torch.Tensor) -> torch.Tensor:
     return -(log_p.exp() * log_p.nan_to_num(neginf=0.0)).sum(-1)
 
 
+def decomposition_terms(sample_lp: torch.Tensor, mean_lp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(total, aleatoric)`` [B] in nats of S passes: total = H[(1/S) sum_s p_s] (from
+    ``mean_lp`` [B, C], the log of the mean probability) and aleatoric = (1/S) sum_s H[p_s]
+    (from ``sample_lp`` [S, B, C]); their difference is the mutual information (epistemic).
+
+    The torch twin of :func:`bench.metrics.decompose` (the same formula, the one numpy
+    definition), kept so that :func:`predict` computes the terms on the device without
+    moving S x B x C probabilities to the host; ``tests/test_train.py`` checks that the two agree."""
+    return _entropy(mean_lp), _entropy(sample_lp).mean(0)
+
+
 @torch.no_grad()
 @flushing_denormals
 def predict(
@@ -207,9 +218,10 @@ def predict(
     averaging rule (``logits``: softmax of the mean logit; ``probs``: mean probability).
 
     With S > 1 and an ``extras`` dict, also fills the per-image terms of the uncertainty
-    decomposition (float32 [N], nats): ``entropy_of_mean`` = H[(1/S) sum_s p_s] (total)
-    and ``mean_entropy`` = (1/S) sum_s H[p_s] (aleatoric); their difference is the mutual
-    information (epistemic).  Two numbers per image instead of all S x C probabilities.
+    decomposition (float32 [N], nats, :func:`decomposition_terms`): ``entropy_of_mean`` =
+    H[(1/S) sum_s p_s] (total) and ``mean_entropy`` = (1/S) sum_s H[p_s] (aleatoric); their
+    difference is the mutual information (epistemic).  Two numbers per image instead of
+    all S x C probabilities.
 
     With ``batch_passes`` (``[train] batch_passes``; "auto" = on CUDA) and a method whose
     noise is drawn per input (:attr:`TrainedMethod.batched_samples`), the S passes run as
@@ -233,8 +245,9 @@ def predict(
         lp = F.log_softmax(logits.mean(0), dim=-1) if method.average == "logits" else mean_lp
         out.append(lp)
         if extras is not None and samples > 1:
-            total.append(_entropy(mean_lp))
-            aleatoric.append(_entropy(sample_lp).mean(0))
+            h_mean, mean_h = decomposition_terms(sample_lp, mean_lp)
+            total.append(h_mean)
+            aleatoric.append(mean_h)
     if total:
         extras["entropy_of_mean"] = torch.cat(total).cpu().numpy().astype(np.float32)
         extras["mean_entropy"] = torch.cat(aleatoric).cpu().numpy().astype(np.float32)

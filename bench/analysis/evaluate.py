@@ -18,7 +18,7 @@ import pandas as pd
 from bench.catalog import Catalog, Preds
 from bench.data import is_ood
 from bench.errors import one_line
-from bench.metrics import entropy, get_metric, selection
+from bench.metrics import entropy, get_metric, mutual_information, selection
 
 SCORES = ("msp", "entropy", "mutual_info")  # OOD scores (:func:`ood_scores`; higher = more in-distribution), in display order
 METRIC_COLUMNS = ["dataset", "method", "seed", "split", "metric", "score", "value"]
@@ -46,8 +46,7 @@ def ood_scores(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     probs = np.exp(arrays["log_probs"].astype(np.float64))
     out = {"msp": probs.max(axis=1), "entropy": -entropy(probs)}
     if "entropy_of_mean" in arrays and "mean_entropy" in arrays:
-        mi = arrays["entropy_of_mean"].astype(np.float64) - arrays["mean_entropy"].astype(np.float64)
-        out["mutual_info"] = -np.maximum(mi, 0.0)
+        out["mutual_info"] = -mutual_information(arrays["entropy_of_mean"], arrays["mean_entropy"])
     return out
 
 
