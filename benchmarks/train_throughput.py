@@ -71,14 +71,14 @@ from bench.registry import METHODS  # noqa: E402
 from bench.spec import MODEL_PRESETS, ModelConfig, TrainConfig, load_suite  # noqa: E402
 from bench.cli import positive_int_list  # noqa: E402
 from bench.train import enabled, fit, predict, resolve_device, seed_everything  # noqa: E402
+from datasets.cifar import CIFAR10  # noqa: E402
 import synthetic_cifar  # noqa: E402
 from machine import cpu_model, run_section  # noqa: E402
 
 PRESET = "vit_cifar_paper"
 IMAGE_SHAPE = (32, 32, 3)  # H, W, C
-CLASSES = 10
-MEAN = (0.4914, 0.4822, 0.4465)  # CIFAR-10 pixel statistics (the official code's)
-STD = (0.2023, 0.1994, 0.2010)
+CLASSES = CIFAR10.num_classes
+MEAN, STD = CIFAR10.mean, CIFAR10.std  # CIFAR-10's pixel statistics, as the suite normalises it
 PAD = 4  # RandomCrop(32, padding=4)
 
 #: Dense (no sparsity) bf16 tensor-core peaks in TFLOPS, matched in order against
