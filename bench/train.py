@@ -109,9 +109,10 @@ def lr_factor(step: int, total: int, warmup: int, lr: float, min_lr: float) -> f
     return (min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))) / lr
 
 
-def enabled(setting: bool | str, device: torch.device) -> bool:
-    """A ``[train]`` switch whose "auto" means "on CUDA" (``compile``, ``batch_passes``; the
-    bf16 of ``precision``): true, or "auto" on a CUDA device."""
+def switched_on(setting: bool | str, device: torch.device) -> bool:
+    """Whether a ``[train]`` switch whose "auto" means "on CUDA" (``compile``,
+    ``batch_passes``; the bf16 of ``precision``) is on for ``device``: true, or "auto" on a
+    CUDA device."""
     return setting is True or (setting == "auto" and device.type == "cuda")
 
 
@@ -151,7 +152,7 @@ def flushing_denormals(fn):
 def autocast(device: torch.device, precision: str = "auto"):
     """The forward pass's precision (``[train] precision``): bf16 autocast for "bf16", and
     for "auto" on CUDA; float32 otherwise.  Layers keep their delicate parts in float32."""
-    if precision == "bf16" or enabled(precision, device):
+    if precision == "bf16" or switched_on(precision, device):
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
@@ -233,7 +234,7 @@ def predict(
     norm = Normalize(data, device)
     x_all, _ = to_tensor(split, device)
     samples = method.samples
-    batched = samples > 1 and method.batched_samples and enabled(batch_passes, device)
+    batched = samples > 1 and method.batched_samples and switched_on(batch_passes, device)
     chunk = max(1, batch_size // samples) if batched else batch_size
     out, total, aleatoric = [], [], []
     for i in range(0, len(x_all), chunk):
@@ -504,7 +505,7 @@ def fit(
         from torch.nn.parallel import DistributedDataParallel
 
         net = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    forward = CompiledForward(net, enabled(cfg.compile, device))
+    forward = CompiledForward(net, switched_on(cfg.compile, device))
 
     def step(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Forward, loss and gradients of one batch (the optimiser steps after)."""

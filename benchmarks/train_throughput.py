@@ -70,7 +70,7 @@ from bench.data import (CORRUPTIONS, OOD_PREFIX, SEVERITIES, DataBundle, Split, 
 from bench.registry import METHODS  # noqa: E402
 from bench.spec import MODEL_PRESETS, ModelConfig, TrainConfig, load_suite  # noqa: E402
 from bench.cli import positive_int_list  # noqa: E402
-from bench.train import enabled, fit, predict, resolve_device, seed_everything  # noqa: E402
+from bench.train import switched_on, fit, predict, resolve_device, seed_everything  # noqa: E402
 from datasets.cifar import CIFAR10  # noqa: E402
 import synthetic_cifar  # noqa: E402
 from machine import cpu_model, run_section  # noqa: E402
@@ -413,7 +413,7 @@ def projection(suite, ours: list[dict], evals: list[dict], device: torch.device)
         src = m.name if m.name in measured else proxy
         if src is None:
             continue
-        want_compile = "on" if enabled(m.train.compile, device) else "off"
+        want_compile = "on" if switched_on(m.train.compile, device) else "off"
         cand = [r for r in ours if r["method"] == src and r["compile"] == want_compile] or \
             [r for r in ours if r["method"] == src]
         tr = _nearest(cand, m.train.batch_size)

@@ -126,7 +126,7 @@ def evaluate_catalog(catalog: Catalog, names: list[str]) -> Evaluation:
     names = list(names) + [t for swaps in headlines.values() for t in swaps.values() if t not in names]
     cache: dict[tuple[str, str, int], Preds] = {}
     for d, m, s in list(catalog.cells):
-        catalog.stored(d, m, s)  # loads and checks every array; damaged cells leave catalog.cells
+        catalog.load_or_mark_damaged(d, m, s)  # damaged cells leave catalog.cells before the failures are listed
     failures: list[dict] = [{"dataset": d, "method": m, "seed": s, "reason": why}
                             for (d, m, s), why in catalog.problems.items() if (d, m, s) not in catalog.damaged]
     damaged: list[dict] = [{"cell": cell, "dataset": d, "method": m, "seed": s, "reason": why}
@@ -137,7 +137,7 @@ def evaluate_catalog(catalog: Catalog, names: list[str]) -> Evaluation:
         for entry in catalog.methods:
             for rid, members in catalog.replicates(d, entry):
                 if entry.kind == "trained":
-                    preds = catalog.stored(d, entry.name, rid)
+                    preds = catalog.load_or_mark_damaged(d, entry.name, rid)
                     if preds is not None:
                         cache[(d, entry.name, rid)] = preds
                     continue
