@@ -6,7 +6,8 @@ and a static ``load(options) -> DataBundle``; it may set ``headline_metrics = {"
 ``report_note`` (text) for what the report must say about its protocol.  A bundle names its splits:
 
 * ``train``, ``val``, ``test``: in-distribution;
-* ``shift/<name>`` (and later ``shift/<corruption>/<severity>``): covariate shift, same labels;
+* ``shift/<name>``, among them ``shift/<corruption>/<severity>`` (:func:`corruption_split`):
+  covariate shift, same labels;
 * ``ood/<name>``: out-of-distribution; labels are ``-1``.
 
 Images are uint8 arrays ``[N, H, W]`` (grayscale) or ``[N, H, W, C]`` (:class:`Split`);

@@ -1,7 +1,6 @@
 """Training and evaluation throughput of the paper ViT: our loop against the original recipe.
 
-Made for one GPU (issue 11, "GPU path"); it also runs on CPU at tiny sizes, which is how
-the tests smoke-test it.  Every number is measured on the one device it names.
+Made for one GPU; it also runs on CPU at tiny sizes, which is how the tests smoke-test it.  Every number is measured on the one device it names.
 
 1. **Our training loop**: :func:`bench.train.fit` on an in-memory CIFAR-shaped data set
    (32x32x3 uint8, 10 classes, random pixels) whose train split holds ``steps x B`` images,

@@ -165,7 +165,7 @@ def write_suite_report(suite: Suite | None, store_root: Path, out_dir: Path, opt
         command = _completing_command(options, suite is None) if any(c.state != "running" for c in left_out) else ""
         render_report(results, stage, options.formats, rows, picked, options.severity, left_out, command)
     if suite is not None and not (Path(store_root) / STORE_SUITE).is_file():
-        write_store_description(store_root, suite)  # a store made before stores described themselves
+        write_store_description(store_root, suite)  # a store without suite.json gets one: it can then be reported without its suite file
     mine = set(catalog.rows(methods, bases=True)) if methods else {m.name for m in catalog.methods}
     failed = [row for row in results.failures[["dataset", "method", "seed", "reason"]].itertuples(index=False, name=None)
               if row[1] in mine]

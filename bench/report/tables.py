@@ -174,8 +174,8 @@ CI_DECIMALS = 1
 MD_MARKS = {"better": " ▲", "worse": " ▼", "better (one run)": " △", "worse (one run)": " ▽"}
 TEX_MARKS = {"better": r"$^\uparrow$", "worse": r"$^\downarrow$",
              "better (one run)": r"$^{(\uparrow)}$", "worse (one run)": r"$^{(\downarrow)}$"}
-NOT_REACHED = "> 1000"
-APPROXIMATE = "≈"  # before the interval of a metric whose intervals are only approximate (Column.interval)  # seeds_needed: no seed count up to 1,000 reaches significance
+NOT_REACHED = "> 1000"  # seeds_needed: no seed count up to 1,000 reaches significance
+APPROXIMATE = "≈"  # before the interval of a metric whose intervals are only approximate (Column.interval)
 CSV_FLOAT_FORMAT = "%.10g"
 
 
