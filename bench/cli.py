@@ -433,7 +433,7 @@ def _report_options(args: argparse.Namespace):
     no ``--format``: every format); an unknown ``--metrics`` name, ``--format`` or
     ``--severity`` is a ConfigError."""
     from bench.report.suite import ReportOptions
-    from bench.report.tables import FORMATS
+    from bench.report.formats import FORMATS
 
     return ReportOptions(suite=args.suite, results=args.results, data_root=args.data_root,
                          methods=args.methods if args.command == "report" else None, datasets=args.datasets,

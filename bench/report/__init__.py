@@ -8,8 +8,9 @@ per-sample predictions through ``results.load_predictions``
 (:meth:`bench.catalog.Catalog.predictions`), the one documented way back into the store.
 One job per module:
 
-* :mod:`bench.report.tables` — which tables exist (:data:`TABLES`), their rows and
-  columns, and their Markdown / LaTeX / CSV renderings;
+* :mod:`bench.report.tables` — which tables exist (:data:`TABLES`), their columns and
+  what each cell shows; :mod:`bench.report.rows` — their rows, from the analysis frames
+  indexed once; :mod:`bench.report.formats` — their Markdown / LaTeX / CSV texts;
 * :mod:`bench.report.plots` — reliability diagrams, risk-coverage curves, metric vs.
   severity with CI bands, OOD score histograms;
 * :mod:`bench.report.readme` — ``README.md`` (hand-written ``NOTES.md`` inlined at the top,
@@ -48,8 +49,9 @@ from bench.errors import ConfigError
 from bench.metrics import selection
 from bench.report.plots import sanitize, write_plots
 from bench.report.readme import NOTES, readme_text
-from bench.report.tables import (FORMATS, TABLES, Column, TableSpec, _Index, build_tables, render, tex_escape,
-                                 validate_formats, validate_metrics)
+from bench.report.formats import FORMATS, render, tex_escape, validate_formats
+from bench.report.rows import ResultsIndex
+from bench.report.tables import TABLES, Column, TableSpec, build_tables, validate_metrics
 from bench.store import atomic_write_text
 
 if TYPE_CHECKING:
@@ -104,7 +106,7 @@ def render_report(results: AnalysisResults, out_dir: Path, formats: Sequence[str
     written: list[Path] = []
     tables_dir = out_dir / "tables"
     tables_dir.mkdir(parents=True, exist_ok=True)
-    index = _Index.build(results, severity)  # shared by the tables and the severity plots
+    index = ResultsIndex.build(results, severity)  # shared by the tables and the severity plots
     built = build_tables(results, shown, metrics, index)
     for table in built:
         for fmt in FORMATS:  # fixed order, whatever order `formats` lists them in

@@ -21,7 +21,8 @@ from bench.errors import ConfigError, one_line
 from bench.plan import make_plan
 from bench.report import render_report, staged
 from bench.report.readme import left_out_summary
-from bench.report.tables import FORMATS, validate_formats, validate_metrics
+from bench.report.formats import FORMATS, validate_formats
+from bench.report.tables import validate_metrics
 from bench.spec import Suite, select
 from bench.store import STORE_SUITE
 
@@ -38,7 +39,7 @@ class ReportOptions:
     ``significance``: as :func:`bench.report.write_report` and
     :func:`bench.analysis.analyse_store` take them.  The metrics, formats and severity are
     checked when the options are made (:func:`~bench.report.tables.validate_metrics`,
-    :func:`~bench.report.tables.validate_formats`, :func:`bench.data.check_severity`): a bad
+    :func:`~bench.report.formats.validate_formats`, :func:`bench.data.check_severity`): a bad
     one is a ConfigError before any work.  ``strict``: exit 1 when any cell is
     left out; ``quiet``: no line on success; ``debug``: an error that keeps the report
     from being written propagates instead of being told in one line.  ``suite`` (the name
