@@ -72,7 +72,7 @@ def main() -> None:
         results = analyse(open_store(store.root, suite, {cell.key}))
         t_collect = time.perf_counter() - t0
         t0 = time.perf_counter()
-        write_report(results, Path(tmp) / "report", ("md", "tex", "csv"))
+        write_report(results, Path(tmp) / "report")  # every format (bench.report.FORMATS)
         t_report = time.perf_counter() - t0
     lines = [
         "# Analysis cost: one CIFAR-10 method/seed",
