@@ -432,8 +432,8 @@ def _report_options(args: argparse.Namespace):
     (``--methods`` picks the methods ``report`` shows; for ``run`` it narrows the suite;
     no ``--format``: every format); an unknown ``--metrics`` name, ``--format`` or
     ``--severity`` is a ConfigError."""
-    from bench.report.suite import ReportOptions
     from bench.report.formats import FORMATS
+    from bench.report.suite import ReportOptions
 
     return ReportOptions(suite=args.suite, results=args.results, data_root=args.data_root,
                          methods=args.methods if args.command == "report" else None, datasets=args.datasets,

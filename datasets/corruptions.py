@@ -9,13 +9,13 @@ tables below; the code is our own (no OpenCV, Wand, scikit-image or ``imagecorru
 
 Randomness.  Every call draws from one ``numpy.random.Generator``,
 ``bench.data.corruption_rng(name, severity, seed)`` (never the global RNG), so a call is a
-pure function of its arguments.  Draws follow the batch order (in chunks of ``CHUNK_ELEMENTS`` values, a
-fixed function of the image size), so an image's corruption depends on its position in
-the batch: corrupt a whole split as one array.  This module is the pure engine (arrays
-in, arrays out); ``datasets.corruption_cache`` stores each (images, corruption,
-severity, seed) result on disk once, under the engine ``VERSION``, and
-``datasets.shift`` gives every image data family its ``shift/<corruption>/<severity>``
-splits.  The corruption names and severities are defined once, in ``bench.data``.
+pure function of its arguments.  Draws follow the batch order (in chunks of
+``CHUNK_ELEMENTS`` values, a fixed function of the image size), so an image's corruption
+depends on its position in the batch: corrupt a whole split as one array.  This module
+is the pure engine (arrays in, arrays out); ``datasets.corruption_cache`` stores each
+(images, corruption, severity, seed) result on disk once, under the engine ``VERSION``,
+and ``datasets.shift`` gives every image data family its
+``shift/<corruption>/<severity>`` splits.  The corruption names and severities are defined once, in ``bench.data``.
 
 Speed.  Everything is vectorised over the batch (one sparse linear map for zoom blur, one
 gather per kernel tap for motion blur, interleaved swap classes for glass blur, Poisson

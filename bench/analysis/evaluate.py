@@ -20,7 +20,8 @@ from bench.data import is_ood
 from bench.errors import one_line
 from bench.metrics import entropy, get_metric, mutual_information, selection
 
-SCORES = ("msp", "entropy", "mutual_info")  # OOD scores (:func:`ood_scores`; higher = more in-distribution), in display order
+#: the OOD scores of :func:`ood_scores` (higher = more in-distribution), in display order
+SCORES = ("msp", "entropy", "mutual_info")
 METRIC_COLUMNS = ["dataset", "method", "seed", "split", "metric", "score", "value"]
 FAILURE_COLUMNS = ["dataset", "method", "seed", "reason"]
 DAMAGED_COLUMNS = ["cell", "dataset", "method", "seed", "reason"]

@@ -47,9 +47,9 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 from bench.data import SEVERITIES, check_severity
 from bench.errors import ConfigError
 from bench.metrics import selection
+from bench.report.formats import FORMATS, render, tex_escape, validate_formats
 from bench.report.plots import sanitize, write_plots
 from bench.report.readme import NOTES, readme_text
-from bench.report.formats import FORMATS, render, tex_escape, validate_formats
 from bench.report.rows import ResultsIndex
 from bench.report.tables import TABLES, Column, TableSpec, build_tables, validate_metrics
 from bench.store import atomic_write_text

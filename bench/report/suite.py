@@ -20,8 +20,8 @@ from bench.data import SEVERITIES, check_severity
 from bench.errors import ConfigError, one_line
 from bench.plan import make_plan
 from bench.report import render_report, staged
-from bench.report.readme import left_out_summary
 from bench.report.formats import FORMATS, validate_formats
+from bench.report.readme import left_out_summary
 from bench.report.tables import validate_metrics
 from bench.spec import Suite, select
 from bench.store import STORE_SUITE
