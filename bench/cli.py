@@ -22,6 +22,7 @@ import os
 import sys
 from pathlib import Path
 
+from bench.data import SEVERITIES
 from bench.errors import ConfigError, one_line
 from bench.executor_config import EXECUTORS, ExecutorConfig
 from bench.registry import import_plugins
@@ -114,7 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reports", default="reports", type=Path, help="report root (default: reports)")
     p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
                    help="import MODULE so its registrations take part (repeatable)")
-    p.add_argument("--format", type=_csv("formats"), default=("md", "tex", "csv"), help="table formats (md,tex,csv)")
+    p.add_argument("--format", type=_csv("formats"),
+                   help="comma-separated table formats to write (default: every one; an unknown one is an error "
+                        "that names them)")
     p.add_argument("--metrics", type=_csv("metrics"),
                    help="metric names to show in the report (default: the KEP-SVGP paper's set and the debiased "
                         "ECE; any name from `list`)")
@@ -122,8 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the test behind the report's marks and intervals: seeds_and_samples (default: seed-level "
                         "and test-sample variation) or samples_seeds_fixed (paired bootstrap over test samples, "
                         "trained seeds held fixed)")
-    p.add_argument("--severity", type=_positive_int, default=5,
-                   help="corruption severity of the per-corruption table, 1..5 (default: 5)")
+    p.add_argument("--severity", type=_positive_int, default=SEVERITIES[-1],
+                   help=f"corruption severity of the per-corruption table, {SEVERITIES[0]}..{SEVERITIES[-1]} "
+                        f"(default: {SEVERITIES[-1]})")
     p.add_argument("--strict", action="store_true",
                    help="exit 1 when the report leaves out any cell of the suite (missing, running, failed or "
                         "damaged), not only failed or damaged ones")
@@ -336,16 +340,9 @@ def _main(args: argparse.Namespace) -> int:
     configure_data(args.data_root, download=args.download, strict=args.strict_data)
     check_directories(args)
 
-    for fmt in args.format:
-        if fmt not in ("md", "tex", "csv"):
-            raise ConfigError(f"--format: unknown table format {fmt!r}; known: md, tex, csv")
-    from bench.data import SEVERITIES
-
-    if args.severity not in SEVERITIES:
-        raise ConfigError(f"--severity must be one of {', '.join(map(str, SEVERITIES))}, got {args.severity}")
     from bench.report.suite import report_suite
 
-    report_options = _report_options(args)  # unknown --metrics names are an error here, before any work
+    report_options = _report_options(args)  # unknown --metrics, --format or --severity: an error here, before any work
     overrides = Overrides(seeds=args.seeds, epochs=args.epochs, methods=args.methods)
     if args.command == "report" and _store_only(args):
         name = args.suite
@@ -432,12 +429,14 @@ def _store_only(args: argparse.Namespace) -> bool:
 
 def _report_options(args: argparse.Namespace):
     """The report's choices from the command line, a :class:`bench.report.suite.ReportOptions`
-    (``--methods`` picks the methods ``report`` shows; for ``run`` it narrows the suite);
-    unknown ``--metrics`` names are a ConfigError."""
+    (``--methods`` picks the methods ``report`` shows; for ``run`` it narrows the suite;
+    no ``--format``: every format); an unknown ``--metrics`` name, ``--format`` or
+    ``--severity`` is a ConfigError."""
+    from bench.report.formats import FORMATS
     from bench.report.suite import ReportOptions
 
     return ReportOptions(suite=args.suite, results=args.results, data_root=args.data_root,
                          methods=args.methods if args.command == "report" else None, datasets=args.datasets,
-                         seeds=args.seeds, epochs=args.epochs, metrics=args.metrics, formats=tuple(args.format),
+                         seeds=args.seeds, epochs=args.epochs, metrics=args.metrics, formats=args.format or FORMATS,
                          severity=args.severity, significance=args.significance, strict=args.strict,
                          quiet=args.quiet, debug=args.debug)
