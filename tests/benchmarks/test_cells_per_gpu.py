@@ -3,7 +3,6 @@ through the repository's CIFAR loader, and a tiny CPU run of benchmarks/cells_pe
 from __future__ import annotations
 
 import math
-import sys
 import tomllib
 import warnings
 from pathlib import Path
@@ -11,7 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from tests.helpers import import_benchmarks
+
+import_benchmarks()
 
 import cells_per_gpu  # noqa: E402
 import synthetic_cifar  # noqa: E402

@@ -17,7 +17,7 @@ import pytest
 
 from bench.store import CellDir
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers import REPO
 
 TINY = """
 seeds = [0, 1]

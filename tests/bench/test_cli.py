@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from synthetic import fake_store, fake_suite
+from tests.helpers.synthetic import fake_store, fake_suite
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.helpers import REPO
 
 TINY_SUITE = """\
 seeds = [0]

@@ -18,7 +18,7 @@ from bench.catalog import open_store
 from bench.plan import make_plan
 from bench.registry import METHODS
 from bench.spec import Overrides, load_suite
-from synthetic import fake_store, fake_suite
+from tests.helpers.synthetic import fake_store, fake_suite
 
 SUITE = fake_suite("mix", '[methods.ens]\ntype = "deep_ensemble"\nbase = "msp"\nmembers = 2\n')
 

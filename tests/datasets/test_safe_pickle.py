@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from datasets import safe_pickle
-from py2pickle_fixture import py2_dumps
+from tests.helpers.official_files import py2_dumps
 
 
 def globals_in(data: bytes) -> set[str]:

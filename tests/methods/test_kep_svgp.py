@@ -23,7 +23,7 @@ from bench.spec import ModelConfig, TrainConfig
 from bench.train import fit, predict, seed_everything
 from bench.vit import SoftmaxAttention
 from methods.kep_svgp import KEPSVGP, KEPSVGPAttention, KEPSVGPEnsemble
-from synthetic import squares_bundle
+from tests.helpers.synthetic import squares_bundle
 
 CPU = torch.device("cpu")
 

@@ -15,6 +15,7 @@ from datasets.cola import load_cola
 from datasets.imdb import load_imdb
 from datasets.rotten_tomatoes import load_rotten_tomatoes
 from datasets.text_corruptions import KEYBOARD_NEIGHBOURS, TEXT_CORRUPTIONS, corrupt_texts
+from tests.helpers.official_files import write_cola
 
 # ---------------------------------------------------------------------------- tokenizer
 
@@ -93,18 +94,6 @@ def test_bad_corruption_arguments_raise():
 
 
 # ---------------------------------------------------------------------------- CoLA
-
-
-def write_cola(root: Path) -> None:
-    """Official cola_public 1.1 layout: no header, 4 tab-separated columns, a sentence with
-    a double quote (why quoting must be disabled), marks such as ``*`` and ``?*``."""
-    raw = root / "cola_public" / "raw"
-    raw.mkdir(parents=True)
-    train = [f"gj04\t{i % 2}\t{'' if i % 2 else '*'}\tSentence number {i} is here." for i in range(40)]
-    train[3] = 'bc01\t1\t\tShe said "hello" to them.'
-    (raw / "in_domain_train.tsv").write_text("\n".join(train) + "\n")
-    (raw / "in_domain_dev.tsv").write_text("gj04\t1\t\tThe dev one.\nks08\t0\t?*\tDev two the.\n")
-    (raw / "out_of_domain_dev.tsv").write_text("clc95\t1\t\tAn out-of-domain one.\nc-05\t0\t*\tOod two.\n")
 
 
 def test_cola_reader_splits_and_quotes(tmp_path):

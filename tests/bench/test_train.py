@@ -27,7 +27,7 @@ from bench.train import augment, decomposition_terms, fit, lr_factor, predict, s
 from bench.vit import ViT
 from methods.mc_dropout import MCDropout
 from methods.msp import MSP
-from synthetic import squares_bundle
+from tests.helpers.synthetic import squares_bundle
 
 CPU = torch.device("cpu")
 TINY = ModelConfig(patch_size=5, dim=16, depth=1, heads=2)

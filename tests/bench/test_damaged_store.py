@@ -302,7 +302,7 @@ def png_declaring(width: int, height: int) -> bytes:
 @pytest.mark.filterwarnings("ignore:.*differs from the official file's md5")  # fixture-sized copies
 @pytest.mark.parametrize("breakage", BREAKAGES)
 def test_a_broken_data_file_is_exit_2_before_the_first_cell(tmp_path, capsys, breakage):
-    from test_cifar_formats import write_cifar10, write_cifar100, write_corruptions, write_image_folder, write_svhn
+    from tests.helpers.official_files import write_cifar10, write_cifar100, write_corruptions, write_image_folder, write_svhn
 
     root = tmp_path / "data"
     c10 = write_cifar10(root)

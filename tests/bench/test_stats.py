@@ -13,7 +13,7 @@ import bench.metrics.resample as kernels  # what the vectorised kernels share
 import bench.stats as S
 from bench.metrics import Metric, get_metric, selection
 from bench.registry import METRICS
-from synthetic import make_case
+from tests.helpers.synthetic import make_case
 
 ATOL = 1e-9
 # every metric with a vectorised kernel, found through the registry (no list of our own)

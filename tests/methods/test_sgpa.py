@@ -21,7 +21,7 @@ from bench.spec import ModelConfig, TrainConfig
 from bench.train import fit, predict, seed_everything
 from bench.vit import ViT
 from methods.sgpa import SGPA, SGPAAttention, kl_anneal_weight, psd_cholesky
-from synthetic import squares_bundle
+from tests.helpers.synthetic import squares_bundle
 
 CPU = torch.device("cpu")
 JITTER = 1e-6

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pandas as pd
 
-from test_cifar_formats import write_cifar10, write_cifar100, write_corruptions, write_image_folder, write_svhn
+from tests.helpers.official_files import write_cifar10, write_cifar100, write_corruptions, write_image_folder, write_svhn
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers import REPO
 BENCHMARK = ("gaussian_noise", "shot_noise", "impulse_noise", "defocus_blur", "glass_blur", "motion_blur",
              "zoom_blur", "snow", "frost", "fog", "brightness", "contrast", "elastic_transform", "pixelate",
              "jpeg_compression")

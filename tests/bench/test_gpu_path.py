@@ -26,8 +26,8 @@ from bench.method import MonteCarlo
 from bench.registry import METHODS
 from bench.spec import ModelConfig, TrainConfig
 from bench.train import Normalize, autocast, fit, predict, seed_everything, to_tensor
-from synthetic import squares_bundle
-from test_end_to_end import one_cell_suite, run_suite
+from tests.helpers.synthetic import squares_bundle
+from tests.helpers.suites import one_cell_suite, run_suite
 
 CPU = torch.device("cpu")
 CUDA_OK = torch.cuda.is_available()

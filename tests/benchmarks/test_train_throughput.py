@@ -3,14 +3,15 @@ against a closed form, and the original recipe's per-image transform against a h
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from tests.helpers import import_benchmarks
+
+import_benchmarks()
 
 import train_throughput as tt  # noqa: E402
 from bench.registry import METHODS  # noqa: E402

@@ -9,14 +9,14 @@ and +-4 points around 5%; the bounds below allow for it.
 """
 from __future__ import annotations
 
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from tests.helpers import import_benchmarks
+
+import_benchmarks()
 import coverage as study  # noqa: E402
 
 REPLICATES = 120

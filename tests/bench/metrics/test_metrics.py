@@ -25,7 +25,7 @@ from sklearn.metrics import (
 import bench.metrics as M
 from bench.metrics.curves import BinaryCurve
 from bench.registry import METRICS
-from synthetic import make_case
+from tests.helpers.synthetic import make_case
 
 # ----------------------------------------------------------------------------- helpers
 

@@ -27,8 +27,8 @@ from bench.train import predict
 from bench.vit import TextTransformer, backbone
 from datasets import formats
 from datasets.text_bundle import TextOptions, text_bundle
-from test_end_to_end import run_suite
-from test_text_data import write_cola
+from tests.helpers.suites import run_suite
+from tests.helpers.official_files import write_cola
 
 
 # ---------------------------------------------------------------------------- token splits

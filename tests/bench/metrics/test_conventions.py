@@ -26,7 +26,7 @@ from sklearn.metrics import (
 
 import bench.metrics as M
 from bench.registry import METRICS
-from synthetic import make_case
+from tests.helpers.synthetic import make_case
 
 # ----------------------------------------------------------------------------- helpers
 
