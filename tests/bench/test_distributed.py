@@ -22,7 +22,7 @@ from bench.spec import ModelConfig, TrainConfig
 from bench.train import fit, seed_everything
 from tests.helpers.synthetic import squares_bundle
 from tests.helpers import REPO
-from tests.helpers.suites import one_cell_suite
+from tests.helpers.suites import tiny_suite
 
 MODEL = ModelConfig(patch_size=5, dim=16, depth=2, heads=2, mlp_ratio=1.0, dropout=0.0)
 TRAIN = TrainConfig(epochs=3, batch_size=30, lr=3e-3, warmup_epochs=1, augment=("flip",))
@@ -103,7 +103,7 @@ def test_batch_mean_is_the_global_weighted_mean_with_its_gradient(tmp_path):
         np.testing.assert_allclose(got["grad"].numpy()[0], 2 * (2 * mean * np.array(w) / 3), rtol=1e-6)
 
 
-TINY_DDP_SUITE = one_cell_suite("tiny_ddp", model="dropout = 0.0")
+TINY_DDP_SUITE = tiny_suite("tiny_ddp", train={"epochs": 2}, model={"dropout": 0.0})
 
 
 def _run(root: Path, *launcher: str) -> tuple[subprocess.CompletedProcess, Path]:
@@ -217,7 +217,7 @@ def test_a_torchrun_cell_killed_mid_training_resumes_on_every_rank(tmp_path):
     import time
 
     suite = tmp_path / "tiny_ddp.toml"
-    suite.write_text(TINY_DDP_SUITE.replace("epochs = 2", "epochs = 40\ncheckpoint_every = 1"))
+    suite.write_text(tiny_suite("tiny_ddp", train={"epochs": 40, "checkpoint_every": 1}, model={"dropout": 0.0}))
 
     def command(results: str) -> list[str]:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "run_suite.py",

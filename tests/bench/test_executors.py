@@ -16,31 +16,12 @@ import pandas as pd
 import pytest
 
 from bench.store import CellDir
-
 from tests.helpers import REPO
+from tests.helpers.suites import tiny_suite
 
-TINY = """
-seeds = [0, 1]
-[train]
-epochs = 1
-batch_size = 64
-warmup_epochs = 0
-eval_batch_size = 500
-[model]
-patch_size = 7
-dim = 16
-depth = 1
-heads = 2
-[datasets.mnist5k]
-train_limit = 200
-eval_limit = 100
-ood_size = 50
-corruption_limit = 20
-splits = ["test", "shift/digits_box", "ood/uniform_noise"]
-[methods.msp]
-[methods.mc_dropout]
-samples = 2
-"""
+TWO_METHODS = "[methods.msp]\n[methods.mc_dropout]\nsamples = 2\n"
+TINY = tiny_suite(None, seeds=(0, 1), methods=TWO_METHODS,
+                  data={"splits": ["test", "shift/digits_box", "ood/uniform_noise"]})  # named by its file: tiny
 
 
 def _suite(tmp_path: Path, table: str = "") -> Path:
@@ -115,7 +96,7 @@ def test_a_killed_worker_fails_only_its_cell_and_the_next_run_retries_it(tmp_pat
     from bench.cli import main
 
     suite = tmp_path / "tiny.toml"  # two cells, msp seeds 0 and 1, predicting the test split alone
-    suite.write_text(TINY.replace('splits = ["test", "shift/digits_box", "ood/uniform_noise"]', 'splits = ["test"]'))
+    suite.write_text(tiny_suite(None, seeds=(0, 1), methods=TWO_METHODS))
     command = ["--suite", str(suite), "--results", str(tmp_path / "results"), "--reports",
                str(tmp_path / "reports"), "--data-root", str(tmp_path / "data"),
                "--executor", "processes", "--workers", "2", "--methods", "msp"]

@@ -27,7 +27,7 @@ from bench.registry import METHODS
 from bench.spec import ModelConfig, TrainConfig
 from bench.train import Normalize, autocast, fit, predict, seed_everything, to_tensor
 from tests.helpers.synthetic import squares_bundle
-from tests.helpers.suites import one_cell_suite, run_suite
+from tests.helpers.suites import run_suite, tiny_suite
 
 CPU = torch.device("cpu")
 CUDA_OK = torch.cuda.is_available()
@@ -162,7 +162,7 @@ def test_batched_and_one_by_one_passes_agree_in_distribution(data):
 
 def _run_tiny(root: Path, compile_value: str, env: dict) -> tuple[str, dict, np.ndarray]:
     suite = root / f"tiny_{compile_value}.toml"
-    suite.write_text(one_cell_suite("tiny_compile", train=f"compile = {compile_value}"))
+    suite.write_text(tiny_suite("tiny_compile", train={"epochs": 2, "compile": compile_value == "true"}))
     proc = run_suite("--suite", str(suite), "--results", str(root / f"results_{compile_value}"),
                      "--reports", str(root / "reports"), "--device", "cpu", env=env)
     assert proc.returncode == 0, proc.stderr

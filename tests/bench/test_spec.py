@@ -1,15 +1,13 @@
-"""Tests for the suite spec (bench.spec), option parsing (bench.options) and the planner
-(bench.plan), in process: every suite here is a plain dict or a small TOML file.
+"""Tests for the suite spec (bench.spec), in process: every suite here is a plain dict or a
+small TOML file.  Option parsing has its own file (test_options.py), the planner too
+(test_plan.py).
 
 Expected values come from the suite file bench/suites/default.toml and from the issue's
 requirements, never from the code under test.
 """
 from __future__ import annotations
 
-import copy
-import dataclasses
 import json
-import re
 
 import pytest
 
@@ -18,22 +16,10 @@ import datasets  # noqa: F401  (registers the datasets)
 import methods  # noqa: F401  (registers the methods)
 from bench.errors import ConfigError
 from bench.method import TrainedMethod
-from bench.options import parse
 from bench.plan import make_plan
 from bench.registry import METHODS
 from bench.spec import ModelConfig, Overrides, TrainConfig, build_suite, load_suite, select
-
-
-def minimal(**extra) -> dict:
-    """A small valid suite: one dataset, one trained method, two seeds."""
-    raw = {
-        "name": "mini",
-        "seeds": [0, 1],
-        "datasets": {"mnist5k": {"train_limit": 50, "eval_limit": 20, "ood_size": 20}},
-        "methods": {"msp": {}},
-    }
-    raw.update(extra)
-    return raw
+from tests.helpers.suites import minimal
 
 
 def config_error(raw: dict, overrides: Overrides = Overrides()) -> str:
@@ -469,134 +455,6 @@ def test_max_len_is_bounded_unless_allowed(monkeypatch):
     assert build_suite(minimal(datasets={"cola": {"max_len": 8192}})).datasets[0].options.max_len == 8192
 
 
-# --------------------------------------------------------------------------- options.parse
-
-
-def test_parse_builds_the_frozen_dataclass():
-    cfg = parse(TrainConfig, {"epochs": 4, "lr": 1, "augment": ["crop"]})
-    assert cfg == TrainConfig(epochs=4, lr=1.0, augment=("crop",))
-    assert isinstance(cfg.lr, float)
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        cfg.epochs = 5
-
-
-def test_parse_rejects_unknown_choice_in_a_list():
-    with pytest.raises(ConfigError) as exc:
-        parse(TrainConfig, {"augment": ["crop", "rotate"]}, "train")
-    assert "train.augment" in str(exc.value) and "'rotate'" in str(exc.value)
-
-
-# --------------------------------------------------------------------------- plan
-
-
-def test_plan_has_one_cell_per_dataset_trained_method_and_seed():
-    suite = build_suite(minimal(
-        seeds=[0, 1, 2],
-        datasets={"a": {"type": "mnist5k", "train_limit": 50}, "b": {"type": "mnist5k", "split_seed": 1}},
-        methods={"msp": {}, "mc_dropout": {}, "ts": {"type": "temperature_scaling"}},
-    ))
-    plan = make_plan(suite)
-    assert len(plan.cells) == 2 * 2 * 3  # datasets x trained methods x seeds
-    triples = {(c.dataset.name, c.method.name, c.seed) for c in plan.cells}
-    assert len(triples) == 12
-    assert all(c.method.name != "ts" for c in plan.cells)
-    assert len({c.key for c in plan.cells}) == 12  # every cell has its own key
-    assert all(re.fullmatch(r"[0-9a-f]+", c.key) for c in plan.cells)
-
-
-def test_default_plan_cell_count():
-    plan = make_plan(load_suite("default"))
-    assert len(plan.cells) == 1 * 4 * 4  # mnist5k x {msp, mc_dropout, kep_svgp, sgpa} x 4 seeds
-
-
-def _keys(raw: dict) -> dict[tuple[str, str, int], str]:
-    return {(c.dataset.name, c.method.name, c.seed): c.key for c in make_plan(build_suite(raw)).cells}
-
-
-BASE = minimal(seeds=[0, 1], methods={
-    "msp": {}, "mc_dropout": {"samples": 4},
-    "ens": {"type": "ensemble", "base": "msp", "members": 2},
-})
-
-
-def test_cell_keys_are_deterministic_across_builds():
-    first = _keys(copy.deepcopy(BASE))
-    second = _keys(copy.deepcopy(BASE))
-    assert first == second
-    # the suite's name is not part of a cell's config
-    assert _keys({**copy.deepcopy(BASE), "name": "other"}) == first
-
-
-@pytest.mark.parametrize(
-    "change",
-    [
-        {"train": {"lr": 5e-4}},
-        {"train": {"epochs": 4}},
-        {"model": {"dropout": 0.2}},
-        {"model": {"attention": "softmax", "depth": 3}},
-        {"samples": 5},
-        {"train": {"precision": "bf16"}},
-    ],
-    ids=["train.lr", "train.epochs", "model.dropout", "model.depth", "options.samples", "train.precision"],
-)
-def test_changing_a_methods_option_changes_only_its_keys(change):
-    before = _keys(copy.deepcopy(BASE))
-    raw = copy.deepcopy(BASE)
-    raw["methods"]["mc_dropout"].update(change)
-    after = _keys(raw)
-    assert set(after) == set(before)
-    for cell, key in before.items():
-        if cell[1] == "mc_dropout":
-            assert after[cell] != key, cell
-        else:
-            assert after[cell] == key, cell
-
-
-@pytest.mark.parametrize("train", [{"compile": True}, {"compile": False}, {"batch_passes": True},
-                                   {"checkpoint_every": 3}])
-def test_how_a_cell_is_executed_is_not_in_its_key(train):
-    """Compilation, batched Monte-Carlo passes and checkpointing (like the device and the
-    executor) change how a cell runs, not what it estimates: same keys."""
-    before = _keys(copy.deepcopy(BASE))
-    raw = copy.deepcopy(BASE)
-    raw["methods"]["mc_dropout"]["train"] = train
-    assert _keys(raw) == before
-
-
-def test_changing_a_dataset_option_changes_its_keys():
-    before = _keys(copy.deepcopy(BASE))
-    raw = copy.deepcopy(BASE)
-    raw["datasets"]["mnist5k"]["train_limit"] = 60
-    after = _keys(raw)
-    assert all(after[c] != before[c] for c in before)
-
-
-def test_the_seed_is_part_of_the_key():
-    keys = _keys(copy.deepcopy(BASE))
-    assert keys[("mnist5k", "msp", 0)] != keys[("mnist5k", "msp", 1)]
-    # seed 1's cell keeps its key when seed 0 is dropped
-    raw = copy.deepcopy(BASE)
-    raw["seeds"] = [1, 2]
-    raw["methods"]["ens"]["members"] = 1
-    other = _keys(raw)
-    assert other[("mnist5k", "msp", 1)] == keys[("mnist5k", "msp", 1)]
-    assert other[("mnist5k", "msp", 2)] not in keys.values()
-
-
-def test_a_derived_methods_options_do_not_change_trained_keys():
-    before = _keys(copy.deepcopy(BASE))
-    raw = copy.deepcopy(BASE)
-    raw["methods"]["ens"].update({"members": 1, "average": "logits"})
-    raw["methods"]["ts"] = {"type": "temperature_scaling"}
-    assert _keys(raw) == before
-
-
-def test_suite_level_train_change_changes_every_trained_key():
-    before = _keys(copy.deepcopy(BASE))
-    after = _keys({**copy.deepcopy(BASE), "train": {"batch_size": 64}})
-    assert all(after[c] != before[c] for c in before)
-
-
 # --------------------------------------------------------------------------- regressions (bugs found in review)
 
 
@@ -720,8 +578,3 @@ def test_a_bad_executor_table_names_the_key(table, path, needle):
 def test_executor_problems_are_reported_with_the_others():
     lines = problem_lines(config_error(minimal(train={"epochs": 0}, executor={"workers": 0, "kind": "ray"})))
     assert {"train.epochs", "executor.workers", "executor.kind"} <= set(lines)
-
-
-def test_the_executor_table_changes_no_cell_key():
-    table = {"kind": "slurm", "workers": 7, "partition": "gpu", "gpus": 4, "options": {"account": "uq"}}
-    assert _keys({**copy.deepcopy(BASE), "executor": table}) == _keys(copy.deepcopy(BASE))

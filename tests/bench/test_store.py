@@ -441,3 +441,14 @@ def test_write_preds_refuses_what_a_verified_cell_may_not_hold(tmp_path):
     with pytest.raises(ValueError, match="not normalised"):
         cd.write_preds("test", np.zeros((4, 3)), y)
     assert listing(tmp_path) == []
+
+
+def test_files_honour_the_umask(tmp_path):
+    from bench.store import atomic_write_text
+
+    old = os.umask(0o027)
+    try:
+        atomic_write_text(tmp_path / "f.txt", "x")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "f.txt").stat().st_mode & 0o777 == 0o640
