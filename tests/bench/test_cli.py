@@ -21,20 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from tests.helpers.suites import tiny_suite
 from tests.helpers.synthetic import fake_store, fake_suite
 
 from tests.helpers import REPO
 
-TINY_SUITE = """\
-seeds = [0]
-[train]
-epochs = 2
-[datasets.mnist5k]
-train_limit = 50
-eval_limit = 20
-ood_size = 20
-[methods.msp]
-"""
+TINY_SUITE = tiny_suite(None, train={"epochs": 2})
 
 PLUGIN = '''\
 """A user's plugin: one method and one attention layer, registered from outside the repo."""
@@ -76,7 +68,7 @@ CASES: dict[str, Case] = {
     "unknown_method": Case(("--methods", "bogus", "--quiet")),
     "unknown_dataset": Case(("--datasets", "mnist")),
     "unknown_attention": Case(("--suite", SUITE),
-                              {"suite.toml": TINY_SUITE + '[model]\nattention = "sofmax"\n'}),
+                              {"suite.toml": tiny_suite(None, train={"epochs": 2}, model={"attention": "sofmax"})}),
     "malformed_toml": Case(("--suite", SUITE), {"suite.toml": "seeds = [0,\n[train]\nepochs = 2\n"}),
     "epochs_ten": Case(("--suite", SUITE), {"suite.toml": TINY_SUITE.replace("epochs = 2", 'epochs = "ten"')}),
     "epochs_zero": Case(("--epochs", "0")),

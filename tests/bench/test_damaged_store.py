@@ -11,25 +11,14 @@ import numpy as np
 import pytest
 
 from bench.cli import main
-from tests.helpers.suites import run_in_process as run, tiny_suite
+from tests.helpers.suites import run_in_process as run
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
-    """One real run of the tiny suite (2 seeds of msp), reused by the store tests."""
-    root = tmp_path_factory.mktemp("hard")
-    (root / "hard.toml").write_text(tiny_suite("hard", seeds=(0, 1)))
-    code = main(["--suite", str(root / "hard.toml"), "--results", str(root / "results"),
-                 "--reports", str(root / "reports"), "--data-root", str(root / "data"), "--quiet"])
-    assert code == 0
-    return root
-
-
-def copy_store(trained: Path, tmp_path: Path) -> tuple[Path, list[Path]]:
+def copy_store(tiny_store: Path, tmp_path: Path) -> tuple[Path, list[Path]]:
     import shutil
 
-    shutil.copytree(trained / "results", tmp_path / "results")
-    (tmp_path / "hard.toml").write_text((trained / "hard.toml").read_text())
+    shutil.copytree(tiny_store / "results", tmp_path / "results")
+    (tmp_path / "hard.toml").write_text((tiny_store / "hard.toml").read_text())
     cells = sorted(c for c in (tmp_path / "results" / "hard").iterdir() if c.is_dir())
     return tmp_path / "results" / "hard", cells
 
@@ -69,8 +58,8 @@ def forge_object_array(cell: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("damage", ["flipped byte", "stray file", "object array", "truncated cell.json"])
-def test_report_names_every_damaged_cell_and_exits_1(trained, tmp_path, capsys, damage):
-    store, cells = copy_store(trained, tmp_path)
+def test_report_names_every_damaged_cell_and_exits_1(tiny_store, tmp_path, capsys, damage):
+    store, cells = copy_store(tiny_store, tmp_path)
     cell = cells[0]
     if damage == "flipped byte":
         flip_byte(cell / "preds" / "test.npz")
@@ -88,15 +77,15 @@ def test_report_names_every_damaged_cell_and_exits_1(trained, tmp_path, capsys, 
     assert "| msp" in section(readme, "mnist5k")
 
 
-def test_deleted_manifest_is_named_as_incomplete(trained, tmp_path, capsys):
-    store, cells = copy_store(trained, tmp_path)
+def test_deleted_manifest_is_named_as_incomplete(tiny_store, tmp_path, capsys):
+    store, cells = copy_store(tiny_store, tmp_path)
     (cells[1] / "manifest.json").unlink()
     code, _, readme = report(tmp_path, capsys)
     assert code == 1 and "no manifest" in section(readme, "Failed cells")
 
 
-def test_run_moves_a_damaged_cell_aside_and_redoes_it(trained, tmp_path, capsys):
-    store, cells = copy_store(trained, tmp_path)
+def test_run_moves_a_damaged_cell_aside_and_redoes_it(tiny_store, tmp_path, capsys):
+    store, cells = copy_store(tiny_store, tmp_path)
     flip_byte(cells[0] / "preds" / "test.npz")
     code = main(["--suite", str(tmp_path / "hard.toml"), "--results", str(tmp_path / "results"),
                  "--reports", str(tmp_path / "reports"), "--data-root", str(tmp_path / "data")])
@@ -110,10 +99,10 @@ def test_run_moves_a_damaged_cell_aside_and_redoes_it(trained, tmp_path, capsys)
 
 
 @pytest.mark.parametrize("name,results", [("..", "results/hard/sub"), ("", "results/hard"), (".", "results/hard")])
-def test_a_store_only_report_whose_name_is_no_folder_name_is_exit_2(trained, tmp_path, capsys, name, results):
+def test_a_store_only_report_whose_name_is_no_folder_name_is_exit_2(tiny_store, tmp_path, capsys, name, results):
     """``report --results DIR --suite NAME`` with NAME '..', '' or '.' (DIR/NAME a real
     store) would write the report outside --reports or into its root: one line, nothing written."""
-    copy_store(trained, tmp_path)
+    copy_store(tiny_store, tmp_path)
     (tmp_path / "results" / "hard" / "sub").mkdir()
     before = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*"))
     code = main(["report", "--suite", name, "--results", str(tmp_path / results), "--reports", str(tmp_path / "reports")])
@@ -122,8 +111,8 @@ def test_a_store_only_report_whose_name_is_no_folder_name_is_exit_2(trained, tmp
     assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == before
 
 
-def test_report_matching_nothing_is_exit_2_and_keeps_the_old_report(trained, tmp_path, capsys):
-    store, _ = copy_store(trained, tmp_path)
+def test_report_matching_nothing_is_exit_2_and_keeps_the_old_report(tiny_store, tmp_path, capsys):
+    store, _ = copy_store(tiny_store, tmp_path)
     code, _, readme = report(tmp_path, capsys)
     assert code == 0
     before = {p: p.read_bytes() for p in (tmp_path / "reports").rglob("*") if p.is_file()}
@@ -135,12 +124,12 @@ def test_report_matching_nothing_is_exit_2_and_keeps_the_old_report(trained, tmp
     assert code == 0 and section(again, "mnist5k") == section(readme, "mnist5k")
 
 
-def test_disk_full_while_reporting_is_one_line_naming_the_path(trained, tmp_path, capsys, monkeypatch):
+def test_disk_full_while_reporting_is_one_line_naming_the_path(tiny_store, tmp_path, capsys, monkeypatch):
     import errno
 
     import bench.report
 
-    copy_store(trained, tmp_path)
+    copy_store(tiny_store, tmp_path)
 
     def full(path, text):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
@@ -150,8 +139,8 @@ def test_disk_full_while_reporting_is_one_line_naming_the_path(trained, tmp_path
     assert code == 1 and "No space left on device" in err and "reports" in err and "Traceback" not in err, err
 
 
-def test_verify_names_damage_and_exits_1(trained, tmp_path, capsys):
-    store, cells = copy_store(trained, tmp_path)
+def test_verify_names_damage_and_exits_1(tiny_store, tmp_path, capsys):
+    store, cells = copy_store(tiny_store, tmp_path)
     assert main(["verify", "--suite", "hard", "--results", str(tmp_path / "results")]) == 0
     flip_byte(cells[1] / "preds" / "test.npz")
     assert main(["verify", "--suite", "hard", "--results", str(tmp_path / "results")]) == 1
@@ -159,10 +148,10 @@ def test_verify_names_damage_and_exits_1(trained, tmp_path, capsys):
     assert f"{cells[1].name}: damaged: preds/test.npz does not match" in out and "1 complete" in out
 
 
-def test_verify_status_and_run_judge_contents_not_only_hashes(trained, tmp_path, capsys):
+def test_verify_status_and_run_judge_contents_not_only_hashes(tiny_store, tmp_path, capsys):
     """A prediction file rewritten with object arrays and its new hash in the manifest:
     verify (exit 1) and status call the cell damaged, and run redoes it, saying so."""
-    store, cells = copy_store(trained, tmp_path)
+    store, cells = copy_store(tiny_store, tmp_path)
     forge_object_array(cells[0], tmp_path)
     assert main(["verify", "--suite", "hard", "--results", str(tmp_path / "results")]) == 1
     out = capsys.readouterr().out
@@ -177,11 +166,11 @@ def test_verify_status_and_run_judge_contents_not_only_hashes(trained, tmp_path,
     assert main(["verify", "--suite", "hard", "--results", str(tmp_path / "results")]) == 0
 
 
-def test_an_unreadable_cell_directory_is_named_and_the_run_goes_on(trained, tmp_path, capsys, monkeypatch):
+def test_an_unreadable_cell_directory_is_named_and_the_run_goes_on(tiny_store, tmp_path, capsys, monkeypatch):
     """Simulated with a PermissionError from the cell's files (root bypasses permissions)."""
     from bench.store import CellDir
 
-    store, cells = copy_store(trained, tmp_path)
+    store, cells = copy_store(tiny_store, tmp_path)
     locked = cells[0]
     real_read = CellDir.read_cell
 
@@ -196,10 +185,10 @@ def test_an_unreadable_cell_directory_is_named_and_the_run_goes_on(trained, tmp_
     assert locked.name in section(readme, "Damaged cells") and "Permission denied" in section(readme, "Damaged cells")
 
 
-def test_status_names_done_failed_interrupted_damaged_and_missing_cells(trained, tmp_path, capsys):
+def test_status_names_done_failed_interrupted_damaged_and_missing_cells(tiny_store, tmp_path, capsys):
     """``status`` on a store: one line per cell that is not done, counts, and a time estimate
     from the done cells' recorded timings."""
-    store, cells = copy_store(trained, tmp_path)
+    store, cells = copy_store(tiny_store, tmp_path)
     flip_byte(cells[0] / "preds" / "test.npz")
     code = main(["status", "--suite", str(tmp_path / "hard.toml"), "--results", str(tmp_path / "results"),
                  "--seeds", "0,1,2"])

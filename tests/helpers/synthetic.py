@@ -47,10 +47,11 @@ def squares_bundle(sizes: tuple[int, int, int] = (150, 60, 60), seed: int = 0, s
 
 
 def fake_suite(name: str, methods: str = "", seeds: tuple[int, ...] = (0, 1)) -> str:
-    """A suite file for :func:`fake_store`: msp on mnist5k (1 epoch) with ``seeds``, plus the
-    method tables in ``methods``."""
-    return (f'name = "{name}"\nseeds = {list(seeds)}\n[train]\nepochs = 1\nwarmup_epochs = 0\n'
-            f'[datasets.mnist5k]\nsplits = ["test", "ood/*"]\n[methods.msp]\n{methods}')
+    """A suite file for :func:`fake_store`: the tiny suite (msp on mnist5k, 1 epoch) with
+    ``seeds``, the test and OOD splits, plus the method tables in ``methods``."""
+    from tests.helpers.suites import tiny_suite
+
+    return tiny_suite(name, seeds=seeds, methods=f"[methods.msp]\n{methods}", data={"splits": ["test", "ood/*"]})
 
 
 def fake_store(results, suite_file, *, overrides=None, only=None, failed=(), unsealed=(), n: int = 40,
