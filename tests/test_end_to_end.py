@@ -21,7 +21,6 @@ import pytest
 from tests.helpers import REPO
 from tests.helpers.suites import run_suite, tables, tiny_suite
 
-
 METHODS = "[methods.msp]\n[methods.mc_dropout]\nsamples = 2\n[methods.temperature_scaling]\n[methods.deep_ensemble]\nmembers = 2\n"
 DATA = {"train_limit": 600, "eval_limit": 100, "ood_size": 100, "corruption_limit": 50,
         "splits": ["test", "shift/digits_box", "shift/gaussian_noise/*", "shift/contrast/5", "ood/*"]}

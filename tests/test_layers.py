@@ -10,6 +10,7 @@ import ast
 from pathlib import Path
 
 from tests.helpers import REPO
+
 CORE, PLUGINS = "bench", ("methods", "datasets")
 PACKAGES = (CORE, *PLUGINS)
 # the run, top to bottom: parse and dispatch, plan, where cells run, one cell, the training loop

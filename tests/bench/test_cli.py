@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from tests.helpers.suites import tiny_suite
-from tests.helpers.synthetic import fake_store, fake_suite
 
 from tests.helpers import REPO
+from tests.helpers.suites import tiny_suite
+from tests.helpers.synthetic import fake_store, fake_suite
 
 TINY_SUITE = tiny_suite(None, train={"epochs": 2})
 

@@ -20,9 +20,9 @@ from bench import distributed
 from bench.registry import METHODS
 from bench.spec import ModelConfig, TrainConfig
 from bench.train import fit, seed_everything
-from tests.helpers.synthetic import squares_bundle
 from tests.helpers import REPO
 from tests.helpers.suites import tiny_suite
+from tests.helpers.synthetic import squares_bundle
 
 MODEL = ModelConfig(patch_size=5, dim=16, depth=2, heads=2, mlp_ratio=1.0, dropout=0.0)
 TRAIN = TrainConfig(epochs=3, batch_size=30, lr=3e-3, warmup_epochs=1, augment=("flip",))

@@ -8,9 +8,9 @@ import sys
 
 import pandas as pd
 
+from tests.helpers import REPO
 from tests.helpers.official_files import write_cifar10, write_cifar100, write_corruptions, write_image_folder, write_svhn
 
-from tests.helpers import REPO
 BENCHMARK = ("gaussian_noise", "shot_noise", "impulse_noise", "defocus_blur", "glass_blur", "motion_blur",
              "zoom_blur", "snow", "frost", "fog", "brightness", "contrast", "elastic_transform", "pixelate",
              "jpeg_compression")
