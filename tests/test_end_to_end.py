@@ -162,12 +162,12 @@ class NanLoss(MSP):
 '''
 
 
-def test_nonfinite_loss_fails_only_its_cells(reference, tmp_path):
+def test_nonfinite_loss_fails_only_its_cells(tmp_path):
     (tmp_path / "nanplugin.py").write_text(NAN_PLUGIN)
     suite = tmp_path / "nan.toml"
     suite.write_text(tiny_suite("nan", methods="[methods.msp]\n[methods.nan_loss]\n[methods.temperature_scaling]\n"
                                 "[methods.nan_ensemble]\ntype = \"ensemble\"\nbase = \"nan_loss\"\nmembers = 1\n",
-                                train={"epochs": 4}, model={"dim": 32}, data=DATA))
+                                train={"epochs": 4}, model={"dim": 32}, data={**DATA, "splits": ["test"]}))
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     proc = run_suite("--suite", str(suite), "--plugin", "nanplugin", "--results", str(tmp_path / "results"),
                      "--reports", str(tmp_path / "reports"), env=env)
@@ -305,7 +305,10 @@ def test_a_cell_killed_mid_training_resumes_to_the_same_weights(tmp_path):
     import torch
 
     suite = tmp_path / "resume.toml"
-    suite.write_text(tiny_suite("resume", train={"epochs": 12, "checkpoint_every": 1}, model={"dim": 32}, data=DATA))
+    # the reference run's model and data, predicting the test split alone: the kill must land
+    # between the third epoch's state and the end of training, which no other split changes
+    suite.write_text(tiny_suite("resume", train={"epochs": 12, "checkpoint_every": 1}, model={"dim": 32},
+                                data={**DATA, "splits": ["test"]}))
     whole = run_suite("--suite", str(suite), "--results", str(tmp_path / "a"), "--reports", str(tmp_path / "ra"))
     assert whole.returncode == 0, whole.stderr
 

@@ -46,32 +46,61 @@ def _trained(stderr: str) -> list[str]:
 # ---------------------------------------------------------------------------- runners and executors
 
 
-def test_two_runners_on_one_store_train_every_cell_once(tmp_path):
-    first, second = _run(tmp_path), _run(tmp_path)
+@pytest.fixture(scope="module")
+def two_runners(tmp_path_factory) -> tuple[Path, list[tuple[str, str]]]:
+    """Two local runners started at once on one store of the tiny suite (4 cells); the
+    folder and each runner's (stdout, stderr)."""
+    root = tmp_path_factory.mktemp("two_runners")
+    first, second = _run(root), _run(root)
     out = [p.communicate(timeout=600) for p in (first, second)]
     assert [p.returncode for p in (first, second)] == [0, 0], out
+    return root, out
+
+
+def test_two_runners_on_one_store_train_every_cell_once(two_runners, capsys):
+    from bench.cli import main
+
+    root, out = two_runners
     a, b = _trained(out[0][1]), _trained(out[1][1])
     assert sorted(a + b) == sorted({*a, *b}) and len(a + b) == 4, (a, b)  # each of the 4 cells exactly once
-    verify = subprocess.run([sys.executable, "run_suite.py", "verify", "--suite", "tiny", "--results", str(tmp_path / "results")],
-                            cwd=REPO, capture_output=True, text=True)
-    assert verify.returncode == 0, verify.stdout + verify.stderr
-    assert not list((tmp_path / "results" / "tiny").glob("*.lock"))
+    assert main(["verify", "--suite", "tiny", "--results", str(root / "results")]) == 0, capsys.readouterr()
+    assert not list((root / "results" / "tiny").glob("*.lock"))
 
 
-def _summary(tmp_path: Path) -> pd.DataFrame:
-    frame = pd.read_csv(tmp_path / "reports" / "tiny" / "tables" / "summary.csv")
+def _summary(reports: Path) -> pd.DataFrame:
+    frame = pd.read_csv(reports / "tiny" / "tables" / "summary.csv")
     return frame.sort_values(["method"]).reset_index(drop=True)
 
 
-def test_process_pool_with_two_workers_matches_the_local_run(tmp_path):
-    local = _run(tmp_path, "--quiet", results="local")
-    assert local.wait(timeout=600) == 0, local.stderr.read()
-    reference = _summary(tmp_path)
-    pooled = _run(tmp_path, "--executor", "processes", "--workers", "2", results="pooled")
+POOL_TABLE = '\n[executor]\nkind = "processes"\nworkers = 2\n'
+
+
+def test_the_executor_table_runs_a_process_pool_that_matches_the_local_executor(two_runners, tmp_path):
+    """The suite file's ``[executor]`` table alone (no flag) runs its pool of 2 workers, and
+    the pool stores the numbers of the local executor, cell for cell.  The table is no part
+    of any cell: the store holds exactly the keys of the suite without it.  (The
+    ``--executor``/``--workers`` flags run the pool in the killed-worker test below.)"""
+    from bench.cli import main
+    from bench.plan import make_plan
+    from bench.registry import import_plugins
+    from bench.spec import load_suite
+
+    root, _ = two_runners  # trained by local executors
+    assert main(["report", "--suite", "tiny", "--results", str(root / "results"), "--reports", str(tmp_path / "local"),
+                 "--quiet"]) == 0
+    pooled = _run(tmp_path, results="pooled", table=POOL_TABLE)
     _, err = pooled.communicate(timeout=600)
     assert pooled.returncode == 0, err
-    assert len(_trained(err)) == 4 and "2 worker(s)" in err and "queued or running" in err
-    pd.testing.assert_frame_equal(_summary(tmp_path), reference)  # the same numbers, cell for cell
+    # the pool's own lines: its size and the per-outcome queue count (the local executor prints neither)
+    assert "executor processes: 2 worker(s)" in err and "queued or running" in err, err
+    assert len(_trained(err)) == 4
+    pd.testing.assert_frame_equal(_summary(tmp_path / "reports"), _summary(tmp_path / "local"))  # the same numbers
+    import_plugins([])  # the built-in registries, as run_suite.py loads them
+    plain = make_plan(load_suite(str(_suite(tmp_path))))
+    store = tmp_path / "pooled" / "tiny"
+    assert {p.name for p in store.iterdir() if p.is_dir() and not p.name.startswith(".")} == \
+        {c.key for c in plain.cells}
+    assert "executor" not in (store / "suite.json").read_text()
 
 
 def _kill_first_lock_holder(store: Path, done: threading.Event, killed: list[str]) -> None:
@@ -124,29 +153,6 @@ def test_a_killed_worker_fails_only_its_cell_and_the_next_run_retries_it(tmp_pat
     assert CellDir(store / key).condition()[0] == "complete"
 
 
-POOL_TABLE = '\n[executor]\nkind = "processes"\nworkers = 2\n'
-
-
-def test_executor_table_of_the_suite_file_runs_its_executor_without_flags(tmp_path):
-    proc = _run(tmp_path, "--methods", "msp", table=POOL_TABLE)
-    _, err = proc.communicate(timeout=600)
-    assert proc.returncode == 0, err
-    # the pool's own lines: its size and the per-outcome queue count (the local executor prints neither)
-    assert "executor processes: 2 worker(s)" in err and "queued or running" in err, err
-    assert len(_trained(err)) == 2
-    # the table is no part of any cell: the store holds exactly the keys of the suite without it
-    from bench.registry import import_plugins
-    from bench.plan import make_plan
-    from bench.spec import load_suite, select
-
-    import_plugins([])  # the built-in registries, as run_suite.py loads them
-    plain = make_plan(select(load_suite(str(_suite(tmp_path))), ("msp",)))
-    store = tmp_path / "results" / "tiny"
-    assert {p.name for p in store.iterdir() if p.is_dir() and not p.name.startswith(".")} == \
-        {c.key for c in plain.cells}
-    assert "executor" not in (store / "suite.json").read_text()
-
-
 def test_executor_flags_override_the_table_key_by_key(tmp_path):
     from bench.cli import build_parser, executor_settings
     from bench.registry import import_plugins
@@ -168,10 +174,14 @@ def test_executor_flags_override_the_table_key_by_key(tmp_path):
     assert merged.slurm_options().time_min == 60
 
 
-def test_a_bad_executor_table_stops_the_run_before_any_work(tmp_path):
-    proc = _run(tmp_path, table='\n[executor]\nkind = "ray"\nworker = 2\n')
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 2, err
+def test_a_bad_executor_table_stops_the_run_before_any_work(tmp_path, capsys):
+    from bench.cli import main
+
+    suite = _suite(tmp_path, '\n[executor]\nkind = "ray"\nworker = 2\n')
+    code = main(["--suite", str(suite), "--results", str(tmp_path / "results"), "--reports", str(tmp_path / "reports"),
+                 "--data-root", str(tmp_path / "data")])
+    err = capsys.readouterr().err
+    assert code == 2, err
     assert "executor.kind: expected one of 'local', 'processes', 'slurm', 'submitit-local', got 'ray'" in err
     assert "executor.worker: unknown key (did you mean 'workers'?)" in err
     assert not (tmp_path / "results").exists()

@@ -27,8 +27,9 @@ from bench.train import predict
 from bench.vit import TextTransformer, backbone
 from datasets import formats
 from datasets.text_bundle import TextOptions, text_bundle
-from tests.helpers.suites import run_suite
+from tests.helpers import REPO
 from tests.helpers.official_files import write_cola
+from tests.helpers.suites import run_suite
 
 
 # ---------------------------------------------------------------------------- token splits
@@ -224,9 +225,18 @@ def _write_bigger_cola(root: Path) -> None:
 
 
 def test_cola_suite_end_to_end_shows_mcc_and_the_out_of_domain_split(tmp_path):
+    """The shipped cola suite file (its preset, max_len and methods' options) predicting the
+    test split, the out-of-domain split and one of its 30 text-corruption splits (the
+    corruptions and their cache are tested in tests/datasets/test_text_data.py and by
+    test_text_bundle_vocabulary_from_train_and_cached_shift)."""
     root = tmp_path / "data"
     _write_bigger_cola(root)
-    proc = run_suite("--suite", "cola", "--data-root", str(root), "--epochs", "1", "--seeds", "0",
+    cola = (REPO / "bench" / "suites" / "cola.toml").read_text()
+    assert 'splits = ["test", "shift/*"]' in cola
+    suite = tmp_path / "cola.toml"  # the file names the suite: cola, as the built-in one
+    suite.write_text(cola.replace('splits = ["test", "shift/*"]',
+                                  'splits = ["test", "shift/out_of_domain", "shift/word_drop/5"]'))
+    proc = run_suite("--suite", str(suite), "--data-root", str(root), "--epochs", "1", "--seeds", "0",
                      "--methods", "msp,kep_svgp", "--results", str(tmp_path / "results"),
                      "--reports", str(tmp_path / "reports"), "--quiet")
     assert proc.returncode == 0, proc.stderr
