@@ -204,7 +204,7 @@ def decomposition_terms(sample_lp: torch.Tensor, mean_lp: torch.Tensor) -> tuple
 
     The torch twin of :func:`bench.metrics.decompose` (the same formula, the one numpy
     definition), kept so that :func:`predict` computes the terms on the device without
-    moving S x B x C probabilities to the host; ``tests/test_train.py`` checks that the two agree."""
+    moving S x B x C probabilities to the host; ``tests/bench/test_train.py`` checks that the two agree."""
     return _entropy(mean_lp), _entropy(sample_lp).mean(0)
 
 

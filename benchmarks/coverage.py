@@ -30,7 +30,7 @@ for the family (any mark after Holm over the metrics).
 
     nice -n 10 .venv/bin/python benchmarks/coverage.py [--replicates 300] [--resamples 1000]
 
-writes ``reports/perf/coverage.md``.  ``tests/test_coverage.py`` runs a small version.
+writes ``reports/perf/coverage.md``.  ``tests/benchmarks/test_coverage.py`` runs a small version.
 """
 from __future__ import annotations
 

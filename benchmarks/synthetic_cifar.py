@@ -36,7 +36,7 @@ CIFAR-10-C splits, which it generates from the test images into ``DIR``'s corrup
 
 The writers (:func:`py2_dumps`, :func:`cifar_batch`, :func:`write_cifar10`,
 :func:`write_cifar100`, :func:`write_svhn`) are the ones the tests use for their fixtures
-(``tests/test_cifar_formats.py``).
+(``tests/helpers/official_files.py``).
 """
 from __future__ import annotations
 

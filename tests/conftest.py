@@ -1,5 +1,6 @@
-"""Session-wide test settings."""
+"""Session-wide test settings and fixtures."""
 import os
+from pathlib import Path
 
 import pytest
 
@@ -27,3 +28,19 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="session")
+def tiny_store(tmp_path_factory) -> Path:
+    """One real run of the tiny suite (``tests.helpers.suites.tiny_suite("hard")`` with seeds
+    0 and 1: two msp cells) in a session-wide folder holding ``hard.toml``, ``results/hard``
+    and ``reports/hard``; trained once per session.  Tests copy it before changing anything."""
+    from bench.cli import main
+    from tests.helpers.suites import tiny_suite
+
+    root = tmp_path_factory.mktemp("tiny_store")
+    (root / "hard.toml").write_text(tiny_suite("hard", seeds=(0, 1)))
+    code = main(["--suite", str(root / "hard.toml"), "--results", str(root / "results"),
+                 "--reports", str(root / "reports"), "--data-root", str(root / "data"), "--quiet"])
+    assert code == 0
+    return root

@@ -18,77 +18,13 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers import REPO
+from tests.helpers.suites import run_suite, tables, tiny_suite
 
-TINY_SUITE = """
-name = "tiny"
-seeds = [0, 1]
-[train]
-epochs = 4
-batch_size = 64
-lr = 3e-3
-warmup_epochs = 0
-eval_batch_size = 500
-[model]
-patch_size = 7
-dim = 32
-depth = 1
-heads = 2
-mlp_ratio = 1.0
-[datasets.mnist5k]
-train_limit = 600
-eval_limit = 100
-ood_size = 100
-corruption_limit = 50
-splits = ["test", "shift/digits_box", "shift/gaussian_noise/*", "shift/contrast/5", "ood/*"]
-[methods.msp]
-[methods.mc_dropout]
-samples = 2
-[methods.temperature_scaling]
-[methods.deep_ensemble]
-members = 2
-"""
-
-
-def one_cell_suite(name: str, train: str = "", model: str = "") -> str:
-    """The smallest real suite: one msp cell (seed 0, 2 epochs) on 256 embedded MNIST images,
-    predicting the test split; ``train`` / ``model`` add lines to those tables."""
-    return f"""
-name = "{name}"
-seeds = [0]
-[train]
-epochs = 2
-batch_size = 64
-lr = 3e-3
-warmup_epochs = 0
-{train}
-[model]
-patch_size = 7
-dim = 16
-depth = 1
-heads = 2
-mlp_ratio = 1.0
-{model}
-[datasets.mnist5k]
-train_limit = 256
-eval_limit = 64
-ood_size = 32
-corruption_limit = 32
-splits = ["test"]
-[methods.msp]
-"""
-
-
-def run_suite(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "run_suite.py", *args], cwd=REPO, capture_output=True, text=True, timeout=600, env=env
-    )
-
-
-def tables(report_dir: Path) -> dict[str, bytes]:
-    """Every table file, except the efficiency table, whose timings differ between runs."""
-    return {f.name: f.read_bytes() for f in sorted((report_dir / "tables").iterdir())
-            if not f.name.startswith("efficiency.")}
+METHODS = "[methods.msp]\n[methods.mc_dropout]\nsamples = 2\n[methods.temperature_scaling]\n[methods.deep_ensemble]\nmembers = 2\n"
+DATA = {"train_limit": 600, "eval_limit": 100, "ood_size": 100, "corruption_limit": 50,
+        "splits": ["test", "shift/digits_box", "shift/gaussian_noise/*", "shift/contrast/5", "ood/*"]}
+TINY_SUITE = tiny_suite("tiny", seeds=(0, 1), methods=METHODS, train={"epochs": 4}, model={"dim": 32}, data=DATA)
 
 
 @pytest.fixture(scope="module")
@@ -226,14 +162,12 @@ class NanLoss(MSP):
 '''
 
 
-def test_nonfinite_loss_fails_only_its_cells(reference, tmp_path):
+def test_nonfinite_loss_fails_only_its_cells(tmp_path):
     (tmp_path / "nanplugin.py").write_text(NAN_PLUGIN)
     suite = tmp_path / "nan.toml"
-    suite.write_text(
-        TINY_SUITE.replace('name = "tiny"', 'name = "nan"').replace("seeds = [0, 1]", "seeds = [0]")
-        .replace("[methods.mc_dropout]\nsamples = 2\n", "[methods.nan_loss]\n")
-        .replace("[methods.deep_ensemble]\nmembers = 2\n", "[methods.nan_ensemble]\ntype = \"ensemble\"\nbase = \"nan_loss\"\nmembers = 1\n")
-    )
+    suite.write_text(tiny_suite("nan", methods="[methods.msp]\n[methods.nan_loss]\n[methods.temperature_scaling]\n"
+                                "[methods.nan_ensemble]\ntype = \"ensemble\"\nbase = \"nan_loss\"\nmembers = 1\n",
+                                train={"epochs": 4}, model={"dim": 32}, data={**DATA, "splits": ["test"]}))
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     proc = run_suite("--suite", str(suite), "--plugin", "nanplugin", "--results", str(tmp_path / "results"),
                      "--reports", str(tmp_path / "reports"), env=env)
@@ -371,10 +305,10 @@ def test_a_cell_killed_mid_training_resumes_to_the_same_weights(tmp_path):
     import torch
 
     suite = tmp_path / "resume.toml"
-    suite.write_text(TINY_SUITE.replace('name = "tiny"', 'name = "resume"').replace("seeds = [0, 1]", "seeds = [0]")
-                     .replace("epochs = 4", "epochs = 12\ncheckpoint_every = 1")
-                     .replace("[methods.mc_dropout]\nsamples = 2\n", "").replace("[methods.temperature_scaling]\n", "")
-                     .replace("[methods.deep_ensemble]\nmembers = 2\n", ""))
+    # the reference run's model and data, predicting the test split alone: the kill must land
+    # between the third epoch's state and the end of training, which no other split changes
+    suite.write_text(tiny_suite("resume", train={"epochs": 12, "checkpoint_every": 1}, model={"dim": 32},
+                                data={**DATA, "splits": ["test"]}))
     whole = run_suite("--suite", str(suite), "--results", str(tmp_path / "a"), "--reports", str(tmp_path / "ra"))
     assert whole.returncode == 0, whole.stderr
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers import REPO
+
 CORE, PLUGINS = "bench", ("methods", "datasets")
 PACKAGES = (CORE, *PLUGINS)
 # the run, top to bottom: parse and dispatch, plan, where cells run, one cell, the training loop

@@ -6,7 +6,7 @@ not registered metrics: analysis scores OOD detection by predictive entropy and 
 mutual information of the stored terms, and an ensemble stores the decomposition's terms
 with its predictions.  This is the decomposition's one numpy definition; its one torch
 twin, :func:`bench.train.decomposition_terms`, computes the same two terms on the device
-while predicting (``tests/test_train.py`` checks that the two agree).
+while predicting (``tests/bench/test_train.py`` checks that the two agree).
 """
 from __future__ import annotations
 

@@ -1,0 +1,131 @@
+"""Which cells a store's catalog aggregates: only cells of one configuration, ever.
+
+The stores are written in the real on-disk format by ``synthetic.fake_store`` (random
+predictions, no training): the same suite file run twice, with ``epochs`` 1 and 2.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import bench.vit  # noqa: F401  (registers the attention layers the suite names)
+import datasets  # noqa: F401
+import methods  # noqa: F401
+from bench.analysis import analyse
+from bench.catalog import open_store
+from bench.plan import make_plan
+from bench.registry import METHODS
+from bench.spec import Overrides, load_suite
+from tests.helpers.synthetic import fake_store, fake_suite
+
+SUITE = fake_suite("mix", '[methods.ens]\ntype = "deep_ensemble"\nbase = "msp"\nmembers = 2\n')
+
+
+@pytest.fixture
+def suite_file(tmp_path):
+    path = tmp_path / "mix.toml"
+    path.write_text(SUITE)
+    return path
+
+
+def test_a_store_alone_shows_each_configuration_as_its_own_row(tmp_path, suite_file):
+    """Cells of msp trained for 1 and for 2 epochs are two rows named by the setting that
+    differs; each row (and its ensemble) holds only cells of its configuration."""
+    results = tmp_path / "results"
+    one = fake_store(results, suite_file)
+    two = fake_store(results, suite_file, overrides=Overrides(epochs=2))
+    catalog = open_store(results / "mix")
+    names = [m.name for m in catalog.methods]
+    assert names == ["msp (epochs=1)", "msp (epochs=2)", "ens (epochs=1)", "ens (epochs=2)"]
+    for row, keys in (("msp (epochs=1)", one), ("msp (epochs=2)", two)):
+        used = {s: catalog.cells[("mnist5k", row, s)].key for s in (0, 1)}
+        assert used == {s: keys[("msp", s)] for s in (0, 1)}
+        epochs = {json.loads((catalog.cells[("mnist5k", row, s)].path / "cell.json").read_text())
+                  ["config"]["method"]["train"]["epochs"] for s in (0, 1)}
+        assert len(epochs) == 1, epochs
+    assert catalog.reference == "msp (epochs=1)"
+
+    analysed = analyse(catalog, ["accuracy"], resamples=20)
+    s = analysed.summary
+    acc = s[(s.split == "test") & (s.metric == "accuracy")].set_index("method")["mean"]
+    for row, keys in (("msp (epochs=1)", one), ("msp (epochs=2)", two)):
+        expected = np.mean([_test_accuracy(results / "mix" / keys[("msp", seed)]) for seed in (0, 1)])
+        assert acc[row] == pytest.approx(expected)
+    assert set(acc.index) == set(names) and analysed.failures.empty  # both ensembles formed
+
+
+def test_an_ensemble_never_combines_members_of_two_configurations(tmp_path, suite_file):
+    """Seed 0 trained with 1 epoch, seed 1 with 2: no msp row averages them and the
+    ensemble of 2 members cannot be formed in either configuration (named as failed)."""
+    results = tmp_path / "results"
+    fake_store(results, suite_file, only={("msp", 0)})
+    fake_store(results, suite_file, overrides=Overrides(epochs=2), only={("msp", 1)})
+    analysed = analyse(open_store(results / "mix"), ["accuracy"], resamples=20)
+    assert analysed.seeds == {("mnist5k", "msp (epochs=1)"): [0], ("mnist5k", "msp (epochs=2)"): [1]}
+    reasons = dict(zip(analysed.failures["method"], analysed.failures["reason"]))
+    assert "member msp (epochs=1) seed(s) [1]" in reasons["ens (epochs=1)"]
+    assert "member msp (epochs=2) seed(s) [0]" in reasons["ens (epochs=2)"]
+
+
+def test_with_a_suite_only_its_configuration_is_used(tmp_path, suite_file):
+    """The suite plans epochs=1: seed 1, stored only with 2 epochs, is left out (missing),
+    never mixed into the row; a store without any planned cell is still shown."""
+    results = tmp_path / "results"
+    one = fake_store(results, suite_file, only={("msp", 0)})
+    fake_store(results, suite_file, overrides=Overrides(epochs=2))
+    suite = load_suite(str(suite_file))
+    plan = make_plan(suite)
+    catalog = open_store(results / "mix", suite, {c.key for c in plan.cells})
+    assert [m.name for m in catalog.methods] == ["msp", "ens"]
+    assert {k: cd.key for k, cd in catalog.cells.items()} == {("mnist5k", "msp", 0): one[("msp", 0)]}
+    left = catalog.left_out([(c.key, c.dataset.name, c.method.name, c.seed) for c in plan.cells])
+    assert [(c.key, c.seed, c.state) for c in left] == [(one[("msp", 1)], 1, "missing")]
+
+
+def _test_accuracy(cell) -> float:
+    with np.load(cell / "preds" / "test.npz") as z:
+        return float((z["log_probs"].argmax(1) == z["labels"]).mean())
+
+
+def test_report_footnotes_name_what_each_method_keeps_from_its_authors_code(tmp_path, monkeypatch):
+    """Each method's deviations for the options in its cells travel through the analysis
+    files (analysis.json) to a footnote of the README; methods without any get none."""
+    import bench.report as report_mod
+    from bench.analysis import analyse_store, load
+    from bench.report import write_report
+
+    monkeypatch.setattr(report_mod, "write_plots", lambda *args: [])  # tables and README only
+    methods = ('[methods.rpc]\niters_train = 1\nmismatched_iters = true\n[methods.symvit]\n'
+               '[methods.kdeformer]\nranking = "gray_index"\ntrain_attention = "softmax"\n'
+               '[methods.ens]\ntype = "deep_ensemble"\nbase = "msp"\nmembers = 2\n')
+    path = tmp_path / "fid.toml"
+    path.write_text(fake_suite("fid", methods))
+    results = tmp_path / "results"
+    fake_store(results, path)
+    suite = load_suite(str(path))
+    catalog = open_store(results / "fid", suite, {c.key for c in make_plan(suite).cells})
+    analysed, _ = analyse_store(catalog, tmp_path / "analysis", ["accuracy"], resamples=20)
+    meta = json.loads((tmp_path / "analysis" / "analysis.json").read_text())
+    kde = METHODS.get("kdeformer")(suite.method("kdeformer").options).deviations()
+    assert meta["deviations"] == {
+        "rpc": ["PAP trained with 1 ADMM iteration(s), evaluated with 4 (official: one count for both)"],
+        "kdeformer": kde}
+    assert kde[0].startswith("ranking = 'gray_index'") and len(kde) == 3  # swapped in: no training line
+    readme = tmp_path / "report" / "README.md"
+    write_report(load(tmp_path / "analysis"), tmp_path / "report")
+    text = readme.read_text()
+    assert "differences from their authors' code: `rpc`[^1], `kdeformer`[^2] (" in text
+    assert text.rstrip().endswith("[^1]: `rpc`: PAP trained with 1 ADMM iteration(s), evaluated with 4 (official: one "
+                                  "count for both).\n[^2]: `kdeformer`: " + "; ".join(kde) + ".")
+    assert "`msp`[^" not in text and "`symvit`[^" not in text and "`ens`[^" not in text
+
+    # a cell of an earlier version, without the option `ranking`, says so
+    for cd in catalog.cells.values():
+        info = cd.read_cell()
+        if info["method"] == "kdeformer":
+            del info["config"]["method"]["options"]["ranking"]
+            cd.seal(info)
+    again = open_store(results / "fid")
+    assert again.method_deviations("kdeformer")[-1] == "trained before the option(s) ranking existed"

@@ -1,0 +1,459 @@
+"""End-to-end tests of the command line (``python run_suite.py ...``) as subprocesses.
+
+None of these trains a model: each command either only lists the registries or fails on
+bad input before any work starts.  For bad input the contract is: exit status 2, a
+message starting ``error:`` that names the key and the alternatives, no traceback, and
+nothing written (neither the results nor the reports directory is created).
+
+Every invocation pays ~2-3 s of torch/scipy import, so all of them are started together,
+in parallel, by one module-scoped fixture (each in its own directory); the tests then
+check one invocation each.  The reports of a store (last section) run in this process on
+stores written without training, except where a plugin's registrations must not outlive
+the test (a separate process each).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO
+from tests.helpers.suites import tiny_suite
+from tests.helpers.synthetic import fake_store, fake_suite
+
+TINY_SUITE = tiny_suite(None, train={"epochs": 2})
+
+PLUGIN = '''\
+"""A user's plugin: one method and one attention layer, registered from outside the repo."""
+from bench.registry import ATTENTIONS, METHODS
+from bench.vit import SoftmaxAttention
+from methods.msp import MSP
+
+
+@METHODS.register("my_plugin_method")
+class MyPluginMethod(MSP):
+    """Plugin method for the CLI tests."""
+
+
+@ATTENTIONS.register("my_plugin_attention")
+class MyPluginAttention(SoftmaxAttention):
+    """Plugin attention for the CLI tests."""
+'''
+
+PLUGIN_SUITE = TINY_SUITE + """\
+[methods.my_plugin_method]
+model = { attention = "my_plugin_attention" }
+"""
+
+
+@dataclass(frozen=True)
+class Case:
+    """One invocation: ``args`` may say ``{dir}`` for the case's own directory, where
+    ``files`` are written first; ``plugin_path`` puts the plugin module on PYTHONPATH."""
+
+    args: tuple[str, ...]
+    files: dict[str, str | bytes] = field(default_factory=dict)
+    plugin_path: bool = False
+
+
+SUITE = "{dir}/suite.toml"
+
+CASES: dict[str, Case] = {
+    "list": Case(("list",), plugin_path=True),  # the plugin is on the path but not asked for
+    "unknown_method": Case(("--methods", "bogus", "--quiet")),
+    "unknown_dataset": Case(("--datasets", "mnist")),
+    "unknown_attention": Case(("--suite", SUITE),
+                              {"suite.toml": tiny_suite(None, train={"epochs": 2}, model={"attention": "sofmax"})}),
+    "malformed_toml": Case(("--suite", SUITE), {"suite.toml": "seeds = [0,\n[train]\nepochs = 2\n"}),
+    "epochs_ten": Case(("--suite", SUITE), {"suite.toml": TINY_SUITE.replace("epochs = 2", 'epochs = "ten"')}),
+    "epochs_zero": Case(("--epochs", "0")),
+    "seeds_not_int": Case(("--seeds", "a,b")),
+    "unknown_suite": Case(("--suite", "nonexistent")),
+    "missing_plugin": Case(("--plugin", "no_such_module")),
+    "unknown_device": Case(("--device", "tpu")),
+    "report_no_store": Case(("report",)),
+    "plugin_list": Case(("list", "--plugin", "mymod"), plugin_path=True),
+    "plugin_suite": Case(("report", "--suite", SUITE, "--plugin", "mymod"),
+                         {"suite.toml": PLUGIN_SUITE}, plugin_path=True),
+}
+
+
+@dataclass(frozen=True)
+class Ran:
+    proc: subprocess.CompletedProcess
+    dir: Path  # the case's directory; --results/--reports point at dir/results, dir/reports
+
+    @property
+    def out(self) -> str:
+        return self.proc.stdout + self.proc.stderr
+
+
+def _run(case: Case, case_dir: Path, plugin_dir: Path) -> Ran:
+    args = [a.replace("{dir}", str(case_dir)) for a in case.args]
+    cmd = [sys.executable, str(REPO / "run_suite.py"), *args,
+           "--results", str(case_dir / "results"), "--reports", str(case_dir / "reports")]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if case.plugin_path:
+        env["PYTHONPATH"] = str(plugin_dir)
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    return Ran(proc, case_dir)
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory) -> dict[str, Ran]:
+    plugin_dir = tmp_path_factory.mktemp("plugins")
+    (plugin_dir / "mymod.py").write_text(PLUGIN)
+    dirs = {}
+    for name, case in CASES.items():
+        d = dirs[name] = tmp_path_factory.mktemp(name)
+        for fname, content in case.files.items():
+            (d / fname).write_bytes(content if isinstance(content, bytes) else content.encode())
+    workers = min(len(CASES), 2 * (os.cpu_count() or 1))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = {name: pool.submit(_run, CASES[name], dirs[name], plugin_dir) for name in CASES}
+        return {name: f.result() for name, f in futures.items()}
+
+
+def assert_bad_input(r: Ran, *needles: str) -> None:
+    assert r.proc.returncode == 2, r.out
+    assert "error:" in r.proc.stderr, r.out
+    assert "Traceback" not in r.out, r.out
+    for needle in needles:
+        assert needle in r.proc.stderr, f"{needle!r} not in stderr:\n{r.proc.stderr}"
+    assert not (r.dir / "results").exists(), "bad input created the results directory"
+    assert not (r.dir / "reports").exists(), "bad input created the reports directory"
+
+
+# --------------------------------------------------------------------------- list
+
+
+def test_list_prints_every_registry(ran):
+    r = ran["list"]
+    assert r.proc.returncode == 0, r.out
+    out = r.proc.stdout
+    for name in ("msp", "mc_dropout", "temperature_scaling", "deep_ensemble",  # methods
+                 "mnist5k",  # datasets
+                 "softmax",  # attention layers
+                 "accuracy", "ece", "nll", "brier", "aurc", "ood_auroc", "ood_fpr95"):  # metrics
+        assert name in out, name
+    assert "attention" in out and "metrics" in out
+    assert "default" in out  # the built-in suites
+    assert "my_plugin_method" not in out  # a plugin is imported only when asked for
+    assert "my_plugin_attention" not in out
+    assert not (r.dir / "results").exists() and not (r.dir / "reports").exists()
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def test_unknown_method(ran):
+    assert_bad_input(ran["unknown_method"], "--methods", "'bogus'", "msp", "mc_dropout", "deep_ensemble")
+
+
+def test_unknown_dataset(ran):
+    assert_bad_input(ran["unknown_dataset"], "--datasets", "'mnist'", "mnist5k")
+
+
+def test_unknown_attention_in_suite_file(ran):
+    assert_bad_input(ran["unknown_attention"], "model.attention", "'sofmax'", "softmax")
+
+
+def test_malformed_toml(ran):
+    r = ran["malformed_toml"]
+    assert_bad_input(r, str(r.dir / "suite.toml"), "TOML")
+
+
+def test_wrong_type_in_suite_file(ran):
+    assert_bad_input(ran["epochs_ten"], "train.epochs", "'ten'")
+
+
+def test_epochs_zero(ran):
+    assert_bad_input(ran["epochs_zero"], "--epochs")
+
+
+def test_seeds_not_integers(ran):
+    assert_bad_input(ran["seeds_not_int"], "--seeds")
+
+
+def test_unknown_suite_name(ran):
+    assert_bad_input(ran["unknown_suite"], "'nonexistent'", "default")
+
+
+def test_missing_plugin(ran):
+    assert_bad_input(ran["missing_plugin"], "--plugin", "no_such_module")
+
+
+def test_unknown_device(ran):
+    assert_bad_input(ran["unknown_device"], "--device", "tpu", "cpu", "cuda")
+
+
+def test_report_without_a_store_says_how_to_create_it(ran):
+    assert_bad_input(ran["report_no_store"], "no results", "run_suite.py", "--results")
+
+
+# --------------------------------------------------------------------------- plugins
+
+
+def test_plugin_registrations_appear_in_list(ran):
+    r = ran["plugin_list"]
+    assert r.proc.returncode == 0, r.out
+    assert "my_plugin_method" in r.proc.stdout
+    assert "my_plugin_attention" in r.proc.stdout
+    assert "msp" in r.proc.stdout and "softmax" in r.proc.stdout  # built-ins still there
+
+
+@pytest.mark.parametrize("body,what", [("import sys\n\nsys.exit(0)\n", "called sys.exit(0)"),
+                                       ("raise SystemExit('bye')\n", "called sys.exit('bye')"),
+                                       ("raise KeyboardInterrupt\n", "raised KeyboardInterrupt")])
+def test_a_plugin_that_exits_at_import_is_one_line_exit_2(tmp_path, monkeypatch, capsys, body, what):
+    """In process: nothing is registered before the module stops."""
+    from bench.cli import main
+
+    module = f"stops_at_import_{abs(hash(body)) % 10**8}"
+    (tmp_path / f"{module}.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        code = main(["list", "--plugin", module])
+    except BaseException as exc:  # noqa: BLE001  (the plugin's exit escaped the command line)
+        pytest.fail(f"{type(exc).__name__}({exc}) escaped main()")
+    err = capsys.readouterr().err
+    assert code == 2 and f"error: --plugin {module}: importing it {what}" in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+
+
+def test_plugin_method_and_attention_take_part_in_a_suite(ran):
+    # with the plugin the suite validates; the report then stops only for lack of a store
+    r = ran["plugin_suite"]
+    assert_bad_input(r, "no results")
+    assert "my_plugin" not in r.proc.stderr
+
+
+# --------------------------------------------------------------------------- reports of a store
+# In process (bench.cli.main) on stores written by synthetic.fake_store: no training; few
+# cells of 40 samples, so that a report takes a second or two.
+
+
+@pytest.fixture
+def rep(tmp_path):
+    """A suite file ``rep.toml`` (msp and mc_dropout, seeds 0 and 1) in ``tmp_path``."""
+    path = tmp_path / "rep.toml"
+    path.write_text(fake_suite("rep", "[methods.mc_dropout]\n"))
+    return path
+
+
+def report(tmp_path: Path, suite: str | Path, *args: str) -> int:
+    from bench.cli import main
+
+    return main(["report", "--suite", str(suite), "--results", str(tmp_path / "results"),
+                 "--reports", str(tmp_path / "reports"), "--format", "md", "--quiet", *args])
+
+
+def snapshot(*roots: Path) -> dict[Path, bytes]:
+    """Every file under ``roots`` (hidden ones included) with its bytes."""
+    return {p: p.read_bytes() for root in roots if root.exists() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_report_of_a_method_without_cells_is_exit_2_and_changes_nothing(tmp_path, rep, capsys):
+    fake_store(tmp_path / "results", rep, only={("msp", 0)})
+    assert report(tmp_path, rep) == 0
+    before = snapshot(tmp_path / "reports", tmp_path / "results")
+    capsys.readouterr()
+    for suite in (rep, "rep"):  # with the suite file, and the store reported alone
+        assert report(tmp_path, suite, "--methods", "mc_dropout") == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+        assert f"no cells of method mc_dropout in {tmp_path / 'results' / 'rep'}; methods with cells: msp" in err, err
+        assert snapshot(tmp_path / "reports", tmp_path / "results") == before
+
+
+def test_a_store_reported_alone_shows_only_the_methods_asked_for(tmp_path, rep):
+    fake_store(tmp_path / "results", rep, only={("msp", 0), ("mc_dropout", 0)})
+    assert report(tmp_path, "rep", "--methods", "mc_dropout") == 0
+    summary = (tmp_path / "reports" / "rep" / "tables" / "summary.md").read_text()
+    rows = [line.split("|")[2].strip() for line in summary.splitlines()[2:]]
+    assert rows == ["mc_dropout"], summary
+
+
+def test_report_on_an_empty_or_missing_store_writes_nothing(tmp_path, rep, capsys):
+    store = tmp_path / "results" / "rep"
+    for suite in (rep, "rep"):
+        store.mkdir(parents=True, exist_ok=True)  # an empty store
+        assert report(tmp_path, suite) == 2
+        assert "no cell" in capsys.readouterr().err
+        assert not any(store.iterdir()) and not (tmp_path / "reports").exists()
+    store.rmdir()  # no store at all
+    assert report(tmp_path, rep) == 2 and "no results" in capsys.readouterr().err
+    assert not store.exists() and not (tmp_path / "reports").exists()
+
+
+def test_report_names_missing_failed_and_running_cells(tmp_path, rep, capsys):
+    """Seed 0 of msp complete, 1 failed, 2 missing, 3 in progress under a live runner's
+    lock: the README opens with the three (keys and states, the lock's owner, the command
+    that completes them) and stderr lists the same; the running cell is not 'failed'."""
+    import socket
+
+    from bench.lock import LOCK_SUFFIX, CellLock
+
+    rep.write_text(fake_suite("rep", seeds=(0, 1, 2, 3)))
+    keys = fake_store(tmp_path / "results", rep, only={("msp", s) for s in (0, 1, 3)},
+                      failed={("msp", 1)}, unsealed={("msp", 3)})
+    lock = CellLock(tmp_path / "results" / "rep" / f"{keys[('msp', 3)]}{LOCK_SUFFIX}")
+    assert lock.acquire()  # this test process is the runner training seed 3
+    try:
+        assert report(tmp_path, rep) == 1  # a failed cell
+    finally:
+        lock.release()
+    err = capsys.readouterr().err
+    readme = (tmp_path / "reports" / "rep" / "README.md").read_text()
+    head = readme.split("## Incomplete\n", 1)[1].split("\n## ", 1)[0]
+    assert "3 cell(s) are not in this report (1 missing, 1 running, 1 failed)" in head
+    for seed, state in ((1, "failed"), (2, "missing"), (3, "running")):
+        key = keys[("msp", seed)]
+        assert f"| {state} " in next(line for line in head.splitlines() if key in line)
+        assert state in next(line for line in err.splitlines() if key in line), err
+    running = next(line for line in head.splitlines() if keys[("msp", 3)] in line)
+    assert f"locked by {socket.gethostname()} pid {os.getpid()} since " in running
+    assert f"python run_suite.py --suite {rep}" in head and f"python run_suite.py --suite {rep}" in err
+    assert keys[("msp", 0)] not in head  # the complete cell
+    failed = readme.split("## Failed cells\n", 1)[1].split("\n## ", 1)[0]
+    assert "| 3 |" not in failed and keys[("msp", 3)] not in failed, failed  # running is not failed
+
+    assert report(tmp_path, rep) == 1  # the runner is gone: the cell is interrupted now
+    head = (tmp_path / "reports" / "rep" / "README.md").read_text().split("\n## ", 2)[1]
+    assert "| interrupted " in next(line for line in head.splitlines() if keys[("msp", 3)] in line)
+
+
+def test_strict_report_exits_1_when_a_cell_is_missing(tmp_path, rep, capsys):
+    keys = fake_store(tmp_path / "results", rep, only={("msp", 0)})
+    assert report(tmp_path, rep) == 0  # a partial report is allowed...
+    assert keys[("msp", 1)] in capsys.readouterr().err
+    assert report(tmp_path, rep, "--strict") == 1  # ...unless --strict
+    assert "## Incomplete" in (tmp_path / "reports" / "rep" / "README.md").read_text()
+
+
+def test_status_shows_a_cell_locked_by_a_live_runner_as_running(tmp_path, rep, capsys):
+    """A runner holds seed 1's lock and has not created its directory yet: running, not missing."""
+    import socket
+
+    from bench.cli import main
+    from bench.lock import LOCK_SUFFIX, CellLock
+
+    keys = fake_store(tmp_path / "results", rep, only={("msp", 0), ("mc_dropout", 0), ("mc_dropout", 1)})
+    lock = CellLock(tmp_path / "results" / "rep" / f"{keys[('msp', 1)]}{LOCK_SUFFIX}")
+    assert lock.acquire()
+    try:
+        assert main(["status", "--suite", str(rep), "--results", str(tmp_path / "results")]) == 0
+    finally:
+        lock.release()
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if keys[("msp", 1)] in ln)
+    assert "msp / seed 1: running: locked by " + socket.gethostname() in line and f"pid {os.getpid()}" in line
+    assert "3 done, 0 failed, 1 running, 0 interrupted, 0 damaged, 0 missing" in out
+
+
+def test_a_report_that_fails_half_way_leaves_the_previous_one_intact(tmp_path, rep, capsys, monkeypatch):
+    """Disk full while the README is written, after the tables and plots of a report with
+    other columns: every file of the previous report (NOTES.md and analysis/ included)
+    stays byte-identical, nothing is left beside it, and one line names the path and the
+    OS error."""
+    import errno
+
+    import bench.report
+    fake_store(tmp_path / "results", rep, only={("msp", 0), ("msp", 1)})
+    rep.write_text(fake_suite("rep"))
+    out = tmp_path / "reports" / "rep"
+    out.mkdir(parents=True)
+    (out / "NOTES.md").write_text("Written by hand.\n")
+    assert report(tmp_path, rep, "--strict") == 0  # complete: no list of missing cells, as before
+    readme = (out / "README.md").read_text()
+    assert readme.startswith("# uqbench report: rep\n\nWritten by hand.\n\nReference method:")
+    before = snapshot(tmp_path / "reports")
+    assert out / "NOTES.md" in before and out / "analysis" / "analysis.json" in before
+    real = bench.report.atomic_write_text
+
+    def full(path, text):
+        if Path(path).name == "README.md":
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        real(path, text)
+
+    monkeypatch.setattr(bench.report, "atomic_write_text", full)
+    capsys.readouterr()
+    assert report(tmp_path, rep, "--metrics", "accuracy,nll") == 1
+    assert snapshot(tmp_path / "reports") == before
+    assert sorted(p.name for p in (tmp_path / "reports").iterdir()) == ["rep"]
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert f"the report {out} was not written: No space left on device" in err, err
+
+
+RAISING_METRICS = '''\
+"""A user's plugin with three broken metrics."""
+from bench.metrics import metric
+
+
+@metric("calibration", "Boom", "%", True, "A metric whose code raises.")
+def boom(probs, labels):
+    raise RuntimeError("kaboom in a plugin metric")
+
+
+def _boom_kernel(probs, labels, w):
+    raise RuntimeError("kaboom in a bootstrap kernel")
+
+
+@metric("calibration", "BootBoom", "%", True, "A metric whose bootstrap kernel raises.", bootstrap=_boom_kernel)
+def boot_boom(probs, labels):
+    return 0.25
+
+
+@metric("calibration", "Cost $\\\\nosuchmacro$", "%", False, "A metric whose label no plot can draw.",
+        selections={"severity": 99})
+def badly_labelled(probs, labels):
+    return 0.5
+'''
+
+
+def run_with_plugin(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """``run_suite.py report`` on the rep store with the RAISING_METRICS plugin (a separate
+    process: a plugin's registrations would stay in this one's registry)."""
+    (tmp_path / "raising_metrics.py").write_text(RAISING_METRICS)
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "PYTHONPATH": str(tmp_path)}
+    cmd = [sys.executable, str(REPO / "run_suite.py"), "report", "--suite", str(tmp_path / "rep.toml"),
+           "--results", str(tmp_path / "results"), "--reports", str(tmp_path / "reports"), "--format", "md",
+           "--quiet", "--plugin", "raising_metrics", *args]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_a_plugin_metric_that_raises_shows_error_and_the_report_goes_on(tmp_path, rep):
+    fake_store(tmp_path / "results", rep, only={("msp", 0), ("msp", 1)})
+    rep.write_text(fake_suite("rep"))
+    proc = run_with_plugin(tmp_path, "--metrics", "accuracy,boom,boot_boom")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.count("kaboom in a plugin") == 1, proc.stderr  # named once
+    out = tmp_path / "reports" / "rep"
+    summary = (out / "tables" / "summary.md").read_text().splitlines()
+    header = [c.strip() for c in summary[0].strip("|").split("|")]
+    cells = [dict(zip(header, (c.strip() for c in line.strip("|").split("|")))) for line in summary[2:]]
+    assert [c["Method"] for c in cells] == ["msp (ref)"]
+    assert cells[0]["Boom (%)"] == "error" and cells[0]["ACC (%)"][0].isdigit(), cells
+    readme = (out / "README.md").read_text()
+    assert readme.count("kaboom in a plugin") == 1 and "metric 'boom' raised RuntimeError: kaboom" in readme
+    # a metric whose bootstrap raises keeps its value, without interval or mark, and is named once
+    assert cells[0]["BootBoom (%)"].startswith("25.00") and "[" not in cells[0]["BootBoom (%)"], cells
+    assert proc.stderr.count("kaboom in a bootstrap") == 1 and readme.count("kaboom in a bootstrap") == 1
+
+
+def test_a_plot_that_raises_leaves_the_previous_report_intact(tmp_path, rep):
+    fake_store(tmp_path / "results", rep, only={("msp", 0)}, splits=("val", "test", "shift/gaussian_noise/1"))
+    rep.write_text(fake_suite("rep", seeds=(0,)))
+    assert report(tmp_path, rep) == 0
+    before = snapshot(tmp_path / "reports")
+    proc = run_with_plugin(tmp_path, "--metrics", "accuracy,badly_labelled")
+    assert snapshot(tmp_path / "reports") == before
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "ValueError" in proc.stderr, proc.stderr
+    assert f"the report {tmp_path / 'reports' / 'rep'} was not written" in proc.stderr

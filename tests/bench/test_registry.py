@@ -1,0 +1,55 @@
+"""The registries are complete whichever module a plugin (or a notebook) imports first,
+and a name reused from a built-in is refused at once.  Each case runs in a fresh
+interpreter: in this one every registry is filled already."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import REPO
+
+NAMES = """
+import json
+from bench.registry import ATTENTIONS, DATASETS, METHODS, METRICS
+print(json.dumps({r.kind: r.names() for r in (ATTENTIONS, DATASETS, METHODS, METRICS)}))
+"""
+
+
+def fresh(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def every_name() -> dict[str, list[str]]:
+    """The registries as the command line fills them (every built-in module imported)."""
+    ran = fresh("from bench.registry import import_plugins\nimport_plugins([])\n" + NAMES)
+    assert ran.returncode == 0, ran.stderr
+    return json.loads(ran.stdout)
+
+
+@pytest.mark.parametrize("first", ["methods", "datasets", "bench.registry", "methods.kep_svgp"])
+def test_every_registry_is_complete_whichever_module_comes_first(first, every_name):
+    ran = fresh(f"import {first}\n" + NAMES)
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout) == every_name
+
+
+def test_import_methods_gives_every_attention_layer_softmax_included(every_name):
+    ran = fresh("import methods\nfrom bench.registry import ATTENTIONS\n"
+                "print(ATTENTIONS.get('softmax').__module__, ATTENTIONS.get('kep_svgp').__module__)")
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.split() == ["bench.vit", "methods.kep_svgp"]
+    assert {"softmax", "kep_svgp", "sgpa"} <= set(every_name["attention"])
+
+
+def test_a_plugin_reusing_a_built_in_name_is_refused_before_any_lookup():
+    """Registering comes first here (no lookup has loaded the built-ins yet): the error
+    still names the built-in module that owns the name."""
+    ran = fresh("from bench.registry import ATTENTIONS, DuplicateName\n"
+                "try:\n    ATTENTIONS.register('softmax')(type('Mine', (), {}))\n"
+                "except DuplicateName as exc:\n    print(exc)\n")
+    assert ran.returncode == 0, ran.stderr
+    assert "attention 'softmax' is already registered by module 'bench.vit'" in ran.stdout, ran.stdout
