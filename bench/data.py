@@ -107,9 +107,7 @@ class DataBundle:
 
     def get(self, name: str) -> Split | TokenSplit:
         if name not in self.loaders:
-            raise ConfigError(
-                f"dataset {self.name!r} has no split {name!r}; it has: {', '.join(self.loaders)}"
-            )
+            raise ConfigError(f"dataset {self.name!r} has no split {name!r}; it has: {split_summary(self.loaders)}")
         if name not in self._cache:
             self._cache[name] = self.loaders[name]()
         return self._cache[name]
@@ -137,6 +135,50 @@ def uniform_noise_split(
 
 def is_ood(split: str) -> bool:
     return split.startswith("ood/")
+
+
+def split_summary(names) -> str:
+    """Split names for a message, in their order but with each grid of corruptions x
+    severities in one item: ``shift/<19 corruptions>/<1-5>``, its corruptions named once
+    at the end (``shift/fog/<1-5>`` for a single one)."""
+    grids: dict[tuple[str, ...], list[str]] = {}  # severities -> corruptions with exactly these
+    severities: dict[str, list[str]] = {}
+    items: list[object] = []
+    for name in names:
+        parts = name.split("/")
+        if len(parts) == 3 and parts[0] == "shift" and parts[2].isdigit():
+            if parts[1] not in severities:
+                items.append(("grid", parts[1]))
+            severities.setdefault(parts[1], []).append(parts[2])
+        else:
+            items.append(name)
+    for corruption, sevs in severities.items():
+        grids.setdefault(tuple(sevs), []).append(corruption)
+
+    def levels(sevs: tuple[str, ...]) -> str:
+        values = sorted(int(v) for v in sevs)
+        if len(values) == 1:
+            return str(values[0])
+        contiguous = len(values) > 2 and values == list(range(values[0], values[-1] + 1))
+        return "<" + (f"{values[0]}-{values[-1]}" if contiguous else ",".join(map(str, values))) + ">"
+
+    out, named, shown = [], [], set()
+    for item in items:
+        if isinstance(item, str):
+            out.append(item)
+            continue
+        sevs = tuple(severities[item[1]])
+        if sevs in shown:
+            continue
+        shown.add(sevs)
+        corruptions = grids[sevs]
+        if len(corruptions) == 1:
+            out.append(f"shift/{corruptions[0]}/{levels(sevs)}")
+        else:
+            out.append(f"shift/<{len(corruptions)} corruptions>/{levels(sevs)}")
+            named.append(", ".join(corruptions))
+    text = ", ".join(out)
+    return text + "".join(f" (corruptions: {n})" for n in named)
 
 
 def corruption_of(split: str) -> tuple[str, int] | None:

@@ -21,6 +21,7 @@ from bench.plan import make_plan
 from bench.report import render_report, staged
 from bench.report.readme import left_out_summary
 from bench.report.tables import FORMATS, validate_metrics
+from bench.runs import write_record
 from bench.spec import Suite, select
 from bench.store import STORE_SUITE
 
@@ -56,6 +57,7 @@ class ReportOptions:
     strict: bool = False
     quiet: bool = False
     debug: bool = False
+    run: dict | None = None  # the run whose report this is (bench.runs.report_record), kept as run.json in it
 
     def __post_init__(self) -> None:
         if self.metrics is not None:  # where the names enter the report: checked once, then passed on
@@ -159,6 +161,8 @@ def write_suite_report(suite: Suite | None, store_root: Path, out_dir: Path, opt
             left_out = [c for c in left_out if c.method in catalog.rows(methods, bases=True)]
         command = _completing_command(options, suite is None) if any(c.state != "running" for c in left_out) else ""
         render_report(results, stage, tuple(options.formats), rows, picked, options.severity, left_out, command)
+        if options.run is not None:
+            write_record(stage, options.run)
     if suite is not None and not (Path(store_root) / STORE_SUITE).is_file():
         write_store_description(store_root, suite)  # a store made before stores described themselves
     mine = set(catalog.rows(methods, bases=True)) if methods else {m.name for m in catalog.methods}
