@@ -163,11 +163,12 @@ class Catalog:
         return []
 
     # --- predictions ---------------------------------------------------------------------
-    def stored(self, dataset: str, method: str, seed: int) -> Preds | None:
-        """Every stored split of a trained cell (cached), or None when it has none.  A file
-        that no longer reads as the store writes it (:meth:`bench.store.CellDir.read_arrays`;
-        changed since the cell was chosen) makes the cell damaged: it moves from
-        :attr:`cells` to :attr:`problems` and None is returned."""
+    def load_or_mark_damaged(self, dataset: str, method: str, seed: int) -> Preds | None:
+        """Load and check every stored split of a trained cell (cached after the first
+        call), or None when it has none.  A file that does not read as the store writes it
+        (:meth:`bench.store.CellDir.read_arrays`; changed since the cell was chosen) marks
+        the cell damaged: it moves from :attr:`cells` to :attr:`problems`, :attr:`damaged`
+        and :attr:`left`, and None is returned."""
         key = (dataset, method, seed)
         if key not in self._preds:
             cd = self.cells.get(key)
@@ -200,7 +201,7 @@ class Catalog:
         if missing:
             why = "; ".join(f"seed {s}: {self._why_not_used((dataset, base, s))}" for s in missing)
             return f"member {base} seed(s) {missing} unusable ({why}); run the suite to train them"
-        preds = entry.method.predict_from([self.stored(dataset, base, s) for s in members])
+        preds = entry.method.predict_from([self.load_or_mark_damaged(dataset, base, s) for s in members])
         self._preds[key] = preds
         return preds
 
@@ -210,7 +211,7 @@ class Catalog:
         per-sample predictions from the store (the report's plots use it)."""
         entry = self.method(method)
         if entry.kind == "trained":
-            preds = self.stored(dataset, method, seed)
+            preds = self.load_or_mark_damaged(dataset, method, seed)
         else:
             members = dict(entry.method.replicates(self.seeds)).get(seed)
             preds = self.combined(dataset, entry, seed, members) if members is not None else None

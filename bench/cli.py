@@ -30,6 +30,7 @@ import sys
 import threading
 from pathlib import Path
 
+from bench.data import SEVERITIES
 from bench.errors import ConfigError, one_line
 from bench.executor_config import EXECUTORS, ExecutorConfig
 from bench.registry import import_plugins
@@ -147,7 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     shown = argparse.ArgumentParser(add_help=False)
     shown.add_argument("--data-root", type=Path, default=None,
                        help="where on-disk data sets live (default: $UQBENCH_DATA_ROOT or ~/.cache/uqbench)")
-    shown.add_argument("--format", type=_csv("formats"), default=("md", "tex", "csv"), help="table formats (md,tex,csv)")
+    shown.add_argument("--format", type=_csv("formats"),
+                       help="comma-separated table formats to write (default: every one; an unknown one is an "
+                            "error that names them)")
     shown.add_argument("--metrics", type=_csv("metrics"),
                        help="metric names to show in the report (default: the KEP-SVGP paper's set and the "
                             "debiased ECE; any name from `list`)")
@@ -155,8 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the test behind the report's marks and intervals: seeds_and_samples (default: "
                             "seed-level and test-sample variation) or samples_seeds_fixed (paired bootstrap over "
                             "test samples, trained seeds held fixed)")
-    shown.add_argument("--severity", type=_positive_int, default=5,
-                       help="corruption severity of the per-corruption table, 1..5 (default: 5)")
+    shown.add_argument("--severity", type=_positive_int, default=SEVERITIES[-1],
+                       help=f"corruption severity of the per-corruption table, {SEVERITIES[0]}..{SEVERITIES[-1]} "
+                            f"(default: {SEVERITIES[-1]})")
     shown.add_argument("--strict", action="store_true",
                        help="exit 1 when the report leaves out any cell of the suite (missing, running, failed or "
                             "damaged), not only failed or damaged ones")
@@ -217,15 +221,18 @@ def build_parser() -> argparse.ArgumentParser:
                                         "store <results>/NAME made by an older version, without its suite file.")
     named(report)
     report.set_defaults(download=False, strict_data=False)
-    status = sub.add_parser("status", parents=[plan, results, common], help=COMMANDS["status"],
+    status = sub.add_parser("status", parents=[plan, results, reports, common], help=COMMANDS["status"],
                             description=COMMANDS["status"] + ".")
     named(status)
-    verify = sub.add_parser("verify", parents=[results, common], help=COMMANDS["verify"],
+    verify = sub.add_parser("verify", parents=[results, reports, common], help=COMMANDS["verify"],
                             description=COMMANDS["verify"] + "; exit 1 when a cell is damaged.")
     named(verify)
     verify.add_argument("--suite", default=None, help="the suite whose store <results>/NAME to check (instead of NAME)")
-    sub.add_parser("runs", parents=[results, common], help=COMMANDS["runs"], description=COMMANDS["runs"] + ".")
-    sub.add_parser("list", parents=[common], help=COMMANDS["list"], description=COMMANDS["list"] + ".")
+    # every command takes --results and --reports (a wrapper script may pass them to all)
+    sub.add_parser("runs", parents=[results, reports, common], help=COMMANDS["runs"],
+                   description=COMMANDS["runs"] + ".")
+    sub.add_parser("list", parents=[results, reports, common], help=COMMANDS["list"],
+                   description=COMMANDS["list"] + ".")
     return p
 
 
@@ -515,13 +522,6 @@ def _main(args: argparse.Namespace) -> int:
     configure_data(args.data_root, download=args.download, strict=args.strict_data)
     check_directories(args)
 
-    for fmt in args.format:
-        if fmt not in ("md", "tex", "csv"):
-            raise ConfigError(f"--format: unknown table format {fmt!r}; known: md, tex, csv")
-    from bench.data import SEVERITIES
-
-    if args.severity not in SEVERITIES:
-        raise ConfigError(f"--severity must be one of {', '.join(map(str, SEVERITIES))}, got {args.severity}")
     if args.command == "report":
         return _report(args, record)
     return _run(args)
@@ -564,7 +564,7 @@ def _report(args: argparse.Namespace, record: dict | None) -> int:
     from bench.runs import check_owner, owner, recorded_source, report_record
     from bench.spec import Overrides, build_suite, load_suite, select
 
-    options = _report_options(args)  # unknown --metrics names are an error here, before any work
+    options = _report_options(args)  # unknown --metrics, --format or --severity: an error here, before any work
     suite = None
     if args.run is not None:
         name = args.run
@@ -727,12 +727,14 @@ def _store_only(args: argparse.Namespace) -> bool:
 
 def _report_options(args: argparse.Namespace):
     """The report's choices from the command line, a :class:`bench.report.suite.ReportOptions`
-    (``--methods`` picks the methods ``report`` shows; for ``run`` it narrows the suite);
-    unknown ``--metrics`` names are a ConfigError."""
+    (``--methods`` picks the methods ``report`` shows; for ``run`` it narrows the suite;
+    no ``--format``: every format); an unknown ``--metrics`` name, ``--format`` or
+    ``--severity`` is a ConfigError."""
+    from bench.report.formats import FORMATS
     from bench.report.suite import ReportOptions
 
     return ReportOptions(suite=args.suite, results=args.results, data_root=args.data_root,
                          methods=args.methods if args.command == "report" else None, datasets=args.datasets,
-                         seeds=args.seeds, epochs=args.epochs, metrics=args.metrics, formats=tuple(args.format),
+                         seeds=args.seeds, epochs=args.epochs, metrics=args.metrics, formats=args.format or FORMATS,
                          severity=args.severity, significance=args.significance, strict=args.strict,
                          quiet=args.quiet, debug=args.debug)

@@ -6,7 +6,8 @@ and a static ``load(options) -> DataBundle``; it may set ``headline_metrics = {"
 ``report_note`` (text) for what the report must say about its protocol.  A bundle names its splits:
 
 * ``train``, ``val``, ``test``: in-distribution;
-* ``shift/<name>`` (and later ``shift/<corruption>/<severity>``): covariate shift, same labels;
+* ``shift/<name>``, among them ``shift/<corruption>/<severity>`` (:func:`corruption_split`):
+  covariate shift, same labels;
 * ``ood/<name>``: out-of-distribution; labels are ``-1``.
 
 Images are uint8 arrays ``[N, H, W]`` (grayscale) or ``[N, H, W, C]`` (:class:`Split`);
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -41,6 +43,25 @@ CORRUPTIONS: tuple[str, ...] = (
 )
 BENCHMARK_CORRUPTIONS: tuple[str, ...] = CORRUPTIONS[:15]  # the 15 of CIFAR-10-C
 SEVERITIES: tuple[int, ...] = (1, 2, 3, 4, 5)
+
+
+def check_severity(severity, what: str = "severity", error: type[Exception] = ValueError) -> int:
+    """``severity`` as an int when it is one of :data:`SEVERITIES` (an int or numpy integer,
+    not a bool, float or string), else ``error`` naming ``what`` and the allowed values:
+    the one severity check of the corruption engines, the data readers and the report."""
+    if isinstance(severity, bool) or not isinstance(severity, (int, np.integer)) or severity not in SEVERITIES:
+        raise error(f"{what} must be one of {', '.join(map(str, SEVERITIES))}, got {severity!r}")
+    return int(severity)
+
+
+def corruption_rng(name: str, severity: int, seed: int) -> np.random.Generator:
+    """The one generator a call of a generated corruption (image or text) draws from:
+    seeded by ``(seed, crc32(name), severity)``, never the global RNG, so a call is a pure
+    function of its arguments and two corruptions or severities draw independent streams.
+    ``seed`` must be a non-negative integer (ValueError)."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    return np.random.default_rng([int(seed), zlib.crc32(name.encode()), int(severity)])
 
 
 @dataclass(frozen=True)
@@ -133,8 +154,23 @@ def uniform_noise_split(
     return Split(x, np.full(len(x), OOD_LABEL, dtype=np.int64))
 
 
+OOD_PREFIX = "ood/"
+SHIFT_PREFIX = "shift/"
+
+
 def is_ood(split: str) -> bool:
-    return split.startswith("ood/")
+    """An ``ood/<name>`` split: out-of-distribution, labels ``-1``."""
+    return split.startswith(OOD_PREFIX)
+
+
+def is_shift(split: str) -> bool:
+    """A ``shift/...`` split: covariate shift, same labels (a corruption split or another)."""
+    return split.startswith(SHIFT_PREFIX)
+
+
+def corruption_split(corruption: str, severity: int) -> str:
+    """The name ``shift/<corruption>/<severity>`` of a corruption split (:func:`corruption_of` reads it)."""
+    return f"{SHIFT_PREFIX}{corruption}/{severity}"
 
 
 def split_summary(names) -> str:
@@ -182,9 +218,10 @@ def split_summary(names) -> str:
 
 
 def corruption_of(split: str) -> tuple[str, int] | None:
-    """``(corruption, severity)`` of a ``shift/<corruption>/<severity>`` split, else None."""
+    """``(corruption, severity)`` of a ``shift/<corruption>/<severity>`` split
+    (:func:`corruption_split`), else None."""
     parts = split.split("/")
-    if len(parts) == 3 and parts[0] == "shift" and parts[2].isdigit():
+    if len(parts) == 3 and is_shift(split) and parts[2].isdigit():
         return parts[1], int(parts[2])
     return None
 

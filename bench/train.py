@@ -109,9 +109,10 @@ def lr_factor(step: int, total: int, warmup: int, lr: float, min_lr: float) -> f
     return (min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))) / lr
 
 
-def enabled(setting: bool | str, device: torch.device) -> bool:
-    """A ``[train]`` switch whose "auto" means "on CUDA" (``compile``, ``batch_passes``; the
-    bf16 of ``precision``): true, or "auto" on a CUDA device."""
+def switched_on(setting: bool | str, device: torch.device) -> bool:
+    """Whether a ``[train]`` switch whose "auto" means "on CUDA" (``compile``,
+    ``batch_passes``; the bf16 of ``precision``) is on for ``device``: true, or "auto" on a
+    CUDA device."""
     return setting is True or (setting == "auto" and device.type == "cuda")
 
 
@@ -151,7 +152,7 @@ def flushing_denormals(fn):
 def autocast(device: torch.device, precision: str = "auto"):
     """The forward pass's precision (``[train] precision``): bf16 autocast for "bf16", and
     for "auto" on CUDA; float32 otherwise.  Layers keep their delicate parts in float32."""
-    if precision == "bf16" or enabled(precision, device):
+    if precision == "bf16" or switched_on(precision, device):
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
@@ -196,6 +197,17 @@ def _entropy(log_p: torch.Tensor) -> torch.Tensor:
     return -(log_p.exp() * log_p.nan_to_num(neginf=0.0)).sum(-1)
 
 
+def decomposition_terms(sample_lp: torch.Tensor, mean_lp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(total, aleatoric)`` [B] in nats of S passes: total = H[(1/S) sum_s p_s] (from
+    ``mean_lp`` [B, C], the log of the mean probability) and aleatoric = (1/S) sum_s H[p_s]
+    (from ``sample_lp`` [S, B, C]); their difference is the mutual information (epistemic).
+
+    The torch twin of :func:`bench.metrics.decompose` (the same formula, the one numpy
+    definition), kept so that :func:`predict` computes the terms on the device without
+    moving S x B x C probabilities to the host; ``tests/test_train.py`` checks that the two agree."""
+    return _entropy(mean_lp), _entropy(sample_lp).mean(0)
+
+
 @torch.no_grad()
 @flushing_denormals
 def predict(
@@ -207,9 +219,10 @@ def predict(
     averaging rule (``logits``: softmax of the mean logit; ``probs``: mean probability).
 
     With S > 1 and an ``extras`` dict, also fills the per-image terms of the uncertainty
-    decomposition (float32 [N], nats): ``entropy_of_mean`` = H[(1/S) sum_s p_s] (total)
-    and ``mean_entropy`` = (1/S) sum_s H[p_s] (aleatoric); their difference is the mutual
-    information (epistemic).  Two numbers per image instead of all S x C probabilities.
+    decomposition (float32 [N], nats, :func:`decomposition_terms`): ``entropy_of_mean`` =
+    H[(1/S) sum_s p_s] (total) and ``mean_entropy`` = (1/S) sum_s H[p_s] (aleatoric); their
+    difference is the mutual information (epistemic).  Two numbers per image instead of
+    all S x C probabilities.
 
     With ``batch_passes`` (``[train] batch_passes``; "auto" = on CUDA) and a method whose
     noise is drawn per input (:attr:`TrainedMethod.batched_samples`), the S passes run as
@@ -224,7 +237,7 @@ def predict(
     norm = Normalize(data, device)
     x_all, _ = to_tensor(split, device)
     samples = method.samples
-    batched = samples > 1 and method.batched_samples and enabled(batch_passes, device)
+    batched = samples > 1 and method.batched_samples and switched_on(batch_passes, device)
     chunk = max(1, batch_size // samples) if batched else batch_size
     out, total, aleatoric = [], [], []
     for i in range(0, len(x_all), chunk):
@@ -236,8 +249,9 @@ def predict(
         lp = F.log_softmax(logits.mean(0), dim=-1) if method.average == "logits" else mean_lp
         out.append(lp)
         if extras is not None and samples > 1:
-            total.append(_entropy(mean_lp))
-            aleatoric.append(_entropy(sample_lp).mean(0))
+            h_mean, mean_h = decomposition_terms(sample_lp, mean_lp)
+            total.append(h_mean)
+            aleatoric.append(mean_h)
     if total:
         extras["entropy_of_mean"] = torch.cat(total).cpu().numpy().astype(np.float32)
         extras["mean_entropy"] = torch.cat(aleatoric).cpu().numpy().astype(np.float32)
@@ -511,7 +525,7 @@ def fit(
         from torch.nn.parallel import DistributedDataParallel
 
         net = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    forward = CompiledForward(net, enabled(cfg.compile, device))
+    forward = CompiledForward(net, switched_on(cfg.compile, device))
     term_layers = [m for m in model.modules() if isinstance(m, LossTerm)]
 
     def step(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

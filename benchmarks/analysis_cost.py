@@ -32,7 +32,7 @@ from bench.plan import make_plan  # noqa: E402
 from bench.report import write_report  # noqa: E402
 from bench.spec import load_suite, select  # noqa: E402
 from bench.store import Store  # noqa: E402
-from bench.data import BENCHMARK_CORRUPTIONS  # noqa: E402
+from bench.data import BENCHMARK_CORRUPTIONS, SEVERITIES, corruption_split, is_ood  # noqa: E402
 from machine import provenance  # noqa: E402
 
 CLASSES = 10
@@ -57,13 +57,13 @@ def main() -> None:
     (cell,) = plan.cells
     rng = np.random.default_rng(0)
     splits = {"val": 5000, "test": 10000, "ood/svhn": 26032, "ood/cifar100": 10000}
-    splits.update({f"shift/{c}/{s}": 10000 for c in BENCHMARK_CORRUPTIONS for s in range(1, 6)})
+    splits.update({corruption_split(c, s): 10000 for c in BENCHMARK_CORRUPTIONS for s in SEVERITIES})
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(Path(tmp) / "cifar10")
         cd = store.cell(cell.key)
         cd.reset()
         for split, n in splits.items():
-            cd.write_preds(split, *fake_split(rng, n, split.startswith("ood/")))
+            cd.write_preds(split, *fake_split(rng, n, is_ood(split)))
         cd.seal({"key": cell.key, "dataset": cell.dataset.name, "method": cell.method.name, "seed": cell.seed,
                  "config": cell.config, "parameters": 6268042, "train_seconds": 1.0,
                  "predict_seconds_per_1000": 1.0, "peak_memory_mb": 1.0, "samples": 1})
@@ -72,7 +72,7 @@ def main() -> None:
         results = analyse(open_store(store.root, suite, {cell.key}))
         t_collect = time.perf_counter() - t0
         t0 = time.perf_counter()
-        write_report(results, Path(tmp) / "report", ("md", "tex", "csv"))
+        write_report(results, Path(tmp) / "report")  # every format (bench.report.FORMATS)
         t_report = time.perf_counter() - t0
     lines = [
         "# Analysis cost: one CIFAR-10 method/seed",

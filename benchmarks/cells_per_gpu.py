@@ -1,4 +1,4 @@
-"""Cells per hour on one GPU with ``--executor processes --cells-per-gpu K`` (issue 12).
+"""Cells per hour on one GPU with ``--executor processes --cells-per-gpu K``.
 
 For each K of ``--k`` (default ``1,2,4,8``) this script runs ``run_suite.py`` as a
 subprocess on a suite it writes (``cells_per_gpu.toml`` in its work folder), into a fresh

@@ -5,7 +5,7 @@ Prediction: for every trained method of the ``default`` suite (its backbone, 28x
 and for msp, mc_dropout and kep_svgp on the KEP-SVGP paper backbone (``vit_cifar_paper``:
 7 blocks, width 384, the GP in the last block; 32x32x3 images), the CPU seconds per image
 of a prediction batch with each method's S passes: *whole* = S forwards of the whole model
-(the prediction path before the trunk was shared), *shared* = ``bench.train.passes`` (the
+(no block shared between the passes), *shared* = ``bench.train.passes`` (the
 blocks before the first that draws noise once, the rest S times), on the same model and
 inputs, and the ratio whole / shared.  Their logits are compared too (the same seed must
 give the same numbers).

@@ -1,7 +1,7 @@
 """Synthetic CIFAR-10 / CIFAR-100 / SVHN files, laid out and encoded as the official releases.
 
-For machines with no copy of the real data (and no network), e.g. the GPU acceptance run of
-issue 11 and the cells-per-GPU measurement of issue 12::
+For machines with no copy of the real data (and no network), e.g. a GPU run of the
+``cifar10`` suite or the cells-per-GPU measurement (``benchmarks/cells_per_gpu.py``)::
 
     python3 benchmarks/synthetic_cifar.py DIR [--train N] [--test M] [--classes 10,100] [--svhn K] [--seed S]
     python3 run_suite.py --suite cifar10 --data-root DIR --epochs 2 --device cuda

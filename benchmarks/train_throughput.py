@@ -1,7 +1,6 @@
 """Training and evaluation throughput of the paper ViT: our loop against the original recipe.
 
-Made for one GPU (issue 11, "GPU path"); it also runs on CPU at tiny sizes, which is how
-the tests smoke-test it.  Every number is measured on the one device it names.
+Made for one GPU; it also runs on CPU at tiny sizes, which is how the tests smoke-test it.  Every number is measured on the one device it names.
 
 1. **Our training loop**: :func:`bench.train.fit` on an in-memory CIFAR-shaped data set
    (32x32x3 uint8, 10 classes, random pixels) whose train split holds ``steps x B`` images,
@@ -65,19 +64,20 @@ import torch  # noqa: E402
 for _module in ("bench.vit", "datasets", "methods"):
     importlib.import_module(_module)
 
-from bench.data import CORRUPTIONS, SEVERITIES, DataBundle, Split, holdout_size  # noqa: E402
+from bench.data import (CORRUPTIONS, OOD_PREFIX, SEVERITIES, DataBundle, Split, corruption_split,  # noqa: E402
+                        holdout_size, is_ood, is_shift)
 from bench.registry import METHODS  # noqa: E402
 from bench.spec import MODEL_PRESETS, ModelConfig, TrainConfig, load_suite  # noqa: E402
 from bench.cli import positive_int_list  # noqa: E402
-from bench.train import enabled, fit, predict, resolve_device, seed_everything  # noqa: E402
+from bench.train import switched_on, fit, predict, resolve_device, seed_everything  # noqa: E402
+from datasets.cifar import CIFAR10  # noqa: E402
 import synthetic_cifar  # noqa: E402
 from machine import cpu_model, run_section  # noqa: E402
 
 PRESET = "vit_cifar_paper"
 IMAGE_SHAPE = (32, 32, 3)  # H, W, C
-CLASSES = 10
-MEAN = (0.4914, 0.4822, 0.4465)  # CIFAR-10 pixel statistics (the official code's)
-STD = (0.2023, 0.1994, 0.2010)
+CLASSES = CIFAR10.num_classes
+MEAN, STD = CIFAR10.mean, CIFAR10.std  # CIFAR-10's pixel statistics, as the suite normalises it
 PAD = 4  # RandomCrop(32, padding=4)
 
 #: Dense (no sparsity) bf16 tensor-core peaks in TFLOPS, matched in order against
@@ -384,14 +384,14 @@ def suite_workload(suite) -> dict:
     limit = getattr(opts, "eval_limit", None)
     shift_n = min(CIFAR_TEST, getattr(opts, "corruption_limit", None) or CIFAR_TEST)
     names = {"test": CIFAR_TEST}
-    names.update({f"shift/{c}/{s}": shift_n for c in CORRUPTIONS for s in SEVERITIES})
+    names.update({corruption_split(c, s): shift_n for c in CORRUPTIONS for s in SEVERITIES})
     for ood in getattr(opts, "ood", ()):
-        names[f"ood/{ood}"] = OOD_SIZES.get(ood, getattr(opts, "noise_size", 1000))
+        names[f"{OOD_PREFIX}{ood}"] = OOD_SIZES.get(ood, getattr(opts, "noise_size", 1000))
     chosen = {n: k for n, k in names.items() if any(fnmatch.fnmatchcase(n, p) for p in ds.splits)}
     sizes = {"val": n_val, **{n: min(k, limit) if limit else k for n, k in chosen.items()}}
     return {"dataset": ds.name, "n_train": n_train, "n_val": n_val, "eval_splits": len(sizes),
-            "n_eval": sum(sizes.values()), "n_shift": sum(1 for n in sizes if n.startswith("shift/")),
-            "ood": [n for n in sizes if n.startswith("ood/")]}
+            "n_eval": sum(sizes.values()), "n_shift": sum(1 for n in sizes if is_shift(n)),
+            "ood": [n for n in sizes if is_ood(n)]}
 
 
 def _nearest(rows: list[dict], batch: int) -> dict:
@@ -412,7 +412,7 @@ def projection(suite, ours: list[dict], evals: list[dict], device: torch.device)
         src = m.name if m.name in measured else proxy
         if src is None:
             continue
-        want_compile = "on" if enabled(m.train.compile, device) else "off"
+        want_compile = "on" if switched_on(m.train.compile, device) else "off"
         cand = [r for r in ours if r["method"] == src and r["compile"] == want_compile] or \
             [r for r in ours if r["method"] == src]
         tr = _nearest(cand, m.train.batch_size)

@@ -44,8 +44,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from bench.data import (CORRUPTIONS, OOD_LABEL, SEVERITIES, DataBundle, Split, data_root, data_settings,
-                        holdout_size, uniform_noise_split)
+from bench.data import (CORRUPTIONS, OOD_LABEL, OOD_PREFIX, SEVERITIES, DataBundle, Split, corruption_split, data_root,
+                        data_settings, holdout_size, uniform_noise_split)
 from bench.errors import ConfigError
 from bench.registry import DATASETS
 from datasets import formats
@@ -349,7 +349,7 @@ def load_family(fam: Family, options: CifarOptions) -> DataBundle:
         "val": functools.partial(_id_split, fam, files, options, "val"),
         "test": functools.partial(_id_split, fam, files, options, "test"),
     }
-    loaders.update({f"ood/{name}": fn for name, fn in loaders_ood.items()})
+    loaders.update({f"{OOD_PREFIX}{name}": fn for name, fn in loaders_ood.items()})
     loaders.update(_shift_loaders(fam, root / fam.corruptions, options.eval_limit))
     bundle = DataBundle(
         name=fam.name,
@@ -418,7 +418,7 @@ def _shift_loaders(fam: Family, directory: Path, limit: int | None) -> dict[str,
     known = [c for c in CORRUPTIONS if c in present]
     ordered = known + [c for c in present if c not in known]
     return {
-        f"shift/{c}/{s}": functools.partial(_shift_split, str(directory), c, s, fam.num_classes, limit)
+        corruption_split(c, s): functools.partial(_shift_split, str(directory), c, s, fam.num_classes, limit)
         for c in ordered
         for s in SEVERITIES
     }

@@ -7,15 +7,15 @@ same shape.  The severity constants are those of ``make_cifar_c.py`` (repository
 hendrycks/robustness, ``ImageNet-C/create_c/make_cifar_c.py``, Apache-2.0), recorded in the
 tables below; the code is our own (no OpenCV, Wand, scikit-image or ``imagecorruptions``).
 
-Randomness.  Every call draws from one ``numpy.random.Generator`` seeded by
-``(seed, crc32(name), severity)`` -- never the global RNG -- so a call is a pure function
-of its arguments.  Draws follow the batch order (in chunks of ``CHUNK_ELEMENTS`` values, a
-fixed function of the image size), so an image's corruption depends on its position in
-the batch: corrupt a whole split as one array.  This module is the pure engine (arrays
-in, arrays out); ``datasets.corruption_cache`` stores each (images, corruption,
-severity, seed) result on disk once, under the engine ``VERSION``, and
-``datasets.shift`` gives every image data family its ``shift/<corruption>/<severity>``
-splits.  The corruption names and severities are defined once, in ``bench.data``.
+Randomness.  Every call draws from one ``numpy.random.Generator``,
+``bench.data.corruption_rng(name, severity, seed)`` (never the global RNG), so a call is a
+pure function of its arguments.  Draws follow the batch order (in chunks of
+``CHUNK_ELEMENTS`` values, a fixed function of the image size), so an image's corruption
+depends on its position in the batch: corrupt a whole split as one array.  This module
+is the pure engine (arrays in, arrays out); ``datasets.corruption_cache`` stores each
+(images, corruption, severity, seed) result on disk once, under the engine ``VERSION``,
+and ``datasets.shift`` gives every image data family its
+``shift/<corruption>/<severity>`` splits.  The corruption names and severities are defined once, in ``bench.data``.
 
 Speed.  Everything is vectorised over the batch (one sparse linear map for zoom blur, one
 gather per kernel tap for motion blur, interleaved swap classes for glass blur, Poisson
@@ -68,7 +68,6 @@ import difflib
 import functools
 import io
 import math
-import zlib
 from typing import Callable
 
 import numpy as np
@@ -77,7 +76,7 @@ import scipy.sparse as sp
 import scipy.special
 from PIL import Image
 
-from bench.data import CORRUPTIONS, SEVERITIES
+from bench.data import CORRUPTIONS, check_severity, corruption_rng
 
 VERSION = 1  # bump on any change that alters outputs: it is part of every cache path
 
@@ -144,8 +143,7 @@ def corrupt(images: np.ndarray, name: str, severity: int, seed: int = 0) -> np.n
     Deterministic: the same arguments give the same bytes.  See the module docstring for
     how parameters scale with image size and how grayscale images are treated."""
     check_name_severity(name, severity)
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    rng = corruption_rng(name, severity, seed)
     if not isinstance(images, np.ndarray) or images.dtype != np.uint8:
         raise ValueError(f"images must be a uint8 numpy array, got {getattr(images, 'dtype', type(images))}")
     if images.ndim not in (3, 4) or (images.ndim == 4 and images.shape[3] not in (1, 3)):
@@ -156,7 +154,6 @@ def corrupt(images: np.ndarray, name: str, severity: int, seed: int = 0) -> np.n
     x = images[..., None] if images.ndim == 3 else images
     n, h, w, c = x.shape
     fn, needs_rgb = _CORRUPTIONS[name]
-    rng = np.random.default_rng([int(seed), zlib.crc32(name.encode()), int(severity)])
     scale = min(h, w) / 32.0
     out = np.empty_like(x)
     step = max(1, CHUNK_ELEMENTS // (h * w * 3))
@@ -175,8 +172,7 @@ def check_name_severity(name: str, severity: int) -> None:
         close = difflib.get_close_matches(str(name), CORRUPTIONS, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ValueError(f"unknown corruption {name!r}{hint}; known: {', '.join(CORRUPTIONS)}")
-    if isinstance(severity, bool) or not isinstance(severity, (int, np.integer)) or severity not in SEVERITIES:
-        raise ValueError(f"severity must be one of {', '.join(map(str, SEVERITIES))}; got {severity!r}")
+    check_severity(severity)
 
 
 def _to_float(u8: np.ndarray) -> np.ndarray:
@@ -686,26 +682,10 @@ def _spatter(u8, severity, rng, s):
     return x + m[..., None] * np.asarray(WATER_RGB, np.float32)
 
 
-# name -> (function, needs three channels)
-_CORRUPTIONS: dict[str, tuple[Callable, bool]] = {
-    "gaussian_noise": (_gaussian_noise, False),
-    "shot_noise": (_shot_noise, False),
-    "impulse_noise": (_impulse_noise, False),
-    "defocus_blur": (_defocus_blur, False),
-    "glass_blur": (_glass_blur, False),
-    "motion_blur": (_motion_blur, False),
-    "zoom_blur": (_zoom_blur, False),
-    "snow": (_snow, False),
-    "frost": (_frost, True),
-    "fog": (_fog, False),
-    "brightness": (_brightness, False),
-    "contrast": (_contrast, False),
-    "elastic_transform": (_elastic_transform, False),
-    "pixelate": (_pixelate, False),
-    "jpeg_compression": (_jpeg_compression, False),
-    "speckle_noise": (_speckle_noise, False),
-    "gaussian_blur": (_gaussian_blur, False),
-    "spatter": (_spatter, True),
-    "saturate": (_saturate, True),
-}
-assert tuple(_CORRUPTIONS) == CORRUPTIONS
+#: The corruptions that act on colour: a one-channel image is corrupted as three equal
+#: channels and the channel mean returned (module docstring, "Grayscale").
+NEEDS_RGB = frozenset({"frost", "spatter", "saturate"})
+# name -> (function, needs three channels), for every name of bench.data.CORRUPTIONS:
+# corruption ``name`` is the function ``_<name>`` of this module (a name without one fails here, at import)
+_CORRUPTIONS: dict[str, tuple[Callable, bool]] = {name: (globals()[f"_{name}"], name in NEEDS_RGB)
+                                                  for name in CORRUPTIONS}

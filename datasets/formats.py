@@ -38,7 +38,7 @@ from typing import Sequence
 
 import numpy as np
 
-from bench.data import SEVERITIES
+from bench.data import SEVERITIES, check_severity
 from bench.errors import ConfigError
 from bench.options import ALLOW_LARGE_HINT, allow_large
 from datasets import safe_pickle
@@ -223,8 +223,7 @@ def read_corruption_npy(
 
 def severity_rows(n_rows: int, severity: int) -> slice:
     """Rows of severity ``severity`` (1..5) in a CIFAR-C array of ``n_rows`` rows."""
-    if severity not in SEVERITIES:
-        raise ValueError(f"severity must be one of {list(SEVERITIES)}, got {severity}")
+    severity = check_severity(severity)
     block = n_rows // len(SEVERITIES)
     return slice((severity - 1) * block, severity * block)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 
-from bench.data import CORRUPTIONS, SEVERITIES, DataBundle, Split
+from bench.data import CORRUPTIONS, SEVERITIES, DataBundle, Split, corruption_split
 from datasets.corruption_cache import CorruptionCache, images_fingerprint
 
 
@@ -27,7 +27,7 @@ def add_corruption_splits(bundle: DataBundle, options: ShiftOptions, source: str
     A suite picks which of them it evaluates with its split patterns."""
     for name in CORRUPTIONS:
         for severity in SEVERITIES:
-            split = f"shift/{name}/{severity}"
+            split = corruption_split(name, severity)
             if split not in bundle.loaders:
                 bundle.loaders[split] = functools.partial(_generated_split, bundle, source, name, severity, options)
     return bundle

@@ -23,7 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
-from bench.data import SEVERITIES, DataBundle, TokenSplit
+from bench.data import SEVERITIES, DataBundle, TokenSplit, corruption_split
 from bench.text import WordTokenizer
 from datasets.corruption_cache import CorruptionCache, Engine
 from datasets.text_corruptions import TEXT_CORRUPTIONS, VERSION, check_name_severity, corrupt_texts
@@ -95,7 +95,7 @@ def text_bundle(name: str, splits: dict[str, TextSplit], num_classes: int, optio
                               options.corruption_seed)
     for corruption in TEXT_CORRUPTIONS:
         for severity in SEVERITIES:
-            bundle.loaders.setdefault(f"shift/{corruption}/{severity}", functools.partial(cache, corruption, severity))
+            bundle.loaders.setdefault(corruption_split(corruption, severity), functools.partial(cache, corruption, severity))
     return bundle
 
 

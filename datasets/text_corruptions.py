@@ -1,8 +1,9 @@
 """Generated text shift: typos and word-order noise at 5 severities, seeded and deterministic.
 
 ``corrupt_texts(texts, name, severity, seed)`` returns new strings.  Every call draws from
-one ``numpy.random.Generator`` seeded by ``(seed, crc32(name), severity)`` (never the global
-RNG), in text order, so a call is a pure function of its arguments.  Corruptions
+one ``numpy.random.Generator``, ``bench.data.corruption_rng(name, severity, seed)`` (never
+the global RNG, as the image corruptions), in text order, so a call is a pure function of
+its arguments.  Corruptions
 (:data:`TEXT_CORRUPTIONS`):
 
 * ``char_swap``, ``char_delete``, ``char_insert``, ``keyboard``: each letter is hit with
@@ -18,12 +19,11 @@ preserved except by ``char_delete`` of a one-letter word.
 """
 from __future__ import annotations
 
-import zlib
 from typing import Callable, Sequence
 
 import numpy as np
 
-from bench.data import SEVERITIES
+from bench.data import check_severity, corruption_rng
 
 VERSION = 1  # bump on any change that alters outputs: it is part of every cache path
 CHAR_RATES = (0.02, 0.04, 0.07, 0.10, 0.15)  # per-letter probability of a typo
@@ -106,15 +106,12 @@ TEXT_CORRUPTIONS: tuple[str, ...] = tuple(_CORRUPTIONS)
 def check_name_severity(name: str, severity: int) -> None:
     if name not in _CORRUPTIONS:
         raise ValueError(f"unknown text corruption {name!r}; known: {', '.join(TEXT_CORRUPTIONS)}")
-    if isinstance(severity, bool) or severity not in SEVERITIES:
-        raise ValueError(f"severity must be one of {list(SEVERITIES)}, got {severity!r}")
+    check_severity(severity)
 
 
 def corrupt_texts(texts: Sequence[str], name: str, severity: int, seed: int = 0) -> list[str]:
     """``texts`` corrupted by ``name`` at ``severity`` (1..5); deterministic (module docstring)."""
     check_name_severity(name, severity)
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
-    rng = np.random.default_rng([int(seed), zlib.crc32(name.encode()), int(severity)])
+    rng = corruption_rng(name, severity, seed)
     fn = _CORRUPTIONS[name]
     return [fn(t, int(severity), rng) for t in texts]

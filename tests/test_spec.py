@@ -57,7 +57,7 @@ def problem_lines(message: str) -> dict[str, str]:
 def test_default_suite_loads_with_its_methods_datasets_and_seeds():
     suite = load_suite("default")
     assert suite.name == "default"
-    assert suite.seeds == (0, 1, 2)
+    assert suite.seeds == (0, 1, 2, 3)
     assert [d.name for d in suite.datasets] == ["mnist5k"]
     assert [m.name for m in suite.methods] == ["msp", "mc_dropout", "temperature_scaling", "deep_ensemble",
                                                "kep_svgp", "kep_svgp_ensemble", "sgpa"]
@@ -506,7 +506,7 @@ def test_plan_has_one_cell_per_dataset_trained_method_and_seed():
 
 def test_default_plan_cell_count():
     plan = make_plan(load_suite("default"))
-    assert len(plan.cells) == 1 * 4 * 3  # mnist5k x {msp, mc_dropout, kep_svgp, sgpa} x 3 seeds
+    assert len(plan.cells) == 1 * 4 * 4  # mnist5k x {msp, mc_dropout, kep_svgp, sgpa} x 4 seeds
 
 
 def _keys(raw: dict) -> dict[tuple[str, str, int], str]:

@@ -23,7 +23,7 @@ from bench.data import DataBundle, Split
 from bench.errors import ConfigError, NonFiniteLoss
 from bench.method import LossTerm, TrainedMethod
 from bench.spec import ModelConfig, TrainConfig
-from bench.train import augment, fit, lr_factor, predict, seed_everything
+from bench.train import augment, decomposition_terms, fit, lr_factor, predict, seed_everything
 from bench.vit import ViT
 from methods.mc_dropout import MCDropout
 from methods.msp import MSP
@@ -540,6 +540,26 @@ def test_predict_stores_the_decomposition_terms(average, batch_passes):
     single: dict = {}
     predict(MSP(MSP.Options()), Scripted(table[:1]), data.get("val"), data, CPU, 4, single)
     assert single == {}
+
+
+def test_the_torch_decomposition_terms_agree_with_the_numpy_decomposition():
+    """bench.train.decomposition_terms (torch, on the device while predicting) and
+    bench.metrics.decompose (numpy, analysis) are one formula: the same total and
+    aleatoric terms, one-hot rows (0 log 0) included."""
+    from bench.metrics import decompose, mutual_information
+
+    samples, n, c = 6, 11, 7
+    logits = 3.0 * np.random.default_rng(3).normal(size=(samples, n, c))
+    logits[:, 0] = [-np.inf] * (c - 1) + [0.0]  # a one-hot row in every pass
+    sample_lp = torch.log_softmax(torch.tensor(logits), dim=-1)
+    mean_lp = torch.logsumexp(sample_lp, dim=0) - math.log(samples)
+    total, aleatoric = decomposition_terms(sample_lp, mean_lp)
+    expected = decompose(np.exp(sample_lp.numpy()))
+    np.testing.assert_allclose(total.numpy(), expected["total"], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(aleatoric.numpy(), expected["aleatoric"], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(mutual_information(total.numpy(), aleatoric.numpy()), expected["epistemic"],
+                               rtol=1e-12, atol=1e-12)
+    assert total[0] == 0.0 and aleatoric[0] == 0.0
 
 
 def test_only_declared_loss_terms_and_monte_carlo_options_count():

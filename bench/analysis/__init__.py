@@ -22,11 +22,12 @@ from bench.analysis.evaluate import (DAMAGED_COLUMNS, FAILURE_COLUMNS, METRIC_CO
 from bench.analysis.files import ANALYSIS_DIR, ANALYSIS_SCHEMA, FILES, analyse_store, fingerprint, load, read_manifest, save
 from bench.analysis.results import AnalysisResults, analyse
 from bench.analysis.statistics import (ALPHA, BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CE_COLUMNS, EFFICIENCY_COLUMNS,
-                                       SEVERITY_COLUMNS, SEVERITY_RESAMPLES, SIGNIFICANCE, SUMMARY_COLUMNS, TESTS,
-                                       check_significance)
+                                       EFFICIENCY_FIELDS, SEVERITY_COLUMNS, SEVERITY_RESAMPLES, SIGNIFICANCE,
+                                       SUMMARY_COLUMNS, TESTS, check_significance)
 
 __all__ = ["AnalysisResults", "analyse", "analyse_store", "analysed_metrics", "save", "load", "fingerprint",
            "read_manifest", "evaluate", "evaluate_catalog", "ood_scores", "check_significance", "split_order",
            "table_of", "ANALYSIS_DIR", "ANALYSIS_SCHEMA", "FILES", "SCORES", "TESTS", "SIGNIFICANCE", "ALPHA",
            "BOOTSTRAP_RESAMPLES", "BOOTSTRAP_SEED", "SEVERITY_RESAMPLES", "METRIC_COLUMNS", "SUMMARY_COLUMNS",
-           "SEVERITY_COLUMNS", "CE_COLUMNS", "EFFICIENCY_COLUMNS", "FAILURE_COLUMNS", "DAMAGED_COLUMNS"]
+           "SEVERITY_COLUMNS", "CE_COLUMNS", "EFFICIENCY_COLUMNS", "EFFICIENCY_FIELDS", "FAILURE_COLUMNS",
+           "DAMAGED_COLUMNS"]

@@ -19,9 +19,10 @@ from bench import progress
 from bench.catalog import Catalog, Preds
 from bench.data import is_ood
 from bench.errors import one_line
-from bench.metrics import entropy, get_metric, selection
+from bench.metrics import entropy, get_metric, mutual_information, selection
 
-SCORES = ("msp", "entropy", "mutual_info")  # OOD scores, higher = more in-distribution
+#: the OOD scores of :func:`ood_scores` (higher = more in-distribution), in display order
+SCORES = ("msp", "entropy", "mutual_info")
 METRIC_COLUMNS = ["dataset", "method", "seed", "split", "metric", "score", "value"]
 FAILURE_COLUMNS = ["dataset", "method", "seed", "reason"]
 DAMAGED_COLUMNS = ["cell", "dataset", "method", "seed", "reason"]
@@ -47,8 +48,7 @@ def ood_scores(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     probs = np.exp(arrays["log_probs"].astype(np.float64))
     out = {"msp": probs.max(axis=1), "entropy": -entropy(probs)}
     if "entropy_of_mean" in arrays and "mean_entropy" in arrays:
-        mi = arrays["entropy_of_mean"].astype(np.float64) - arrays["mean_entropy"].astype(np.float64)
-        out["mutual_info"] = -np.maximum(mi, 0.0)
+        out["mutual_info"] = -mutual_information(arrays["entropy_of_mean"], arrays["mean_entropy"])
     return out
 
 
@@ -128,7 +128,7 @@ def evaluate_catalog(catalog: Catalog, names: list[str]) -> Evaluation:
     names = list(names) + [t for swaps in headlines.values() for t in swaps.values() if t not in names]
     cache: dict[tuple[str, str, int], Preds] = {}
     for d, m, s in list(catalog.cells):
-        catalog.stored(d, m, s)  # loads and checks every array; damaged cells leave catalog.cells
+        catalog.load_or_mark_damaged(d, m, s)  # damaged cells leave catalog.cells before the failures are listed
     failures: list[dict] = [{"dataset": d, "method": m, "seed": s, "reason": why}
                             for (d, m, s), why in catalog.problems.items() if (d, m, s) not in catalog.damaged]
     damaged: list[dict] = [{"cell": cell, "dataset": d, "method": m, "seed": s, "reason": why}
@@ -139,7 +139,7 @@ def evaluate_catalog(catalog: Catalog, names: list[str]) -> Evaluation:
         for entry in catalog.methods:
             for rid, members in catalog.replicates(d, entry):
                 if entry.kind == "trained":
-                    preds = catalog.stored(d, entry.name, rid)
+                    preds = catalog.load_or_mark_damaged(d, entry.name, rid)
                     if preds is not None:
                         cache[(d, entry.name, rid)] = preds
                     continue

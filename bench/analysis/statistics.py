@@ -37,8 +37,9 @@ SUMMARY_COLUMNS = ["dataset", "method", "split", "table", "metric", "score", "n_
                    "ci_low", "ci_high", "p_value", "p_holm", "verdict", "test", "seeds_needed"]
 SEVERITY_COLUMNS = ["dataset", "method", "severity", "metric", "n_seeds", "mean", "std", "ci_low", "ci_high"]
 CE_COLUMNS = ["dataset", "method", "corruption", "ce"]
-EFFICIENCY_COLUMNS = ["dataset", "method", "parameters", "train_seconds", "predict_seconds_per_1000",
-                      "peak_memory_mb", "passes"]
+#: the costs of a method (:func:`efficiency`); the report's efficiency table shows them in this order
+EFFICIENCY_FIELDS = ("parameters", "train_seconds", "predict_seconds_per_1000", "peak_memory_mb", "passes")
+EFFICIENCY_COLUMNS = ["dataset", "method", *EFFICIENCY_FIELDS]
 
 
 def check_significance(significance: str) -> str:

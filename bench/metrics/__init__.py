@@ -26,7 +26,7 @@ Each module states the conventions it implements:
 Importing this package registers every built-in metric.  It exports the record
 (:class:`Metric`, :func:`metric`, :func:`get_metric`, :func:`selection`, ...), the input
 checks, :func:`calibration_bins`, :func:`risk_coverage_curve`, :func:`entropy`,
-:func:`decompose` and every metric function by its name (``bench.metrics.ece``);
+:func:`decompose`, :func:`mutual_information` and every metric function by its name (``bench.metrics.ece``);
 ``python run_suite.py list`` lists the metrics.
 """
 from __future__ import annotations
@@ -57,7 +57,7 @@ from bench.metrics.classification import (
     mcc_per_batch,
     nll,
 )
-from bench.metrics.decomposition import decompose, entropy
+from bench.metrics.decomposition import decompose, entropy, mutual_information
 from bench.metrics.failure import (
     failure_aupr_error,
     failure_aupr_error_trapezoid,
@@ -121,4 +121,5 @@ __all__ = [
     "risk_coverage_curve",
     "entropy",
     "decompose",
+    "mutual_information",
 ]  # plus every registered metric function, by its name (see ``run_suite.py list``)

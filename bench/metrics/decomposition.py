@@ -1,9 +1,12 @@
 """Entropy and the uncertainty decomposition of member (or MC-sample) predictions.
 
 :func:`entropy` and :func:`decompose` (total = H[p-bar], aleatoric = mean member
-entropy, epistemic = their difference) are plain functions, not registered metrics:
-analysis scores OOD detection by predictive entropy, and an ensemble stores the
-decomposition's terms with its predictions.
+entropy, epistemic = their difference, :func:`mutual_information`) are plain functions,
+not registered metrics: analysis scores OOD detection by predictive entropy and by the
+mutual information of the stored terms, and an ensemble stores the decomposition's terms
+with its predictions.  This is the decomposition's one numpy definition; its one torch
+twin, :func:`bench.train.decomposition_terms`, computes the same two terms on the device
+while predicting (``tests/test_train.py`` checks that the two agree).
 """
 from __future__ import annotations
 
@@ -44,4 +47,11 @@ def decompose(member_probs: np.ndarray) -> dict[str, np.ndarray]:
     p = p.astype(np.float64)
     total = entropy(p.mean(axis=0))
     aleatoric = entropy(p).mean(axis=0)
-    return {"total": total, "aleatoric": aleatoric, "epistemic": np.maximum(total - aleatoric, 0.0)}
+    return {"total": total, "aleatoric": aleatoric, "epistemic": mutual_information(total, aleatoric)}
+
+
+def mutual_information(total: np.ndarray, aleatoric: np.ndarray) -> np.ndarray:
+    """The epistemic term, total - aleatoric (nats, float64), clipped at 0 against
+    round-off: from :func:`decompose`'s terms, or from the stored ``entropy_of_mean`` and
+    ``mean_entropy`` of a prediction set (float32, as :func:`bench.train.predict` writes them)."""
+    return np.maximum(np.asarray(total, np.float64) - np.asarray(aleatoric, np.float64), 0.0)

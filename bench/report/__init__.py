@@ -8,8 +8,9 @@ per-sample predictions through ``results.load_predictions``
 (:meth:`bench.catalog.Catalog.predictions`), the one documented way back into the store.
 One job per module:
 
-* :mod:`bench.report.tables` — which tables exist (:data:`TABLES`), their rows and
-  columns, and their Markdown / LaTeX / CSV renderings;
+* :mod:`bench.report.tables` — which tables exist (:data:`TABLES`), their columns and
+  what each cell shows; :mod:`bench.report.rows` — their rows, from the analysis frames
+  indexed once; :mod:`bench.report.formats` — their Markdown / LaTeX / CSV texts;
 * :mod:`bench.report.plots` — reliability diagrams, risk-coverage curves, metric vs.
   severity with CI bands, OOD score histograms;
 * :mod:`bench.report.readme` — ``README.md`` (hand-written ``NOTES.md`` inlined at the top,
@@ -43,23 +44,22 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
-import numpy as np
-
 from bench import progress
+from bench.data import SEVERITIES, check_severity
 from bench.errors import ConfigError
 from bench.metrics import selection
+from bench.report.formats import FORMATS, render, tex_escape, validate_formats
 from bench.report.plots import sanitize, write_plots
 from bench.report.readme import NOTES, readme_text
-from bench.data import SEVERITIES
-from bench.report.tables import (FORMATS, TABLES, Column, TableSpec, _Index, build_tables, render, tex_escape,
-                                 validate_metrics)
+from bench.report.rows import ResultsIndex
+from bench.report.tables import TABLES, Column, TableSpec, build_tables, validate_metrics
 from bench.store import atomic_write_text
 
 if TYPE_CHECKING:
     from bench.analysis import AnalysisResults
 
 __all__ = ["Column", "TableSpec", "TABLES", "FORMATS", "NOTES", "write_report", "render_report", "staged", "sanitize",
-           "tex_escape", "validate_metrics"]
+           "tex_escape", "validate_formats", "validate_metrics"]
 
 
 def write_report(
@@ -68,7 +68,7 @@ def write_report(
     formats: Sequence[str] = FORMATS,
     methods: Sequence[str] | None = None,
     metrics: Sequence[str] | None = None,
-    severity: int = 5,
+    severity: int = SEVERITIES[-1],
     left_out: Sequence = (),
     complete_with: str = "",
 ) -> list[Path]:
@@ -85,31 +85,29 @@ def write_report(
     command that completes them.  Plots of an earlier report that this call does not draw
     are removed; other files in ``out_dir`` that it does not write are left alone.
 
-    The metric names are checked against the registry here (:func:`validate_metrics`:
-    unknown names are a ConfigError); :func:`render_report` takes names already checked.
+    The formats, the metric names and the severity are checked here (:func:`validate_formats`,
+    :func:`validate_metrics`, :func:`bench.data.check_severity`: a bad one is a ConfigError);
+    :func:`render_report` takes them checked.
     """
     picked = None if metrics is None else validate_metrics(metrics)
-    return render_report(results, out_dir, formats, methods, picked, severity, left_out, complete_with)
+    severity = check_severity(severity, "report severity", ConfigError)
+    return render_report(results, out_dir, validate_formats(formats), methods, picked, severity, left_out,
+                         complete_with)
 
 
 def render_report(results: AnalysisResults, out_dir: Path, formats: Sequence[str], methods: Sequence[str] | None,
                   metrics: list[str] | None, severity: int, left_out: Sequence = (), complete_with: str = "") -> list[Path]:
-    """:func:`write_report` for ``metrics`` that are registered names without repeats, as
-    :func:`validate_metrics` returns them where the names entered (``None``: each table's
-    selection)."""
+    """:func:`write_report` for arguments checked where they entered, as :func:`validate_formats`,
+    :func:`validate_metrics` (``None``: each table's selection) and
+    :func:`bench.data.check_severity` return them."""
     out_dir = Path(out_dir)
-    unknown_fmt = sorted(set(formats) - set(FORMATS))
-    if unknown_fmt:
-        raise ConfigError(f"unknown report format(s) {unknown_fmt}; known: {list(FORMATS)}")
-    if isinstance(severity, bool) or not isinstance(severity, (int, np.integer)) or severity not in SEVERITIES:
-        raise ConfigError(f"report severity must be one of {list(SEVERITIES)}, got {severity!r}")
     shown = _select_methods(results, methods)
     _check_filenames(results.datasets, shown)
 
     written: list[Path] = []
     tables_dir = out_dir / "tables"
     tables_dir.mkdir(parents=True, exist_ok=True)
-    index = _Index.build(results, int(severity))  # shared by the tables and the severity plots
+    index = ResultsIndex.build(results, severity)  # shared by the tables and the severity plots
     built = build_tables(results, shown, metrics, index)
     for table in built:
         for fmt in FORMATS:  # fixed order, whatever order `formats` lists them in
@@ -128,7 +126,7 @@ def render_report(results: AnalysisResults, out_dir: Path, formats: Sequence[str
             stale.unlink()
 
     readme = out_dir / "README.md"
-    atomic_write_text(readme, readme_text(results, shown, built, plots, out_dir, int(severity), left_out,
+    atomic_write_text(readme, readme_text(results, shown, built, plots, out_dir, severity, left_out,
                                           complete_with))
     written.append(readme)
     return written

@@ -19,8 +19,10 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from bench import progress
+from bench.data import SEVERITIES, is_ood
 from bench.metrics import aurc, calibration_bins, ece, risk_coverage_curve
-from bench.report.tables import Column, _Index, _Stat, metric_column
+from bench.report.rows import ResultsIndex, Stat
+from bench.report.tables import Column, metric_column
 
 if TYPE_CHECKING:
     from bench.analysis import AnalysisResults
@@ -83,7 +85,7 @@ def _plot_risk_coverage(curves: list[tuple[str, np.ndarray, np.ndarray]], title:
     _save(fig, path)
 
 
-def _plot_severity(lines: list[tuple[str, list[int], dict[int, _Stat]]], col: Column, title: str,
+def _plot_severity(lines: list[tuple[str, list[int], dict[int, Stat]]], col: Column, title: str,
                    path: Path) -> None:
     """One line per method over severity (0 = clean), shaded band = the 95% CI."""
     fig = _new_figure()
@@ -95,7 +97,7 @@ def _plot_severity(lines: list[tuple[str, list[int], dict[int, _Stat]]], col: Co
         hi = np.array([cells[s].ci_high for s in sevs]) * col.scale
         (line,) = ax.plot(x, mean, marker="o", markersize=3, linewidth=1.2, label=method)
         ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
-    ax.set(xlabel="corruption severity (0 = clean test)", ylabel=col.header, xticks=list(range(0, 6)))
+    ax.set(xlabel="corruption severity (0 = clean test)", ylabel=col.header, xticks=[0, *SEVERITIES])
     ax.set_title(title)
     ax.legend(loc="best")
     _save(fig, path)
@@ -115,8 +117,8 @@ def _plot_ood_hist(test_conf: np.ndarray, ood: list[tuple[str, np.ndarray]], tit
     _save(fig, path)
 
 
-def _severity_lines(ix: _Index, methods: list[str], dataset: str,
-                    metric: str) -> list[tuple[str, list[int], dict[int, _Stat]]]:
+def _severity_lines(ix: ResultsIndex, methods: list[str], dataset: str,
+                    metric: str) -> list[tuple[str, list[int], dict[int, Stat]]]:
     """(method, severities 0..5 present, severity -> stat) for methods with >= 2 points."""
     out = []
     for method in methods:
@@ -128,7 +130,7 @@ def _severity_lines(ix: _Index, methods: list[str], dataset: str,
 
 
 def write_plots(
-    results: AnalysisResults, methods: list[str], ix: _Index, severity_metrics: list[str], plot_dir: Path
+    results: AnalysisResults, methods: list[str], ix: ResultsIndex, severity_metrics: list[str], plot_dir: Path
 ) -> list[tuple[str, str, Path]]:
     """Write every plot; return (dataset, caption, path) in display order.
 
@@ -141,7 +143,7 @@ def write_plots(
     with matplotlib.style.context("default"), matplotlib.rc_context(_PLOT_RC):
         for dataset in results.datasets:
             splits = results.splits.get(dataset, [])
-            ood_splits = [s for s in splits if s.startswith("ood/")]
+            ood_splits = [s for s in splits if is_ood(s)]
             reliability, hists, curves = [], [], []
             for method in methods:
                 seeds = results.seeds.get((dataset, method), [])

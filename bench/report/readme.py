@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Sequence
 import pandas as pd
 from tabulate import tabulate
 
-from bench.report.tables import CI_DECIMALS, NOT_REACHED, TABLES, Column, _md_escape, _Table, _to_markdown
+from bench.report.formats import md_escape, to_markdown
+from bench.report.tables import CI_DECIMALS, NOT_REACHED, TABLES, Column, Table
 from bench.stats import SAMPLES_SEEDS_FIXED
 
 if TYPE_CHECKING:
@@ -47,7 +48,9 @@ def _marks_note(significance: str) -> str:
         "cannot be measured; the mark then rests on test-sample noise (and the other side's "
         "seeds) only, and a re-run with new seeds may not repeat it. `[lo, hi]` "
         f"({CI_DECIMALS} decimal) is the 95% interval of the seed-mean built the same way "
-        "(test samples only for a single run); `≈[lo, hi]` marks a metric whose intervals are "
+        "(test samples only for a single run). An interval is for the metric's true value: for "
+        "an estimator biased upward, as plug-in ECE is, it can lie below the estimate. "
+        "`≈[lo, hi]` marks a metric whose intervals are "
         "only approximate, as *Conventions* says (the calibration errors). The coverage of "
         "these intervals and the false-positive rate of the marks are measured by simulation "
         "in `reports/perf/coverage.md` (`benchmarks/coverage.py`): 94-98% coverage and at "
@@ -107,14 +110,14 @@ DEGENERATE_NOTE = (
 )
 
 
-def _conventions(tables: list[_Table]) -> list[str]:
+def _conventions(tables: list[Table]) -> list[str]:
     """One line per shown column (metrics first seen order), with its convention."""
     seen: dict[str, tuple[Column, list[str]]] = {}
     for table in tables:
         for col in table.columns:
             seen.setdefault(col.key, (col, []))[1].append(table.spec.name)
-    body = [[_md_escape(col.header), f"`{key}`", ", ".join(names),
-             _md_escape(col.convention + (f" {col.interval}" if col.interval else ""))]
+    body = [[md_escape(col.header), f"`{key}`", ", ".join(names),
+             md_escape(col.convention + (f" {col.interval}" if col.interval else ""))]
             for key, (col, names) in seen.items()]
     parts = ["## Conventions", ""]
     if body:
@@ -130,7 +133,7 @@ def _conventions(tables: list[_Table]) -> list[str]:
 def readme_text(
     results: AnalysisResults,
     methods: list[str],
-    tables: list[_Table],
+    tables: list[Table],
     plots: list[tuple[str, str, Path]],
     out_dir: Path,
     severity: int,
@@ -159,14 +162,14 @@ def readme_text(
             if not table.spec.in_readme:
                 parts += [f"Too long to show here: see `tables/{table.spec.name}.md` / `.csv` / `.tex`.", ""]
                 continue
-            mine = _Table(table.spec, table.columns, [r for r in table.rows if r.dataset == dataset],
+            mine = Table(table.spec, table.columns, [r for r in table.rows if r.dataset == dataset],
                           table.reference)
-            parts.append(_to_markdown(mine, drop_dataset=True))
+            parts.append(to_markdown(mine, drop_dataset=True))
 
     parts += ["## Failed cells", ""]
     failures = _failures_in_order(results, methods)
     if len(failures):
-        body = [[_md_escape(str(v)) for v in row] for row in failures.itertuples(index=False)]
+        body = [[md_escape(str(v)) for v in row] for row in failures.itertuples(index=False)]
         parts.append(tabulate(body, headers=["dataset", "method", "seed", "reason"],
                               tablefmt="pipe", disable_numparse=True) + "\n")
     else:
@@ -175,7 +178,7 @@ def readme_text(
     parts += ["## Damaged cells", ""]
     damaged = results.damaged
     if len(damaged):
-        body = [[_md_escape(str(v)) for v in row] for row in damaged[["cell", "dataset", "method", "seed", "reason"]]
+        body = [[md_escape(str(v)) for v in row] for row in damaged[["cell", "dataset", "method", "seed", "reason"]]
                 .itertuples(index=False)]
         parts += ["Cells whose files no longer match their manifest (changed, missing or extra prediction "
                   "files, unusable arrays), and directories that name no cell. They are left out of every "
@@ -234,7 +237,7 @@ def _left_out(cells: Sequence[LeftOut], complete_with: str) -> list[str]:
         parts[-1] += f" To complete them: `{complete_with}`, then report again."
     if any(c.state == "running" for c in cells):
         parts[-1] += " A running cell is being trained by the runner named: report again once it is done."
-    body = [[f"`{c.key}`", _md_escape(c.dataset), _md_escape(c.method), str(c.seed), c.state, _md_escape(c.detail)]
+    body = [[f"`{c.key}`", md_escape(c.dataset), md_escape(c.method), str(c.seed), c.state, md_escape(c.detail)]
             for c in cells]
     parts += ["", tabulate(body, headers=["cell", "dataset", "method", "seed", "state", "detail"],
                            tablefmt="pipe", disable_numparse=True) + "\n"]

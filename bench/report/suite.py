@@ -16,11 +16,13 @@ from pathlib import Path
 
 from bench.analysis import ANALYSIS_DIR, SIGNIFICANCE, analyse_store
 from bench.catalog import open_store, write_store_description
+from bench.data import SEVERITIES, check_severity
 from bench.errors import ConfigError, one_line
 from bench.plan import make_plan
 from bench.report import render_report, staged
+from bench.report.formats import FORMATS, validate_formats
 from bench.report.readme import left_out_summary
-from bench.report.tables import FORMATS, validate_metrics
+from bench.report.tables import validate_metrics
 from bench.runs import write_record
 from bench.spec import Suite, select
 from bench.store import STORE_SUITE
@@ -34,10 +36,12 @@ class ReportOptions:
     ``methods``: the methods shown (``report --methods``; ``None``: every method of the
     suite or store); ``datasets``: the datasets analysed and shown (``None``: all);
     ``metrics``: the metric columns and the metrics analysed on top of the default
-    selection (``None``: each table's selection), checked against the registry when the
-    options are made (:func:`~bench.report.tables.validate_metrics`); ``formats``,
-    ``severity``, ``significance``: as :func:`bench.report.write_report` and
-    :func:`bench.analysis.analyse_store` take them.  ``strict``: exit 1 when any cell is
+    selection (``None``: each table's selection); ``formats``, ``severity``,
+    ``significance``: as :func:`bench.report.write_report` and
+    :func:`bench.analysis.analyse_store` take them.  The metrics, formats and severity are
+    checked when the options are made (:func:`~bench.report.tables.validate_metrics`,
+    :func:`~bench.report.formats.validate_formats`, :func:`bench.data.check_severity`): a bad
+    one is a ConfigError before any work.  ``strict``: exit 1 when any cell is
     left out; ``quiet``: no line on success; ``debug``: an error that keeps the report
     from being written propagates instead of being told in one line.  ``suite`` (the name
     or path given), ``results``, ``data_root``, ``seeds`` and ``epochs`` are repeated in
@@ -52,16 +56,18 @@ class ReportOptions:
     epochs: int | None = None
     metrics: tuple[str, ...] | None = None
     formats: tuple[str, ...] = FORMATS
-    severity: int = 5
+    severity: int = SEVERITIES[-1]
     significance: str = SIGNIFICANCE
     strict: bool = False
     quiet: bool = False
     debug: bool = False
     run: dict | None = None  # the run whose report this is (bench.runs.report_record), kept as run.json in it
 
-    def __post_init__(self) -> None:
-        if self.metrics is not None:  # where the names enter the report: checked once, then passed on
+    def __post_init__(self) -> None:  # where the choices enter the report: checked once, then passed on
+        if self.metrics is not None:
             object.__setattr__(self, "metrics", tuple(validate_metrics(self.metrics)))
+        object.__setattr__(self, "formats", validate_formats(self.formats))
+        object.__setattr__(self, "severity", check_severity(self.severity, "--severity", ConfigError))
 
 
 @dataclass(frozen=True)
@@ -160,11 +166,11 @@ def write_suite_report(suite: Suite | None, store_root: Path, out_dir: Path, opt
         if wanted is None and methods:
             left_out = [c for c in left_out if c.method in catalog.rows(methods, bases=True)]
         command = _completing_command(options, suite is None) if any(c.state != "running" for c in left_out) else ""
-        render_report(results, stage, tuple(options.formats), rows, picked, options.severity, left_out, command)
+        render_report(results, stage, options.formats, rows, picked, options.severity, left_out, command)
         if options.run is not None:
             write_record(stage, options.run)
     if suite is not None and not (Path(store_root) / STORE_SUITE).is_file():
-        write_store_description(store_root, suite)  # a store made before stores described themselves
+        write_store_description(store_root, suite)  # a store without suite.json gets one: it can then be reported without its suite file
     mine = set(catalog.rows(methods, bases=True)) if methods else {m.name for m in catalog.methods}
     failed = [row for row in results.failures[["dataset", "method", "seed", "reason"]].itertuples(index=False, name=None)
               if row[1] in mine]

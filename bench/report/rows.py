@@ -1,0 +1,239 @@
+"""Report rows: the analysis frames indexed once (:class:`ResultsIndex`), then one row
+builder per table source (:data:`SOURCES`), each giving a (dataset, method)'s rows with
+their raw statistics (:class:`Stat`).
+
+Rows follow the results' display orders (datasets, methods, splits, OOD scores in the
+order of :data:`bench.analysis.SCORES`, severities); nothing depends on the row order of
+the input frames.  Which table takes which source is :data:`bench.report.tables.TABLES`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+
+import pandas as pd
+
+from bench.analysis import EFFICIENCY_COLUMNS, EFFICIENCY_FIELDS, SCORES
+from bench.data import corruption_of, corruption_split, is_ood, is_shift
+
+if TYPE_CHECKING:
+    from bench.analysis import AnalysisResults
+
+#: the statistics of a summary row and of a severity row (:class:`Stat` fields)
+SUMMARY_STATS = ("mean", "std", "ci_low", "ci_high", "p_holm", "verdict", "test")
+SEVERITY_STATS = ("mean", "std", "ci_low", "ci_high")
+
+
+@dataclass(frozen=True)
+class Stat:
+    """Raw (unscaled) statistics of one cell; NaN/"" where the source has none."""
+
+    mean: float = math.nan
+    std: float = math.nan
+    ci_low: float = math.nan
+    ci_high: float = math.nan
+    p_holm: float = math.nan
+    verdict: str = ""
+    test: str = ""  # what the p-value accounts for (bench.analysis.TESTS)
+    seeds_needed: float = math.nan
+
+
+NO_STAT = Stat()
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of a table: its dataset, method and keys, and each column's statistics."""
+
+    dataset: str
+    method: str
+    keys: tuple  # raw values of the spec's key columns (severity stays an int, -1 = all)
+    stats: dict[str, Stat]  # column key -> statistics
+    n_seeds: int
+    failed: bool = False
+    partial: bool = False  # only the columns in ``stats`` apply (the mCE row); others are blank
+
+
+Key = tuple  # (dataset, method)
+
+
+def _float(x) -> float:
+    return math.nan if x is None or pd.isna(x) else float(x)
+
+
+def _int(x) -> int:
+    return 0 if x is None or pd.isna(x) else int(x)
+
+
+def _records(frame: pd.DataFrame, columns: Sequence[str]) -> Iterable[dict]:
+    """Rows of ``frame`` as dicts; nothing when it is empty or lacks a column."""
+    if frame is None or not len(frame) or any(c not in frame.columns for c in columns):
+        return []
+    return frame[list(columns)].to_dict("records")
+
+
+@dataclass
+class ResultsIndex:
+    """The input frames keyed for lookup; row order of the frames never matters."""
+
+    split_rank: dict[str, dict[str, int]]  # dataset -> split -> display rank
+    severity: int
+    # (dataset, method) -> (split, score) -> metric -> stat, and the max n_seeds per (split, score)
+    summary: dict[Key, dict[tuple[str, str], dict[str, Stat]]] = field(default_factory=dict)
+    summary_n: dict[Key, dict[tuple[str, str], int]] = field(default_factory=dict)
+    by_severity: dict[Key, dict[int, dict[str, Stat]]] = field(default_factory=dict)
+    severity_n: dict[Key, dict[int, int]] = field(default_factory=dict)
+    ce: dict[Key, dict[str, float]] = field(default_factory=dict)
+    efficiency: dict[Key, dict[str, float]] = field(default_factory=dict)
+    seeds: dict[Key, int] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, results: AnalysisResults, severity: int) -> ResultsIndex:
+        """Index the result frames; for a dataset with ``headlines`` ({shown: in its place})
+        the stats of the replacing metric are filed under the replaced one's column."""
+        ix = cls({d: {s: i for i, s in enumerate(sp)} for d, sp in results.splits.items()}, severity)
+        swaps = {d: ({v: k for k, v in sw.items()}, set(sw)) for d, sw in results.headlines.items()}
+
+        def columns(dataset: str, metric: str) -> list[str]:
+            into, out = swaps.get(dataset, ({}, set()))
+            return ([into[metric]] if metric in into else []) + ([] if metric in out else [metric])
+
+        ix.seeds = {k: len(v) for k, v in results.seeds.items()}
+        for r in _records(results.summary, ["dataset", "method", "split", "score", "metric", "n_seeds",
+                                            *SUMMARY_STATS, "seeds_needed"]):
+            key, rk = (r["dataset"], r["method"]), (r["split"], "" if pd.isna(r["score"]) else str(r["score"]))
+            for col in columns(r["dataset"], r["metric"]):
+                ix.summary.setdefault(key, {}).setdefault(rk, {})[col] = _stat(r)
+            n = ix.summary_n.setdefault(key, {})
+            n[rk] = max(n.get(rk, 0), _int(r["n_seeds"]))
+        for r in _records(results.severity, ["dataset", "method", "severity", "metric", "n_seeds",
+                                             *SEVERITY_STATS]):
+            key, sev = (r["dataset"], r["method"]), int(r["severity"])
+            for col in columns(r["dataset"], r["metric"]):
+                ix.by_severity.setdefault(key, {}).setdefault(sev, {})[col] = _stat(r)
+            n = ix.severity_n.setdefault(key, {})
+            n[sev] = max(n.get(sev, 0), _int(r["n_seeds"]))
+        for r in _records(results.corruption_errors, ["dataset", "method", "corruption", "ce"]):
+            ix.ce.setdefault((r["dataset"], r["method"]), {})[r["corruption"]] = _float(r["ce"])
+        for r in _records(results.efficiency, EFFICIENCY_COLUMNS):
+            ix.efficiency[(r["dataset"], r["method"])] = {k: _float(r[k]) for k in EFFICIENCY_FIELDS}
+        return ix
+
+    def split_key(self, dataset: str, split: str) -> tuple:
+        rank = self.split_rank.get(dataset, {})
+        return (rank.get(split, len(rank)), split)
+
+
+def _text(x) -> str:
+    return "" if x is None or pd.isna(x) else str(x)
+
+
+def _stat(record: dict) -> Stat:
+    return Stat(*(_float(record.get(s)) for s in ("mean", "std", "ci_low", "ci_high", "p_holm")),
+                 verdict=_text(record.get("verdict")), test=_text(record.get("test")),
+                 seeds_needed=_float(record.get("seeds_needed")))
+
+
+def _score_key(score: str) -> tuple:
+    """OOD scores in the analysis' order (:data:`bench.analysis.SCORES`), any other after them, sorted."""
+    return (SCORES.index(score) if score in SCORES else len(SCORES), score)
+
+
+def _summary_rows(ix: ResultsIndex, dataset: str, method: str,
+                  select: Callable[[str, str], tuple | None]) -> list[Row]:
+    """Rows from ``results.summary``: ``select(split, score)`` gives the row keys or None."""
+    cells = ix.summary.get((dataset, method), {})
+    picked = [((split, score), select(split, score)) for split, score in cells]
+    picked = [(rk, keys) for rk, keys in picked if keys is not None]
+    picked.sort(key=lambda p: (ix.split_key(dataset, p[0][0]), _score_key(p[0][1])))
+    return [Row(dataset, method, keys, cells[rk], ix.summary_n[(dataset, method)][rk])
+            for rk, keys in picked]
+
+
+def _rows_test(ix: ResultsIndex, dataset: str, method: str) -> list[Row]:
+    return _summary_rows(ix, dataset, method, lambda split, score: () if split == "test" and not score else None)
+
+
+def _rows_other_shift(ix: ResultsIndex, dataset: str, method: str) -> list[Row]:
+    def select(split: str, score: str) -> tuple | None:
+        return (split,) if is_shift(split) and corruption_of(split) is None and not score else None
+
+    return _summary_rows(ix, dataset, method, select)
+
+
+def _rows_all_shift(ix: ResultsIndex, dataset: str, method: str) -> list[Row]:
+    return _summary_rows(ix, dataset, method, lambda split, score: (split,) if is_shift(split) and not score else None)
+
+
+def _rows_ood(ix: ResultsIndex, dataset: str, method: str) -> list[Row]:
+    return _summary_rows(ix, dataset, method, lambda split, score: (split, score) if is_ood(split) else None)
+
+
+def _rows_corruption(ix: ResultsIndex, dataset: str, method: str) -> list[Row]:
+    """Corruptions at the chosen severity (plus CE), then the method's mCE row."""
+
+    def select(split: str, score: str) -> tuple | None:
+        cs = corruption_of(split)
+        return (cs[0],) if cs and cs[1] == ix.severity and not score else None
+
+    rows = _summary_rows(ix, dataset, method, select)
+    ce = ix.ce.get((dataset, method), {})
+    seen = {r.keys[0] for r in rows}
+    order = {c: ix.split_key(dataset, corruption_split(c, ix.severity)) for c in ce}
+    n = ix.seeds.get((dataset, method), 0)
+    rows += [Row(dataset, method, (c,), {}, n) for c in sorted(ce, key=lambda c: (order[c], c))
+             if c not in seen and c != "mCE"]
+    rows = [Row(r.dataset, r.method, r.keys, {**r.stats, "ce": Stat(ce.get(r.keys[0], math.nan))}, r.n_seeds)
+            for r in rows]
+    if "mCE" in ce:
+        rows.append(Row(dataset, method, ("mCE",), {"ce": Stat(ce["mCE"])}, n, partial=True))
+    return rows
+
+
+def _rows_severity(ix: ResultsIndex, dataset: str, method: str) -> list[Row]:
+    cells = ix.by_severity.get((dataset, method), {})
+    n = ix.severity_n.get((dataset, method), {})
+    return [Row(dataset, method, (sev,), cells[sev], n[sev]) for sev in sorted(cells, key=lambda s: (s < 0, s))]
+
+
+def _rows_efficiency(ix: ResultsIndex, dataset: str, method: str) -> list[Row]:
+    values = ix.efficiency.get((dataset, method))
+    if values is None:
+        return []
+    return [Row(dataset, method, (), {k: Stat(v) for k, v in values.items()}, ix.seeds.get((dataset, method), 0))]
+
+
+SOURCES: dict[str, Callable[[ResultsIndex, str, str], list[Row]]] = {
+    "test": _rows_test,
+    "severity": _rows_severity,
+    "corruption": _rows_corruption,
+    "other_shift": _rows_other_shift,
+    "all_shift": _rows_all_shift,
+    "ood": _rows_ood,
+    "efficiency": _rows_efficiency,
+}
+
+
+def _failure_keys(results: AnalysisResults) -> set[Key]:
+    f = results.failures
+    return {(str(d), str(m)) for d, m in zip(f["dataset"], f["method"])} if len(f) else set()
+
+
+def table_rows(results: AnalysisResults, methods: list[str], source: str, n_keys: int,
+               ix: ResultsIndex) -> list[Row]:
+    """Rows of the row builder ``source`` (:data:`SOURCES`) in display order: datasets,
+    then methods, then the source's own order.
+
+    A (dataset, method) with no successful seed and a recorded failure gets one ``failed``
+    row (``n_keys`` empty keys); one that was not run on the dataset gets none.
+    """
+    failed_pairs = _failure_keys(results)
+    rows: list[Row] = []
+    for dataset in results.datasets:
+        for method in methods:
+            mine = SOURCES[source](ix, dataset, method)
+            if not mine and not results.seeds.get((dataset, method)) and (dataset, method) in failed_pairs:
+                mine = [Row(dataset, method, ("",) * n_keys, {}, 0, failed=True)]
+            rows += mine
+    return rows
