@@ -25,12 +25,11 @@ import argparse
 import dataclasses
 import math
 import os
-import signal
 import sys
-import threading
 from pathlib import Path
 
 from bench.data import SEVERITIES
+from bench.commands import CtrlC, Interrupted, cmd_runs, cmd_verify, status, stopped_at, stored_run
 from bench.errors import ConfigError, one_line
 from bench.executor_config import EXECUTORS, ExecutorConfig
 from bench.registry import import_plugins
@@ -109,17 +108,27 @@ COMMANDS = {
 }
 
 
+class _CommandLine(argparse.ArgumentParser):
+    """The top-level parser: it reads a command line through :func:`_with_command` (the
+    command moved to the front, ``run`` when there is none) before parsing it."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(_with_command(self, argv), namespace)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line: one subcommand each (``run_suite.py COMMAND --help`` shows a
     command's own options); :func:`main` reads a command line without a command as
     ``run``, as the options of today's flat command line keep working."""
-    p = argparse.ArgumentParser(
+    p = _CommandLine(
         prog="run_suite.py",
         description="uqbench: train, evaluate and report uncertainty methods for Transformers.",
         epilog="Without a command, run is meant (run_suite.py --epochs 1 = run_suite.py run --epochs 1). "
                "run_suite.py COMMAND --help shows the options of a command.",
     )
-    sub = p.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", title="commands",
+                           parser_class=argparse.ArgumentParser)
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--plugin", action="append", default=[], metavar="MODULE",
@@ -284,177 +293,16 @@ def cmd_list() -> int:
     return 0
 
 
-@dataclasses.dataclass(frozen=True)
-class Planned:
-    """A planned cell as ``status`` needs it: from a suite's plan or a run's record."""
-
-    key: str
-    dataset: str
-    method: str
-    seed: int
-    epochs: int
-
-    @property
-    def label(self) -> str:
-        return f"{self.dataset} / {self.method} / seed {self.seed}"
-
-
-def cmd_status(cells: list[Planned], store_root: Path) -> int:
-    """Print, for every planned cell in the store ``store_root``, whether it is done, failed
-    (with the reason), running (a live runner holds its lock: who, since when), interrupted
-    (with its last saved epoch), damaged or missing; then counts and the estimated time
-    left, from the recorded timings of the done cells of the same method (else of all done
-    cells), on the machine(s) they ran on."""
-    import numpy as np
-
-    from bench.catalog import describe_runner, live_runner
-    from bench.cell import TRAIN_STATE, saved_epoch
-    from bench.progress import duration
-    from bench.store import Store
-
-    store = Store(store_root)
-    counts = {"done": 0, "failed": 0, "running": 0, "interrupted": 0, "damaged": 0, "missing": 0}
-    seconds: dict[str, list[float]] = {}
-    pending: list[str] = []
-    for cell in cells:
-        cd = store.cell(cell.key)
-        state, problem = cd.condition()
-        if state == "complete":
-            info = cd.read_cell() or {}
-            counts["done"] += 1
-            seconds.setdefault(cell.method, []).append(
-                float(info.get("train_seconds", 0.0)) + float(info.get("predict_seconds", 0.0)))
-            continue
-        detail = {"missing": "", "failed": (problem or "")[len("failed: "):], "damaged": problem}.get(state, "")
-        if state == "interrupted":
-            epoch = saved_epoch(cd)
-            detail = ("no epoch saved yet" if not (cd.path / TRAIN_STATE).is_file() else
-                      "training state unreadable" if epoch is None else f"last saved epoch {epoch}/{cell.epochs}")
-        who = live_runner(store.root, cell.key) if state in ("missing", "interrupted") else None
-        if who is not None:  # a live runner holds the cell's lock (a dead one's lock is stale)
-            state, detail = "running", "; ".join(
-                [f"{describe_runner(who)}, heartbeat {who['age']:.0f} s ago"] + ([detail] if detail else []))
-        counts[state] += 1
-        if state != "failed":
-            pending.append(cell.method)
-        print(f"{cell.label}: {state}{': ' + detail if detail else ''} ({cell.key})")
-    done_all = [x for v in seconds.values() for x in v]
-    left = sum(float(np.mean(seconds.get(m) or done_all)) for m in pending) if done_all else float("nan")
-    estimate = duration(left) if done_all else "unknown (no cell done yet)"
-    print(f"{store.root}: " + ", ".join(f"{v} {k}" for k, v in counts.items())
-          + f"; estimated time left for the {len(pending)} cell(s) to run: {estimate}")
-    return 0
-
-
-def _status(args: argparse.Namespace, record: dict | None) -> int:
-    """``status NAME`` (the cells its record names, narrowed by --methods, --datasets and
-    --seeds) or ``status --suite ...`` (the suite's plan, in its run's store)."""
-    from bench.plan import make_plan
-    from bench.spec import Overrides, load_suite, select
-
-    if args.run is not None:
-        if record is None:
-            raise ConfigError(f"status {args.run}: the store {args.results / args.run} has no record of its plan (made "
-                              "before runs had names): give the suite file and the flags it ran with instead, "
-                              "e.g. status --suite FILE --epochs N")
-        cells = [Planned(str(c["key"]), str(c["dataset"]), str(c["method"]), int(c["seed"]), int(c["epochs"]))
-                 for c in record.get("cells", [])]
-        cells = [c for c in cells if (args.methods is None or c.method in args.methods)
-                 and (args.datasets is None or c.dataset in args.datasets) and (args.seeds is None or c.seed in args.seeds)]
-        return cmd_status(cells, args.results / args.run)
-    suite = load_suite(args.suite or "default", Overrides(seeds=args.seeds, epochs=args.epochs, methods=args.methods))
-    plan = make_plan(select(suite, args.methods, args.datasets, to_run=False))
-    cells = [Planned(c.key, c.dataset.name, c.method.name, c.seed, c.method.train.epochs) for c in plan.cells]
-    return cmd_status(cells, args.results / _stored_run(args, suite.name))
-
-
-def cmd_verify(args: argparse.Namespace) -> int:
-    """Check every cell directory of a run's store (``verify NAME``, or ``--suite``: the
-    suite's store): print one line per cell that is not complete; exit 0 when nothing is
-    damaged, 1 otherwise (failed and interrupted cells are listed but are not damage)."""
-    from bench.cell import TENSORBOARD
-    from bench.spec import suite_name_problem
-    from bench.store import DAMAGED_MARK, CellDir
-
-    if args.run is not None:
-        name = args.run
-    else:
-        suite = args.suite or "default"
-        name = Path(suite).stem if suite.endswith(".toml") else suite
-        if (why := suite_name_problem(name)) is not None:
-            raise ConfigError(f"--suite: {why}")
-    root = args.results / name
-    if not root.is_dir():
-        raise ConfigError(f"verify: no store at {root}; give a run's NAME (run_suite.py runs lists them) or "
-                          "--results DIR")
-    counts = {"complete": 0, "failed": 0, "interrupted": 0, "damaged": 0}
-    for path in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".") and p.name != TENSORBOARD):
-        if DAMAGED_MARK in path.name:
-            print(f"{path.name}: moved aside earlier (damaged), not used")
-            continue
-        kind, problem = CellDir(path).condition()
-        counts[kind] += 1
-        if problem is not None:
-            print(f"{path.name}: {kind}: {problem}")
-    print(f"{root}: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
-    return 1 if counts["damaged"] else 0
-
-
-def cmd_runs(args: argparse.Namespace) -> int:
-    """List the runs under ``--results`` (:func:`bench.runs.list_runs`)."""
-    from bench.runs import list_runs, runs_table
-
-    rows = list_runs(args.results)
-    if not rows:
-        print(f"no runs under {args.results}")
-        return 0
-    print(runs_table(rows))
-    return 0
-
-
-class Interrupted(Exception):
-    """A command stopped by Ctrl-C; the message says where it stopped."""
-
-
-class _CtrlC:
-    """Ctrl-C while a command runs: the first one raises KeyboardInterrupt, so the command
-    winds down (locks released, workers stopped) and says where it stopped; a second one
-    meanwhile ends the process at once (exit 130), its worker processes with it."""
-
-    def __enter__(self):
-        self.before = None
-        if threading.current_thread() is threading.main_thread():
-            self.before = signal.signal(signal.SIGINT, self._first)
-        return self
-
-    def _first(self, _signum, _frame) -> None:
-        signal.signal(signal.SIGINT, self._again)
-        raise KeyboardInterrupt
-
-    @staticmethod
-    def _again(_signum, _frame) -> None:
-        import multiprocessing
-
-        for child in multiprocessing.active_children():
-            child.kill()
-        os.write(2, b"\ninterrupted again: stopped at once\n")
-        os._exit(130)
-
-    def __exit__(self, *exc) -> None:
-        if self.before is not None:
-            signal.signal(signal.SIGINT, self.before)
-
-
 def main(argv: list[str] | None = None) -> int:
     from bench import progress
     from bench.options import allowing_large
 
     parser = build_parser()
-    args = parser.parse_args(_with_command(parser, list(sys.argv[1:] if argv is None else argv)))
+    args = parser.parse_args(argv)
     before = progress.mode()
     progress.configure(progress.auto(args.quiet))
     try:
-        with _CtrlC(), allowing_large(args.allow_large):
+        with CtrlC(), allowing_large(args.allow_large):
             return _main(args)
     except ConfigError as exc:
         if args.debug:
@@ -515,7 +363,7 @@ def _main(args: argparse.Namespace) -> int:
     if args.command == "verify":
         return cmd_verify(args)
     if args.command == "status":
-        return _status(args, record)
+        return status(args, record)
 
     from bench.data import configure_data
 
@@ -548,15 +396,6 @@ def _named_run(args: argparse.Namespace) -> dict | None:
     return read_record(store)
 
 
-def _stored_run(args: argparse.Namespace, suite: str) -> str:
-    """The run that ``report``/``status`` with ``--suite`` and plan flags mean: the run those
-    flags name when its store exists, else the suite's own run (the flags then select in it)."""
-    from bench.runs import default_name, plan_overrides
-
-    name = default_name(suite, plan_overrides(args.methods, args.datasets, args.seeds, args.epochs))
-    return name if (args.results / name).is_dir() else suite
-
-
 def _report(args: argparse.Namespace, record: dict | None) -> int:
     """``report``: a run by NAME (its recorded plan), a store alone (``--suite NAME`` of no
     suite file), or ``--suite`` with the run's flags."""
@@ -581,7 +420,7 @@ def _report(args: argparse.Namespace, record: dict | None) -> int:
     else:
         overrides = Overrides(seeds=args.seeds, epochs=args.epochs, methods=args.methods)
         suite = load_suite(args.suite, overrides)
-        name = _stored_run(args, suite.name)
+        name = stored_run(args, suite.name)
     store_root, out = args.results / name, args.reports / name
     mine = owner(store_root) or {"suite": suite.name if suite is not None else name, "overrides": {}}
     check_owner(out, "report", name, mine)
@@ -633,7 +472,7 @@ def _run(args: argparse.Namespace) -> int:
                            workers=where.workers, cells_per_gpu=where.cells_per_gpu, slurm=where.slurm_options(),
                            plugins=tuple(args.plugin), record=record, tensorboard="tensorboard" in args.log)
     except KeyboardInterrupt:
-        raise Interrupted(_stopped_at(plan, store_root)) from None
+        raise Interrupted(stopped_at(plan, store_root)) from None
     finally:
         distributed.teardown()
     if rank > 0:
@@ -644,36 +483,14 @@ def _run(args: argparse.Namespace) -> int:
     try:
         status = max(status, report_suite(selected, store_root, out, report_options))
     except KeyboardInterrupt:
-        raise Interrupted(_stopped_at(plan, store_root)) from None
+        raise Interrupted(stopped_at(plan, store_root)) from None
     more = f" --results {args.results}" if args.results != Path("results") else ""
     console.log(f"run {name!r}: store {store_root}, report {out / 'README.md'}; "
                 f"see it again with `run_suite.py status {name}{more}`")
     return status
 
 
-def _stopped_at(plan, store_root: Path) -> str:
-    """The line Ctrl-C ends a run with: its cells done, the ones in progress and the epoch
-    each saved its training at."""
-    from bench.cell import saved_epoch
-    from bench.store import CellDir
-
-    done, saved = 0, []
-    for cell in plan.cells:
-        cd = CellDir(store_root / cell.key)
-        info = cd.read_cell() or {}
-        if cd.sealed() and info.get("status") == "complete":
-            done += 1
-        elif info.get("status") == "running":
-            saved.append(saved_epoch(cd))
-    where = f"{len(saved)} in progress"
-    if saved and all(e is None for e in saved):
-        where += ", no epoch saved yet"
-    elif saved:
-        epochs = sorted({e for e in saved if e is not None})
-        where += f" saved at epoch{'s' if len(epochs) > 1 else ''} {', '.join(map(str, epochs))}"
-        if None in saved:
-            where += " (some with no epoch saved yet)"
-    return f"interrupted: {done} cell{'s' if done != 1 else ''} done, {where}; run the same command to resume"
+    return None if value is None else tuple(value)
 
 
 def _tuple(value) -> tuple | None:

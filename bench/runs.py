@@ -147,6 +147,25 @@ def report_record(name: str, ident: dict) -> dict:
     return {"name": name, **ident}
 
 
+def implied(record: dict, folder_name: str) -> bool:
+    """Whether a report record (:func:`report_record`) says only what a folder without
+    one counts as (:func:`owner`): the plain suite of the folder's name.  Such a report
+    keeps no ``run.json``, so the plain suite's report (a committed reference among them)
+    stays as it was."""
+    return record == report_record(folder_name, {"suite": folder_name, "overrides": {}})
+
+
+def resume_flags(record: dict) -> list[str]:
+    """The flags that name a run (:func:`report_record`) on the ``run`` command line after
+    ``--suite``: its overrides, and ``--name`` unless the name is their default."""
+    overrides = record.get("overrides") or {}
+    flags = [part for key, value in overrides.items()
+             for part in (f"--{key}", ",".join(map(str, value)) if isinstance(value, list) else str(value))]
+    if record.get("name") != default_name(str(record.get("suite")), overrides):
+        flags += ["--name", str(record.get("name"))]
+    return flags
+
+
 def write_record(folder: Path, record: dict) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write_json(folder / RUN_RECORD, json.loads(json.dumps(record, default=str)))

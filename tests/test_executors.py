@@ -118,7 +118,7 @@ def test_a_killed_worker_fails_only_its_cell_and_the_next_run_retries_it(tmp_pat
     suite.write_text(TINY.replace('splits = ["test", "shift/digits_box", "ood/uniform_noise"]', 'splits = ["test"]'))
     command = ["--suite", str(suite), "--results", str(tmp_path / "results"), "--reports",
                str(tmp_path / "reports"), "--data-root", str(tmp_path / "data"),
-               "--executor", "processes", "--workers", "2", "--methods", "msp"]
+               "--executor", "processes", "--workers", "2", "--methods", "msp", "--name", "tiny"]
     store = tmp_path / "results" / "tiny"
     done, killed = threading.Event(), []
     killer = threading.Thread(target=_kill_first_lock_holder, args=(store, done, killed))
@@ -147,7 +147,7 @@ POOL_TABLE = '\n[executor]\nkind = "processes"\nworkers = 2\n'
 
 
 def test_executor_table_of_the_suite_file_runs_its_executor_without_flags(tmp_path):
-    proc = _run(tmp_path, "--methods", "msp", table=POOL_TABLE)
+    proc = _run(tmp_path, "--methods", "msp", "--name", "tiny", table=POOL_TABLE)
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err
     # the pool's own lines: its size and the per-outcome queue count (the local executor prints neither)
@@ -198,7 +198,7 @@ def test_a_bad_executor_table_stops_the_run_before_any_work(tmp_path):
 
 def test_submitit_local_executor_runs_every_cell(tmp_path):
     pytest.importorskip("submitit")
-    proc = _run(tmp_path, "--executor", "submitit-local", "--methods", "msp")
+    proc = _run(tmp_path, "--executor", "submitit-local", "--methods", "msp", "--name", "tiny")
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err
     assert len(_trained(err)) == 2
