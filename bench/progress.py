@@ -16,6 +16,7 @@ prediction loops themselves (:mod:`bench.train`) only call callbacks, which the 
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from contextlib import contextmanager
@@ -91,7 +92,9 @@ class Task:
         if _MODE == "bars":
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total, desc=desc, unit=unit, leave=False, file=sys.stderr, dynamic_ncols=True)
+            sized = _terminal_columns() > 0  # a terminal that reports no size (0 columns) would get no bar at all
+            self._bar = tqdm(total=total, desc=desc, unit=unit, leave=False, file=sys.stderr, dynamic_ncols=sized,
+                             ncols=None if sized else 100)
 
     def advance(self, n: int = 1) -> None:
         self.count += n
@@ -110,6 +113,14 @@ class Task:
             self._bar.close()
         elif _MODE == "lines" and self.done is not None:
             line(f"{self.desc}: {self.done.replace('{count}', str(self.count))} in {duration(time.perf_counter() - self.started)}")
+
+
+def _terminal_columns() -> int:
+    """The width of the terminal stderr is on (0: unknown)."""
+    try:
+        return os.get_terminal_size(sys.stderr.fileno()).columns
+    except (OSError, ValueError, AttributeError):
+        return 0
 
 
 @contextmanager
