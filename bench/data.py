@@ -174,47 +174,45 @@ def corruption_split(corruption: str, severity: int) -> str:
 
 
 def split_summary(names) -> str:
-    """Split names for a message, in their order but with each grid of corruptions x
-    severities in one item: ``shift/<19 corruptions>/<1-5>``, its corruptions named once
-    at the end (``shift/fog/<1-5>`` for a single one)."""
-    grids: dict[tuple[str, ...], list[str]] = {}  # severities -> corruptions with exactly these
-    severities: dict[str, list[str]] = {}
-    items: list[object] = []
+    """Split names for a message, in their order but with the corruption splits that share
+    their severities in one item: ``shift/<19 corruptions>/<1-5>``, those corruptions named
+    once at the end (``shift/fog/<1-5>`` for a single one)."""
+    severities: dict[str, list[int]] = {}  # corruption -> its severities, in order
+    items: list[str | tuple[str]] = []  # a split name, or (corruption,): where its grid stands
     for name in names:
-        parts = name.split("/")
-        if len(parts) == 3 and parts[0] == "shift" and parts[2].isdigit():
-            if parts[1] not in severities:
-                items.append(("grid", parts[1]))
-            severities.setdefault(parts[1], []).append(parts[2])
-        else:
+        if (found := corruption_of(name)) is None:
             items.append(name)
-    for corruption, sevs in severities.items():
-        grids.setdefault(tuple(sevs), []).append(corruption)
+            continue
+        if found[0] not in severities:
+            items.append((found[0],))
+        severities.setdefault(found[0], []).append(found[1])
+    grids: dict[tuple[int, ...], list[str]] = {}  # severities -> the corruptions with exactly these
+    for corruption, levels in severities.items():
+        grids.setdefault(tuple(levels), []).append(corruption)
 
-    def levels(sevs: tuple[str, ...]) -> str:
-        values = sorted(int(v) for v in sevs)
-        if len(values) == 1:
-            return str(values[0])
-        contiguous = len(values) > 2 and values == list(range(values[0], values[-1] + 1))
-        return "<" + (f"{values[0]}-{values[-1]}" if contiguous else ",".join(map(str, values))) + ">"
+    def levels_text(levels: tuple[int, ...]) -> str:
+        ordered = sorted(levels)
+        if len(ordered) == 1:
+            return str(ordered[0])
+        contiguous = len(ordered) > 2 and ordered == list(range(ordered[0], ordered[-1] + 1))
+        return "<" + (f"{ordered[0]}-{ordered[-1]}" if contiguous else ",".join(map(str, ordered))) + ">"
 
     out, named, shown = [], [], set()
     for item in items:
         if isinstance(item, str):
             out.append(item)
             continue
-        sevs = tuple(severities[item[1]])
-        if sevs in shown:
+        levels = tuple(severities[item[0]])
+        if levels in shown:
             continue
-        shown.add(sevs)
-        corruptions = grids[sevs]
+        shown.add(levels)
+        corruptions = grids[levels]
         if len(corruptions) == 1:
-            out.append(f"shift/{corruptions[0]}/{levels(sevs)}")
+            out.append(f"{SHIFT_PREFIX}{corruptions[0]}/{levels_text(levels)}")
         else:
-            out.append(f"shift/<{len(corruptions)} corruptions>/{levels(sevs)}")
+            out.append(f"{SHIFT_PREFIX}<{len(corruptions)} corruptions>/{levels_text(levels)}")
             named.append(", ".join(corruptions))
-    text = ", ".join(out)
-    return text + "".join(f" (corruptions: {n})" for n in named)
+    return ", ".join(out) + "".join(f" (corruptions: {n})" for n in named)
 
 
 def corruption_of(split: str) -> tuple[str, int] | None:
