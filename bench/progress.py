@@ -112,7 +112,8 @@ class Task:
         if self._bar is not None:
             self._bar.close()
         elif _MODE == "lines" and self.done is not None:
-            line(f"{self.desc}: {self.done.replace('{count}', str(self.count))} in {duration(time.perf_counter() - self.started)}")
+            took = duration(time.perf_counter() - self.started)
+            line(f"{self.desc}: {self.done.replace('{count}', str(self.count))} in {took}")
 
 
 def _terminal_columns() -> int:
