@@ -180,7 +180,6 @@ class CtrlC:
             signal.signal(signal.SIGINT, self.before)
 
 
-
 def stored_run(args: argparse.Namespace, suite: str) -> str:
     """The run that ``report``/``status`` with ``--suite`` and plan flags mean: the run those
     flags name when its store exists, else the suite's own run (the flags then select in it)."""
@@ -188,7 +187,6 @@ def stored_run(args: argparse.Namespace, suite: str) -> str:
 
     name = default_name(suite, plan_overrides(args.methods, args.datasets, args.seeds, args.epochs))
     return name if (args.results / name).is_dir() else suite
-
 
 
 def stopped_at(plan, store_root: Path) -> str:
