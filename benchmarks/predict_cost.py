@@ -146,8 +146,8 @@ def main(argv: list[str] | None = None) -> None:
         "# Monte-Carlo prediction with a shared trunk; SGPA with denormals flushed",
         "",
         "`benchmarks/predict_cost.py` (module docstring). CPU seconds per image of a batch of "
-        f"{args.batch}, one thread, best of {args.repeats}. *whole*: S forwards of the whole model (the "
-        "path before); *shared*: `bench.train.passes` (the deterministic blocks once, the rest S times). "
+        f"{args.batch}, one thread, best of {args.repeats}. *whole*: S forwards of the whole model (no "
+        "block shared between the passes); *shared*: `bench.train.passes` (the deterministic blocks once, the rest S times). "
         "*Deterministic*: blocks before the first that draws noise / all blocks (*embedding*: the "
         "embedding itself draws noise, so every pass is whole). The last column compares the two "
         "paths' logits under the same seed.",
