@@ -7,8 +7,9 @@ An incomplete cell (a run killed mid-cell) is cleared and redone; one that left 
 training state that passes the checks resumes from it.  A cell whose training fails (a
 non-finite loss, running out of memory, any other error inside the cell) is stored with
 status ``failed`` and the reason, and the run goes on.  Also here: the console a cell
-reports progress on (:class:`Console`) and the cell's peak-memory window
-(:func:`reset_peak_memory`, :func:`peak_memory_mb`).
+logs on (:class:`Console`; its progress, training per step and prediction per pass and
+split, goes through :mod:`bench.progress`), its TensorBoard events (:class:`Events`) and
+its peak-memory window (:func:`reset_peak_memory`, :func:`peak_memory_mb`).
 """
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import csv
 import io
 import json
 import platform
-import sys
+import re
+import shutil
 import time
 import traceback
 from datetime import datetime, timezone
@@ -25,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench import distributed
+from bench import distributed, progress
 from bench.data import DataBundle
 from bench.errors import ConfigError, NonFiniteLoss
 from bench.plan import Cell
@@ -36,32 +38,66 @@ from bench.train import UnusableState, fit, predict, read_training_state, seed_e
 
 
 class Console:
-    """Progress bars on a terminal, one line per finished cell, nothing when quiet."""
+    """A run's log on stderr: a line per finished cell and the like, nothing when quiet;
+    warnings always.  Lines go above any progress bar (:func:`bench.progress.write`)."""
 
     def __init__(self, quiet: bool = False) -> None:
         self.quiet = quiet
-        self.bars = not quiet and sys.stderr.isatty()
-        self._tqdm = None
-        if self.bars:
-            from tqdm import tqdm
-
-            self._tqdm = tqdm
 
     def log(self, msg: str) -> None:
-        if self.quiet:
-            return
-        if self._tqdm is not None:
-            self._tqdm.write(msg, file=sys.stderr)
-        else:
-            print(msg, file=sys.stderr, flush=True)
+        if not self.quiet:
+            progress.write(msg)
 
     def warn(self, msg: str) -> None:
-        print(f"warning: {msg}", file=sys.stderr, flush=True)
+        progress.write(f"warning: {msg}")
 
-    def bar(self, total: int, desc: str, leave: bool = True):
-        if self._tqdm is None:
-            return None
-        return self._tqdm(total=total, desc=desc, leave=leave, file=sys.stderr, dynamic_ncols=True)
+
+TENSORBOARD = "tensorboard"  # <store>/tensorboard/<dataset>/<method>/seed<seed>/: one TensorBoard run per cell
+#: a training-log column -> its TensorBoard tag (other columns, the method's own: ``method/<column>``)
+TENSORBOARD_TAGS = {"train_loss": "loss/train", "train_acc": "accuracy/train", "val_acc": "accuracy/val",
+                    "val_nll": "nll/val", "lr": "learning_rate", "seconds": "time/epoch_seconds"}
+
+
+def require_tensorboard() -> None:
+    """``--log tensorboard`` where the optional ``tensorboard`` package is missing: a
+    ConfigError saying how to install it."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter  # noqa: F401  (imports the tensorboard package)
+    except ImportError:
+        raise ConfigError("--log tensorboard needs the optional tensorboard package: install it with "
+                          "`.venv/bin/python -m pip install tensorboard` (or leave --log out; train_log.csv is "
+                          "written either way)") from None
+
+
+def tensorboard_folder(store_root: Path, cell: Cell) -> Path:
+    """The cell's TensorBoard run: ``<store>/tensorboard/<dataset>/<method>/seed<seed>``
+    (names reduced to letters, digits, ``_``, ``.``, ``-``), so ``tensorboard --logdir
+    <store>/tensorboard`` shows every cell of a run side by side."""
+    def safe(name: str) -> str:
+        return re.sub(r"[^A-Za-z0-9_.-]", "_", name).lstrip(".") or "_"
+
+    return Path(store_root) / TENSORBOARD / safe(cell.dataset.name) / safe(cell.method.name) / f"seed{cell.seed}"
+
+
+class Events:
+    """A cell's training log as TensorBoard scalars (one event file per run of the cell):
+    each column of a log row under its tag (:data:`TENSORBOARD_TAGS`), at the epoch."""
+
+    def __init__(self, folder: Path, fresh: bool) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        if fresh:  # a cell started over: its earlier curves would overlap the new ones
+            shutil.rmtree(folder, ignore_errors=True)
+        self.writer = SummaryWriter(log_dir=str(folder))
+
+    def epoch(self, row: dict) -> None:
+        for column, value in row.items():
+            if column != "epoch" and isinstance(value, (int, float)) and value == value:
+                self.writer.add_scalar(TENSORBOARD_TAGS.get(column, f"method/{column}"), value, int(row["epoch"]))
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
 
 
 def load_data(spec: DatasetSpec) -> DataBundle:
@@ -76,6 +112,18 @@ def versions() -> dict:
 
 TRAIN_STATE = "train_state.pt"  # the resumable training state of a cell in progress
 TOKENIZER = "tokenizer.json"  # text cells: the vocabulary and length (bench.text.WordTokenizer.to_dict)
+
+
+def saved_epoch(cd: CellDir) -> int | None:
+    """The epoch a cell's resumable training state was saved at (None: no state, or one
+    that cannot be read); the file is mapped, not read whole."""
+    path = cd.path / TRAIN_STATE
+    if not path.is_file():
+        return None
+    try:
+        return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["epoch"])
+    except Exception:  # noqa: BLE001  (a state being written or damaged)
+        return None
 
 
 def _save_state(cd: CellDir, state: dict) -> None:
@@ -100,9 +148,12 @@ def _saved_state(cell: Cell, cd: CellDir, model: torch.nn.Module, console: Conso
     return state
 
 
-def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, console: Console) -> tuple[str, str]:
+def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, console: Console,
+             tensorboard: bool = False) -> tuple[str, str]:
     """Train, predict every evaluation split, store; returns (status, one-line detail).
-    An interrupted cell whose saved training state passes the checks resumes from it."""
+    An interrupted cell whose saved training state passes the checks resumes from it.
+    ``tensorboard``: also write the training log as TensorBoard events
+    (:func:`tensorboard_folder`)."""
     cd.reset(keep=(TRAIN_STATE,))  # a damaged sealed cell is moved aside whole: it keeps no state
     method = METHODS.get(cell.method.type)(cell.method.options)
     info = {
@@ -128,12 +179,12 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
         reset_peak_memory(device)
         if distributed.active():  # the other torchrun ranks train this cell with this one
             distributed.announce({"key": cell.key, "resume": resume})
-        bar = console.bar(cell.method.train.epochs, "epochs", leave=False)
-        result = fit(method, model, data, cell.method.train, device, cell.seed,
-                     on_epoch=(lambda _r: bar.update(1)) if bar else None, resume=resume,
-                     on_checkpoint=lambda state: _save_state(cd, state))
-        if bar is not None:
-            bar.close()
+        events = Events(tensorboard_folder(cd.path.parent, cell), fresh=resume is None) if tensorboard else None
+        try:
+            result = _train(cell, method, model, data, cd, device, resume, events)
+        finally:
+            if events is not None:
+                events.close()
         if result.compile.startswith("failed"):
             console.warn(f"{cell.label}: torch.compile {result.compile}")
         log_buf = io.StringIO()
@@ -154,8 +205,11 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
             s = data.get(split)
             extras: dict[str, np.ndarray] = {}
             train = cell.method.train
-            lp = predict(method, model, s, data, device, train.eval_batch_size, extras, precision=train.precision,
-                         batch_passes=train.batch_passes)
+            passes = f"{method.samples} passes" if method.samples > 1 else "1 pass"
+            with progress.task(f"{cell.label}: predict {split}", total=len(s) * method.samples, unit="img",
+                               done=f"{len(s)} images x {passes}") as task:
+                lp = predict(method, model, s, data, device, train.eval_batch_size, extras,
+                             precision=train.precision, batch_passes=train.batch_passes, on_pass=task.advance)
             cd.write_preds(split, lp, s.y, **extras)
             n_pred += len(s)
             if split == "test":
@@ -193,6 +247,25 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
     (cd.path / TRAIN_STATE).unlink(missing_ok=True)  # the finished cell needs no resumable state
     cd.seal(info)
     return "complete", f"best epoch {result.best_epoch}, test acc {test_acc:.3f}"
+
+
+def _train(cell: Cell, method, model: torch.nn.Module, data: DataBundle, cd: CellDir, device: torch.device,
+           resume: dict | None, events: Events | None):
+    """:func:`bench.train.fit` with its progress (a step at a time; a line per epoch in
+    ``lines`` mode), its resumable states saved in the cell and its log rows as events."""
+    train = cell.method.train
+    n = len(data.get("train"))
+    steps = (n // min(train.batch_size, n)) * (train.epochs - (resume["epoch"] if resume else 0))
+
+    with progress.task(f"{cell.label}: training", total=steps, unit="step") as task:
+        def on_epoch(row: dict) -> None:
+            task.note(f"epoch {row['epoch']}/{train.epochs}: loss {row['train_loss']:.4f}, "
+                      f"acc {row['train_acc']:.3f}, val acc {row['val_acc']:.3f} ({progress.duration(row['seconds'])})")
+            if events is not None:
+                events.epoch(row)
+
+        return fit(method, model, data, train, device, cell.seed, on_epoch=on_epoch, resume=resume,
+                   on_checkpoint=lambda state: _save_state(cd, state), on_step=task.advance)
 
 
 def _fail_cell(cd: CellDir, info: dict, reason: str) -> tuple[str, str]:

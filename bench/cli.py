@@ -1,17 +1,23 @@
-"""Command line: ``python run_suite.py [run|report|list] [options]``.
+"""Command line: ``python run_suite.py [COMMAND] [options]`` (``COMMAND --help``: its options).
 
-* ``run`` (default): plan the suite, train and predict every incomplete cell into the
-  store ``<results>/<suite>/``, then write the report ``<reports>/<suite>/``.
-* ``report``: rebuild every table and plot from the store alone (no model is built and
-  no checkpoint read).  Analysis files under ``<reports>/<suite>/analysis/`` are reused
+* ``run`` (the default command): name the run (:mod:`bench.runs`: ``--name``, else the
+  suite's name, with a tag and hash of the plan overrides when there are any), train and
+  predict every incomplete cell into its store ``<results>/NAME/``, then write its report
+  ``<reports>/NAME/``.  A store or report folder of another plan is refused.  Progress
+  (:mod:`bench.progress`) shows as bars on a terminal and as lines elsewhere.  Ctrl-C
+  stops with one line saying what is done and saved (exit 130); a second one at once.
+* ``report [NAME]``: rebuild every table and plot from the store alone (no model is built
+  and no checkpoint read).  Analysis files under ``<reports>/NAME/analysis/`` are reused
   while the store and the analysis options are unchanged.  The store describes itself: when
   ``--suite NAME`` is no suite file but ``<results>/NAME/`` is a store, that store is
   reported on its own.
+* ``status [NAME]``, ``verify [NAME]``: a run's cells (by name, or by ``--suite`` and the
+  flags it ran with); ``runs``: the runs of a store root.
 * ``list``: the registered methods, datasets, attention layers, metrics and suites.
 
 Exit status: 0 success, 1 some cells failed (the report marks them; with ``--strict``
 also when a report leaves out any cell) or the report could not be written (the previous
-one is kept), 2 bad input (nothing written).
+one is kept), 2 bad input (nothing written), 130 interrupted (Ctrl-C).
 """
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ import sys
 from pathlib import Path
 
 from bench.data import SEVERITIES
+from bench.commands import CtrlC, Interrupted, cmd_runs, cmd_verify, status, stopped_at, stored_run
 from bench.errors import ConfigError, one_line
 from bench.executor_config import EXECUTORS, ExecutorConfig
 from bench.registry import import_plugins
@@ -90,81 +97,171 @@ def _positive_float(text: str) -> float:
     return value
 
 
+#: the commands, with the one line ``run_suite.py --help`` shows for each
+COMMANDS = {
+    "run": "train and predict every incomplete cell of a run, then write its report (the default command)",
+    "report": "rebuild a run's tables and plots from its store only",
+    "status": "done / failed / running / missing cells of a run and the time left",
+    "verify": "check every cell of a run's store against its manifest",
+    "runs": "list the runs of a store root: name, suite, overrides, cells done/failed/missing, last change",
+    "list": "the registered methods, datasets, attention layers, metrics and suites",
+}
+
+
+class _CommandLine(argparse.ArgumentParser):
+    """The top-level parser: it reads a command line through :func:`_with_command` (the
+    command moved to the front, ``run`` when there is none) before parsing it."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(_with_command(self, argv), namespace)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    """The command line: one subcommand each (``run_suite.py COMMAND --help`` shows a
+    command's own options); :func:`main` reads a command line without a command as
+    ``run``, as the options of today's flat command line keep working."""
+    p = _CommandLine(
         prog="run_suite.py",
         description="uqbench: train, evaluate and report uncertainty methods for Transformers.",
+        epilog="Without a command, run is meant (run_suite.py --epochs 1 = run_suite.py run --epochs 1). "
+               "run_suite.py COMMAND --help shows the options of a command.",
     )
-    p.add_argument("command", nargs="?", default="run", choices=("run", "report", "list", "verify", "status"),
-                   help="run (default): train+predict+report; report: tables and plots from the store; "
-                        "list: registries; verify: check every cell of a store against its manifest; "
-                        "status: done/failed/running/missing cells and the estimated time left")
-    p.add_argument("--suite", default="default", help="built-in suite name or path to a suite .toml (default: default)")
-    p.add_argument("--methods", type=_csv("methods"), help="comma-separated method names to run (or, with report, to show)")
-    p.add_argument("--datasets", type=_csv("datasets"), help="comma-separated dataset names of the suite to use")
-    p.add_argument("--seeds", type=_csv("seeds"), help="comma-separated seeds, replacing the suite's")
-    p.add_argument("--epochs", type=_positive_int, help="training epochs for every method, replacing the suite's (warm-up shortened to fit)")
-    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="where to train (default: auto)")
-    p.add_argument("--data-root", type=Path, default=None,
-                   help="where on-disk data sets live (default: $UQBENCH_DATA_ROOT or ~/.cache/uqbench)")
-    p.add_argument("--download", action="store_true",
-                   help="fetch missing official archives over HTTPS (md5-verified); never done unless asked")
-    p.add_argument("--strict-data", action="store_true",
-                   help="a data file whose md5 differs from the official one is an error, not a warning")
-    p.add_argument("--results", default="results", type=Path, help="prediction store root (default: results)")
-    p.add_argument("--reports", default="reports", type=Path, help="report root (default: reports)")
-    p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
-                   help="import MODULE so its registrations take part (repeatable)")
-    p.add_argument("--format", type=_csv("formats"),
-                   help="comma-separated table formats to write (default: every one; an unknown one is an error "
-                        "that names them)")
-    p.add_argument("--metrics", type=_csv("metrics"),
-                   help="metric names to show in the report (default: the KEP-SVGP paper's set and the debiased "
-                        "ECE; any name from `list`)")
-    p.add_argument("--significance", default=SIGNIFICANCE, choices=SIGNIFICANCE_TESTS,
-                   help="the test behind the report's marks and intervals: seeds_and_samples (default: seed-level "
-                        "and test-sample variation) or samples_seeds_fixed (paired bootstrap over test samples, "
-                        "trained seeds held fixed)")
-    p.add_argument("--severity", type=_positive_int, default=SEVERITIES[-1],
-                   help=f"corruption severity of the per-corruption table, {SEVERITIES[0]}..{SEVERITIES[-1]} "
-                        f"(default: {SEVERITIES[-1]})")
-    p.add_argument("--strict", action="store_true",
-                   help="exit 1 when the report leaves out any cell of the suite (missing, running, failed or "
-                        "damaged), not only failed or damaged ones")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", title="commands",
+                           parser_class=argparse.ArgumentParser)
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                        help="import MODULE so its registrations take part (repeatable)")
+    common.add_argument("--allow-large", action="store_true",
+                        help="lift the sanity limits on sizes (epochs, model size, more than 10,000 cells, image "
+                             "pixels, text length, ...), as UQBENCH_ALLOW_LARGE=1 does")
+    common.add_argument("--quiet", action="store_true", help="no progress bars, progress lines or per-cell lines")
+    common.add_argument("--debug", action="store_true", help="show the full traceback of any error")
+
+    results = argparse.ArgumentParser(add_help=False)
+    results.add_argument("--results", default="results", type=Path, help="store root (default: results)")
+    reports = argparse.ArgumentParser(add_help=False)
+    reports.add_argument("--reports", default="reports", type=Path, help="report root (default: reports)")
+
+    plan = argparse.ArgumentParser(add_help=False)
+    plan.add_argument("--suite", default=None,
+                      help="built-in suite name or path to a suite .toml (default: default)")
+    plan.add_argument("--methods", type=_csv("methods"),
+                      help="comma-separated method names to run (with report: to show)")
+    plan.add_argument("--datasets", type=_csv("datasets"), help="comma-separated dataset names of the suite to use")
+    plan.add_argument("--seeds", type=_csv("seeds"), help="comma-separated seeds, replacing the suite's")
+    plan.add_argument("--epochs", type=_positive_int,
+                      help="training epochs for every method, replacing the suite's (warm-up shortened to fit)")
+
+    shown = argparse.ArgumentParser(add_help=False)
+    shown.add_argument("--data-root", type=Path, default=None,
+                       help="where on-disk data sets live (default: $UQBENCH_DATA_ROOT or ~/.cache/uqbench)")
+    shown.add_argument("--format", type=_csv("formats"),
+                       help="comma-separated table formats to write (default: every one; an unknown one is an "
+                            "error that names them)")
+    shown.add_argument("--metrics", type=_csv("metrics"),
+                       help="metric names to show in the report (default: the KEP-SVGP paper's set and the "
+                            "debiased ECE; any name from `list`)")
+    shown.add_argument("--significance", default=SIGNIFICANCE, choices=SIGNIFICANCE_TESTS,
+                       help="the test behind the report's marks and intervals: seeds_and_samples (default: "
+                            "seed-level and test-sample variation) or samples_seeds_fixed (paired bootstrap over "
+                            "test samples, trained seeds held fixed)")
+    shown.add_argument("--severity", type=_positive_int, default=SEVERITIES[-1],
+                       help=f"corruption severity of the per-corruption table, {SEVERITIES[0]}..{SEVERITIES[-1]} "
+                            f"(default: {SEVERITIES[-1]})")
+    shown.add_argument("--strict", action="store_true",
+                       help="exit 1 when the report leaves out any cell of the suite (missing, running, failed or "
+                            "damaged), not only failed or damaged ones")
+
+    def named(q: argparse.ArgumentParser) -> None:
+        q.add_argument("run", nargs="?", metavar="NAME",
+                       help="the run (its store <results>/NAME); instead of --suite and the run's flags")
+
+    run = sub.add_parser("run", parents=[plan, results, reports, shown, common], help=COMMANDS["run"],
+                         description=COMMANDS["run"] + ".")
+    run.add_argument("--name", default=None,
+                     help="the run's name: its store <results>/NAME and report <reports>/NAME (default: the suite's "
+                          "name; with --methods/--datasets/--seeds/--epochs, the suite's name, a tag of them and a "
+                          "hash, e.g. default-epochs1-a3f9)")
+    run.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="where to train (default: auto)")
+    run.add_argument("--download", action="store_true",
+                     help="fetch missing official archives over HTTPS (md5-verified); never done unless asked")
+    run.add_argument("--strict-data", action="store_true",
+                     help="a data file whose md5 differs from the official one is an error, not a warning")
+    run.add_argument("--log", action="append", default=[], choices=("tensorboard",),
+                     help="also write each cell's training log (loss, accuracy, learning rate, the method's own "
+                          "terms) as TensorBoard events under <results>/NAME/tensorboard/ (needs the optional "
+                          "tensorboard package)")
     # Executor flags default to None: unset, the suite's [executor] table (or its default) applies.
     table = "the suite's [executor] {key}, else {default}"
     defaults = ExecutorConfig()
-    p.add_argument("--executor", default=None, choices=EXECUTORS,
-                   help="where cells run: one after another here (local), a pool of processes on this machine, "
-                        "SLURM through submitit, or submitit's local processes (default: "
-                        + table.format(key="kind", default=defaults.kind) + ")")
-    p.add_argument("--workers", type=_positive_int, default=None,
-                   help="--executor processes: worker processes on CPU (default: "
-                        + table.format(key="workers", default=defaults.workers) + ")")
-    p.add_argument("--cells-per-gpu", type=_positive_int, default=None,
-                   help="--executor processes on CUDA: cells trained at once on each visible GPU (default: "
-                        + table.format(key="cells_per_gpu", default=defaults.cells_per_gpu) + ")")
-    p.add_argument("--slurm-partition", default=None,
-                   help="SLURM partition for each cell's job (default: " + table.format(key="partition", default="the cluster's") + ")")
-    p.add_argument("--slurm-gpus", type=int_at_least(0), default=None,
-                   help="GPUs per cell (default: " + table.format(key="gpus", default=defaults.gpus) + ")")
-    p.add_argument("--slurm-cpus", type=_positive_int, default=None,
-                   help="CPUs per cell (default: " + table.format(key="cpus", default=defaults.cpus) + ")")
-    p.add_argument("--slurm-mem-gb", type=_positive_float, default=None,
-                   help="memory per cell in GB (default: " + table.format(key="mem_gb", default=f"{defaults.mem_gb:g}") + ")")
-    p.add_argument("--slurm-time", type=_positive_int, default=None,
-                   help="time limit per cell in minutes (default: " + table.format(key="time", default=defaults.time) + ")")
-    p.add_argument("--slurm-array-limit", type=_positive_int, default=None,
-                   help="at most this many cells at once (default: " + table.format(key="array_limit", default=defaults.array_limit) + ")")
-    p.add_argument("--slurm-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="a further sbatch option, e.g. account=myproj or qos=high (repeatable; added to the "
-                        "suite's [executor.options], replacing an option of the same name)")
-    p.add_argument("--allow-large", action="store_true",
-                   help="lift the sanity limits on sizes (epochs, model size, more than 10,000 cells, image pixels, "
-                        "text length, ...), as UQBENCH_ALLOW_LARGE=1 does")
-    p.add_argument("--quiet", action="store_true", help="no progress bars or per-cell lines")
-    p.add_argument("--debug", action="store_true", help="show the full traceback of any error")
+    run.add_argument("--executor", default=None, choices=EXECUTORS,
+                     help="where cells run: one after another here (local), a pool of processes on this machine, "
+                          "SLURM through submitit, or submitit's local processes (default: "
+                          + table.format(key="kind", default=defaults.kind) + ")")
+    run.add_argument("--workers", type=_positive_int, default=None,
+                     help="--executor processes: worker processes on CPU (default: "
+                          + table.format(key="workers", default=defaults.workers) + ")")
+    run.add_argument("--cells-per-gpu", type=_positive_int, default=None,
+                     help="--executor processes on CUDA: cells trained at once on each visible GPU (default: "
+                          + table.format(key="cells_per_gpu", default=defaults.cells_per_gpu) + ")")
+    run.add_argument("--slurm-partition", default=None,
+                     help="SLURM partition for each cell's job (default: "
+                          + table.format(key="partition", default="the cluster's") + ")")
+    run.add_argument("--slurm-gpus", type=int_at_least(0), default=None,
+                     help="GPUs per cell (default: " + table.format(key="gpus", default=defaults.gpus) + ")")
+    run.add_argument("--slurm-cpus", type=_positive_int, default=None,
+                     help="CPUs per cell (default: " + table.format(key="cpus", default=defaults.cpus) + ")")
+    run.add_argument("--slurm-mem-gb", type=_positive_float, default=None,
+                     help="memory per cell in GB (default: "
+                          + table.format(key="mem_gb", default=f"{defaults.mem_gb:g}") + ")")
+    run.add_argument("--slurm-time", type=_positive_int, default=None,
+                     help="time limit per cell in minutes (default: " + table.format(key="time", default=defaults.time) + ")")
+    run.add_argument("--slurm-array-limit", type=_positive_int, default=None,
+                     help="at most this many cells at once (default: "
+                          + table.format(key="array_limit", default=defaults.array_limit) + ")")
+    run.add_argument("--slurm-option", action="append", default=[], metavar="KEY=VALUE",
+                     help="a further sbatch option, e.g. account=myproj or qos=high (repeatable; added to the "
+                          "suite's [executor.options], replacing an option of the same name)")
+
+    report = sub.add_parser("report", parents=[plan, results, reports, shown, common], help=COMMANDS["report"],
+                            description=COMMANDS["report"] + " (no model is built). --suite NAME also reports a "
+                                        "store <results>/NAME made by an older version, without its suite file.")
+    named(report)
+    report.set_defaults(download=False, strict_data=False)
+    status = sub.add_parser("status", parents=[plan, results, reports, common], help=COMMANDS["status"],
+                            description=COMMANDS["status"] + ".")
+    named(status)
+    verify = sub.add_parser("verify", parents=[results, reports, common], help=COMMANDS["verify"],
+                            description=COMMANDS["verify"] + "; exit 1 when a cell is damaged.")
+    named(verify)
+    verify.add_argument("--suite", default=None, help="the suite whose store <results>/NAME to check (instead of NAME)")
+    # every command takes --results and --reports (a wrapper script may pass them to all)
+    sub.add_parser("runs", parents=[results, reports, common], help=COMMANDS["runs"],
+                   description=COMMANDS["runs"] + ".")
+    sub.add_parser("list", parents=[results, reports, common], help=COMMANDS["list"],
+                   description=COMMANDS["list"] + ".")
     return p
+
+
+def _with_command(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """``argv`` with its command first: a command given after options moves to the front
+    (``--quiet report`` = ``report --quiet``), and ``run`` is put there when there is none."""
+    if not argv:
+        return ["run"]
+    if argv[0] in COMMANDS or argv[0] in ("-h", "--help"):
+        return argv
+    # the flags that take a value, of any command (argparse keeps its actions in _actions)
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    valued = {flag for q in commands.choices.values() for a in q._actions if a.nargs != 0 for flag in a.option_strings}
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if not token.startswith("-"):  # the first positional: the command (or a misspelt one)
+            return [token, *argv[:i], *argv[i + 1:]]
+        i += 2 if token in valued else 1
+    return ["run", *argv]
 
 
 def cmd_list() -> int:
@@ -196,90 +293,16 @@ def cmd_list() -> int:
     return 0
 
 
-def cmd_status(suite, args: argparse.Namespace) -> int:
-    """Print, for every planned cell of ``suite`` in its store, whether it is done, failed
-    (with the reason), running (a live runner holds its lock: who, since when), interrupted
-    (with its last saved epoch), damaged or missing; then counts and the estimated time
-    left, from the recorded timings of the done cells of the same method (else of all done
-    cells), on the machine(s) they ran on."""
-    import numpy as np
-    import torch
-
-    from bench.catalog import describe_runner, live_runner
-    from bench.cell import TRAIN_STATE
-    from bench.plan import make_plan
-    from bench.store import Store
-
-    store = Store(args.results / suite.name)
-    counts = {"done": 0, "failed": 0, "running": 0, "interrupted": 0, "damaged": 0, "missing": 0}
-    seconds: dict[str, list[float]] = {}
-    pending: list[str] = []
-    for cell in make_plan(suite).cells:
-        cd = store.cell(cell.key)
-        state, problem = cd.condition()
-        if state == "complete":
-            info = cd.read_cell() or {}
-            counts["done"] += 1
-            seconds.setdefault(cell.method.name, []).append(
-                float(info.get("train_seconds", 0.0)) + float(info.get("predict_seconds", 0.0)))
-            continue
-        detail = {"missing": "", "failed": (problem or "")[len("failed: "):], "damaged": problem}.get(state, "")
-        if state == "interrupted":
-            detail = "no epoch saved yet"
-            if (cd.path / TRAIN_STATE).is_file():
-                try:
-                    epoch = int(torch.load(cd.path / TRAIN_STATE, map_location="cpu", weights_only=True)["epoch"])
-                    detail = f"last saved epoch {epoch}/{cell.method.train.epochs}"
-                except Exception:  # noqa: BLE001  (a state being written or damaged)
-                    detail = "training state unreadable"
-        who = live_runner(store.root, cell.key) if state in ("missing", "interrupted") else None
-        if who is not None:  # a live runner holds the cell's lock (a dead one's lock is stale)
-            state, detail = "running", "; ".join(
-                [f"{describe_runner(who)}, heartbeat {who['age']:.0f} s ago"] + ([detail] if detail else []))
-        counts[state] += 1
-        if state != "failed":
-            pending.append(cell.method.name)
-        print(f"{cell.label}: {state}{': ' + detail if detail else ''} ({cell.key})")
-    done_all = [x for v in seconds.values() for x in v]
-    left = sum(float(np.mean(seconds.get(m) or done_all)) for m in pending) if done_all else float("nan")
-    estimate = f"{left / 3600:.2f} hours" if done_all else "unknown (no cell done yet)"
-    print(f"{store.root}: " + ", ".join(f"{v} {k}" for k, v in counts.items())
-          + f"; estimated time left for the {len(pending)} cell(s) to run: {estimate}")
-    return 0
-
-
-def cmd_verify(args: argparse.Namespace) -> int:
-    """Check every cell directory of the store ``<results>/<suite>``: print one line per
-    cell that is not complete; exit 0 when nothing is damaged, 1 otherwise (failed and
-    interrupted cells are listed but are not damage)."""
-    from bench.spec import suite_name_problem
-    from bench.store import DAMAGED_MARK, CellDir
-
-    name = Path(args.suite).stem if args.suite.endswith(".toml") else args.suite
-    if (why := suite_name_problem(name)) is not None:
-        raise ConfigError(f"--suite: {why}")
-    root = args.results / name
-    if not root.is_dir():
-        raise ConfigError(f"verify: no store at {root}; pass --results DIR and --suite NAME")
-    counts = {"complete": 0, "failed": 0, "interrupted": 0, "damaged": 0}
-    for path in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        if DAMAGED_MARK in path.name:
-            print(f"{path.name}: moved aside earlier (damaged), not used")
-            continue
-        kind, problem = CellDir(path).condition()
-        counts[kind] += 1
-        if problem is not None:
-            print(f"{path.name}: {kind}: {problem}")
-    print(f"{root}: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
-    return 1 if counts["damaged"] else 0
-
-
 def main(argv: list[str] | None = None) -> int:
+    from bench import progress
     from bench.options import allowing_large
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    before = progress.mode()
+    progress.configure(progress.auto(args.quiet))
     try:
-        with allowing_large(args.allow_large):
+        with CtrlC(), allowing_large(args.allow_large):
             return _main(args)
     except ConfigError as exc:
         if args.debug:
@@ -292,6 +315,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {one_line(exc)}; complete cells in the store are intact "
               "(run again once the problem is fixed; --debug shows the traceback)", file=sys.stderr)
         return 1
+    except Interrupted as exc:
+        print(f"\n{exc}", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+    finally:
+        progress.configure(before)
 
 
 def check_directories(args: argparse.Namespace) -> None:
@@ -323,63 +354,147 @@ def _directory_problem(flag: str, path: Path) -> str | None:
 
 
 def _main(args: argparse.Namespace) -> int:
-    import_plugins(args.plugin)
+    if args.command == "runs":
+        return cmd_runs(args)
+    record = _named_run(args)
+    import_plugins(list(dict.fromkeys([*args.plugin, *(record or {}).get("plugins", [])])))
     if args.command == "list":
         return cmd_list()
     if args.command == "verify":
         return cmd_verify(args)
     if args.command == "status":
-        from bench.spec import Overrides, load_suite, select
-
-        suite = load_suite(args.suite, Overrides(seeds=args.seeds, epochs=args.epochs, methods=args.methods))
-        return cmd_status(select(suite, args.methods, args.datasets, to_run=False), args)
+        return status(args, record)
 
     from bench.data import configure_data
-    from bench.spec import Overrides, load_suite, select
 
     configure_data(args.data_root, download=args.download, strict=args.strict_data)
     check_directories(args)
 
+    if args.command == "report":
+        return _report(args, record)
+    return _run(args)
+
+
+def _named_run(args: argparse.Namespace) -> dict | None:
+    """For ``report``/``status``/``verify NAME``: check the name and the store, return its
+    run record (None: a store made before runs had names).  Otherwise ``--suite`` takes
+    its default."""
+    from bench.runs import check_name, list_runs, read_record
+
+    if getattr(args, "run", None) is None:
+        if hasattr(args, "suite") and args.suite is None:
+            args.suite = "default"
+        return None
+    check_name(args.run, "NAME")
+    if args.suite is not None:
+        raise ConfigError(f"{args.command} {args.run}: give a run's NAME or --suite, not both")
+    store = args.results / args.run
+    if not store.is_dir():
+        known = [r.name for r in list_runs(args.results)]
+        raise ConfigError(f"no run {args.run!r} under {args.results}" + (
+            f"; runs there: {', '.join(known)}" if known else "; run it first, or pass --results DIR"))
+    return read_record(store)
+
+
+def _report(args: argparse.Namespace, record: dict | None) -> int:
+    """``report``: a run by NAME (its recorded plan), a store alone (``--suite NAME`` of no
+    suite file), or ``--suite`` with the run's flags."""
     from bench.report.suite import report_suite
+    from bench.runs import check_owner, owner, recorded_source, report_record
+    from bench.spec import Overrides, build_suite, load_suite, select
 
-    report_options = _report_options(args)  # unknown --metrics, --format or --severity: an error here, before any work
-    overrides = Overrides(seeds=args.seeds, epochs=args.epochs, methods=args.methods)
-    if args.command == "report" and _store_only(args):
+    options = _report_options(args)  # unknown --metrics, --format or --severity: an error here, before any work
+    suite = None
+    if args.run is not None:
+        name = args.run
+        if record is not None and (source := recorded_source(record)) is not None:
+            given = record.get("overrides") or {}
+            full = build_suite(source, Overrides(seeds=_tuple(given.get("seeds")), epochs=given.get("epochs"),
+                                                           methods=_tuple(given.get("methods"))))
+            suite = select(full, _tuple(given.get("methods")), _tuple(given.get("datasets")), to_run=False)
+            options = dataclasses.replace(options, suite=str(record.get("suite_file", full.name)),
+                                          seeds=_tuple(given.get("seeds")), epochs=given.get("epochs"),
+                                          datasets=args.datasets or _tuple(given.get("datasets")))
+    elif _store_only(args):
         name = args.suite
-        return report_suite(None, args.results / name, args.reports / name, report_options)
-    suite = load_suite(args.suite, overrides)
-    store_root = args.results / suite.name
-    status = 0
-    if args.command == "run":
-        from bench.cell import Console
-        from bench.executors import require_executor
-        from bench.plan import make_plan
-        from bench.runner import run_plan
-        from bench.store import Store
-        from bench.train import resolve_device
+    else:
+        overrides = Overrides(seeds=args.seeds, epochs=args.epochs, methods=args.methods)
+        suite = load_suite(args.suite, overrides)
+        name = stored_run(args, suite.name)
+    store_root, out = args.results / name, args.reports / name
+    mine = owner(store_root) or {"suite": suite.name if suite is not None else name, "overrides": {}}
+    check_owner(out, "report", name, mine)
+    options = dataclasses.replace(options, run=report_record(name, mine))
+    return report_suite(suite, store_root, out, options)
 
-        from bench import distributed
 
-        device = distributed.setup(resolve_device(args.device))  # under torchrun: join its process group
-        rank, size = distributed.world()
-        console = Console(args.quiet or rank > 0)
-        plan = make_plan(select(suite, args.methods, args.datasets))
-        where = executor_settings(args, suite.executor)
-        require_executor(where.kind)  # e.g. slurm without sbatch: refused before anything is written
-        console.log(f"suite {suite.name!r}: {len(plan.cells)} cells on {device}, store {store_root}"
-                    + (f"; each cell on {size} torchrun processes (DDP)" if size > 1 else ""))
-        try:
-            summary = run_plan(plan, Store(store_root), device, console, describe=suite, executor=where.kind,
-                               workers=where.workers, cells_per_gpu=where.cells_per_gpu, slurm=where.slurm_options(),
-                               plugins=tuple(args.plugin))
-        finally:
-            distributed.teardown()
-        if rank > 0:
-            return 0  # rank 0 stores, analyses and reports
-        console.log(f"done: {len(summary.done)} trained, {len(summary.skipped)} skipped, {len(summary.failed)} failed"
-                    + (f", {len(summary.elsewhere)} running elsewhere" if summary.elsewhere else ""))
-        status = 1 if summary.failed else 0
-    return max(status, report_suite(suite, store_root, args.reports / suite.name, report_options))
+def _run(args: argparse.Namespace) -> int:
+    """``run``: name the run, refuse another plan's store or report, train and predict its
+    incomplete cells, report; Ctrl-C says where it stopped (:class:`Interrupted`)."""
+    from bench.cell import Console, require_tensorboard
+    from bench.executors import require_executor
+    from bench.plan import make_plan
+    from bench.report.suite import report_suite
+    from bench.runner import run_plan
+    from bench.runs import check_name, check_owner, default_name, describe, plan_overrides, report_record, store_record
+    from bench.spec import Overrides, build_suite, resolve_suite_path, select, suite_source
+    from bench.store import Store
+    from bench.train import resolve_device
+
+    from bench import distributed
+
+    source = suite_source(args.suite)
+    suite = build_suite(source, Overrides(seeds=args.seeds, epochs=args.epochs, methods=args.methods))
+    given = plan_overrides(args.methods, args.datasets, args.seeds, args.epochs)
+    name = args.name if args.name is not None else default_name(suite.name, given)
+    check_name(name)
+    mine = {"suite": suite.name, "overrides": given}
+    store_root, out = args.results / name, args.reports / name
+    check_owner(store_root, "store", name, mine)
+    check_owner(out, "report", name, mine)
+    report_options = dataclasses.replace(_report_options(args), run=report_record(name, mine))
+    if "tensorboard" in args.log:
+        require_tensorboard()
+    selected = select(suite, args.methods, args.datasets)
+    plan = make_plan(selected)
+    where = executor_settings(args, suite.executor)
+    require_executor(where.kind)  # e.g. slurm without sbatch: refused before anything is written
+
+    device = distributed.setup(resolve_device(args.device))  # under torchrun: join its process group
+    rank, size = distributed.world()
+    console = Console(args.quiet or rank > 0)
+    console.log(f"run {name!r}: {describe(mine)}, {len(plan.cells)} cells on {device}, store {store_root}"
+                + (f"; each cell on {size} torchrun processes (DDP)" if size > 1 else ""))
+    record = store_record(name, suite.name, str(resolve_suite_path(args.suite).resolve()), given, source,
+                          args.plugin, plan)
+    try:
+        summary = run_plan(plan, Store(store_root), device, console, describe=suite, executor=where.kind,
+                           workers=where.workers, cells_per_gpu=where.cells_per_gpu, slurm=where.slurm_options(),
+                           plugins=tuple(args.plugin), record=record, tensorboard="tensorboard" in args.log)
+    except KeyboardInterrupt:
+        raise Interrupted(stopped_at(plan, store_root)) from None
+    finally:
+        distributed.teardown()
+    if rank > 0:
+        return 0  # rank 0 stores, analyses and reports
+    console.log(f"done: {len(summary.done)} trained, {len(summary.skipped)} skipped, {len(summary.failed)} failed"
+                + (f", {len(summary.elsewhere)} running elsewhere" if summary.elsewhere else ""))
+    status = 1 if summary.failed else 0
+    try:
+        status = max(status, report_suite(selected, store_root, out, report_options))
+    except KeyboardInterrupt:
+        raise Interrupted(stopped_at(plan, store_root)) from None
+    more = f" --results {args.results}" if args.results != Path("results") else ""
+    console.log(f"run {name!r}: store {store_root}, report {out / 'README.md'}; "
+                f"see it again with `run_suite.py status {name}{more}`")
+    return status
+
+
+    return None if value is None else tuple(value)
+
+
+def _tuple(value) -> tuple | None:
+    return None if value is None else tuple(value)
 
 
 #: executor flag (argparse dest) -> the [executor] key it overrides

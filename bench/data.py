@@ -128,9 +128,7 @@ class DataBundle:
 
     def get(self, name: str) -> Split | TokenSplit:
         if name not in self.loaders:
-            raise ConfigError(
-                f"dataset {self.name!r} has no split {name!r}; it has: {', '.join(self.loaders)}"
-            )
+            raise ConfigError(f"dataset {self.name!r} has no split {name!r}; it has: {split_summary(self.loaders)}")
         if name not in self._cache:
             self._cache[name] = self.loaders[name]()
         return self._cache[name]
@@ -173,6 +171,48 @@ def is_shift(split: str) -> bool:
 def corruption_split(corruption: str, severity: int) -> str:
     """The name ``shift/<corruption>/<severity>`` of a corruption split (:func:`corruption_of` reads it)."""
     return f"{SHIFT_PREFIX}{corruption}/{severity}"
+
+
+def split_summary(names) -> str:
+    """Split names for a message, in their order but with the corruption splits that share
+    their severities in one item: ``shift/<19 corruptions>/<1-5>``, those corruptions named
+    once at the end (``shift/fog/<1-5>`` for a single one)."""
+    severities: dict[str, list[int]] = {}  # corruption -> its severities, in order
+    items: list[str | tuple[str]] = []  # a split name, or (corruption,): where its grid stands
+    for name in names:
+        if (found := corruption_of(name)) is None:
+            items.append(name)
+            continue
+        if found[0] not in severities:
+            items.append((found[0],))
+        severities.setdefault(found[0], []).append(found[1])
+    grids: dict[tuple[int, ...], list[str]] = {}  # severities -> the corruptions with exactly these
+    for corruption, levels in severities.items():
+        grids.setdefault(tuple(levels), []).append(corruption)
+
+    def levels_text(levels: tuple[int, ...]) -> str:
+        ordered = sorted(levels)
+        if len(ordered) == 1:
+            return str(ordered[0])
+        contiguous = len(ordered) > 2 and ordered == list(range(ordered[0], ordered[-1] + 1))
+        return "<" + (f"{ordered[0]}-{ordered[-1]}" if contiguous else ",".join(map(str, ordered))) + ">"
+
+    out, named, shown = [], [], set()
+    for item in items:
+        if isinstance(item, str):
+            out.append(item)
+            continue
+        levels = tuple(severities[item[0]])
+        if levels in shown:
+            continue
+        shown.add(levels)
+        corruptions = grids[levels]
+        if len(corruptions) == 1:
+            out.append(f"{SHIFT_PREFIX}{corruptions[0]}/{levels_text(levels)}")
+        else:
+            out.append(f"{SHIFT_PREFIX}<{len(corruptions)} corruptions>/{levels_text(levels)}")
+            named.append(", ".join(corruptions))
+    return ", ".join(out) + "".join(f" (corruptions: {n})" for n in named)
 
 
 def corruption_of(split: str) -> tuple[str, int] | None:

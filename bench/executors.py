@@ -38,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from bench import progress
 from bench.cell import Console, load_data, run_cell
 from bench.data import configure_data
 from bench.errors import ConfigError
@@ -61,6 +62,8 @@ class Job:
     download: bool = False
     strict: bool = False
     threads: int = 0  # torch threads in a worker process (0: leave as is)
+    tensorboard: bool = False  # also write the training log as TensorBoard events
+    progress: str = "off"  # how the process running it shows progress (bench.progress)
 
 
 @dataclass(frozen=True)
@@ -82,14 +85,15 @@ _DEVICE: str | None = None  # a pool worker's device, claimed at its start
 
 def _set_up_process(job: Job) -> None:
     """Once per process and settings: the registries filled (built-ins and the job's
-    plugins), the data settings, torch's thread count."""
-    key = (job.plugins, job.data_root, job.download, job.strict, job.threads)
+    plugins), the data settings, torch's thread count, how progress shows."""
+    key = (job.plugins, job.data_root, job.download, job.strict, job.threads, job.progress)
     if key in _SET_UP:
         return
     import_plugins(list(job.plugins))
     configure_data(job.data_root, download=job.download, strict=job.strict)
     if job.threads:
         torch.set_num_threads(job.threads)
+    progress.configure(job.progress)
     _SET_UP.add(key)
 
 
@@ -123,7 +127,8 @@ def run_job(job: Job, console=None) -> Outcome:
         if cell.dataset.name not in _DATA:
             _DATA[cell.dataset.name] = load_data(cell.dataset)
         try:
-            status, detail = run_cell(cell, _DATA[cell.dataset.name], cd, torch.device(job.device), console)
+            status, detail = run_cell(cell, _DATA[cell.dataset.name], cd, torch.device(job.device), console,
+                                      tensorboard=job.tensorboard)
         except OSError as exc:  # the cell's directory cannot be cleared or written
             status, detail = "failed", f"cell directory {cd.path} unusable: {exc.strerror or exc} ({exc.filename})"
         return Outcome(cell.key, cell.label, status, detail, time.perf_counter() - t0)
@@ -147,6 +152,7 @@ def _pool_worker(conn, device: str | None, threads: int) -> None:
     ``None`` comes (its device: ``device``, e.g. ``"cuda:1"``; None: the job's own)."""
     global _DEVICE
     _DEVICE = device
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the runner's: it stops the workers
     if threads:
         torch.set_num_threads(threads)
     while True:

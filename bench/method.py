@@ -60,6 +60,14 @@ class LossTerm:
         it has none (e.g. that pass ran in eval mode)."""
         raise NotImplementedError
 
+    def loss_terms(self) -> dict:
+        """The named quantities behind the last term (scalar tensors or numbers), for the
+        training log and TensorBoard: the training loop records each one's mean over an
+        epoch's steps, summed over the layers that name it.  By default the whole term,
+        as ``extra_loss``; a layer names its own parts (KEP-SVGP: ``ksvd`` and ``kl``)."""
+        term = self.extra_loss()
+        return {} if term is None else {"extra_loss": term}
+
 
 def extra_losses(model) -> list:
     """The non-``None`` ``extra_loss()`` terms of every :class:`LossTerm` module of ``model``."""

@@ -11,14 +11,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from bench import distributed
+from bench import distributed, progress
 from bench.cell import Console, load_data
-from bench.data import DataBundle
+from bench.data import DataBundle, split_summary
 from bench.errors import ConfigError, NonFiniteLoss
 from bench.executor_config import SlurmOptions
 from bench.executors import Job, pool, preload, run_job, submitit_run
 from bench.plan import Plan
 from bench.registry import METHODS
+from bench.runs import write_record
 from bench.store import Store
 from bench.train import fit, seed_everything
 
@@ -45,7 +46,7 @@ def preflight(plan: Plan, datasets: dict[str, DataBundle], to_run: set[str] | No
             if not data.eval_splits((pattern,))[1:] and pattern != "val":
                 raise ConfigError(
                     f"datasets.{d.name}.splits: pattern {pattern!r} matches no split; "
-                    f"available: {', '.join(n for n in data.split_names() if n != 'train')}"
+                    f"available: {split_summary(n for n in data.split_names() if n != 'train')}"
                 )
         for m in plan.suite.methods:
             if m.kind == "trained":  # the training and the prediction model (a swapped attention)
@@ -63,10 +64,12 @@ class RunSummary:
 
 def run_plan(plan: Plan, store: Store, device: torch.device, console: Console, describe=None,
              executor: str = "local", workers: int = 1, cells_per_gpu: int = 1, slurm=None,
-             plugins: tuple[str, ...] = ()) -> RunSummary:
+             plugins: tuple[str, ...] = (), record: dict | None = None, tensorboard: bool = False) -> RunSummary:
     """Run every incomplete cell with the chosen executor (:mod:`bench.executors`).
-    ``describe`` (the full suite) is recorded in the store's ``suite.json`` once the data
-    loaded and the preflight checks passed, before any cell.  Under torchrun, rank 0 does
+    ``describe`` (the full suite) is recorded in the store's ``suite.json``, and ``record``
+    (:func:`bench.runs.store_record`) as its ``run.json``, once the data loaded and the
+    preflight checks passed, before any cell.  ``tensorboard``: each cell also writes its
+    training log as TensorBoard events.  Under torchrun, rank 0 does
     all this and the other ranks follow it (:func:`_follow`)."""
     rank, size = distributed.world()
     if size > 1 and executor != "local":
@@ -87,14 +90,14 @@ def run_plan(plan: Plan, store: Store, device: torch.device, console: Console, d
         distributed.announce("ready")  # the data (and generated caches) are in place for the followers
     try:
         return _run_jobs(plan, store, device, console, describe, executor, workers, cells_per_gpu, slurm, plugins,
-                         datasets, conditions)
+                         datasets, conditions, record, tensorboard)
     finally:
         if size > 1:
             distributed.announce(None)  # no more cells: the followers return
 
 
 def _run_jobs(plan, store, device, console, describe, executor, workers, cells_per_gpu, slurm, plugins,
-              datasets, conditions) -> RunSummary:
+              datasets, conditions, record, tensorboard) -> RunSummary:
     """:func:`run_plan` once the data are loaded and checked: describe the store, submit the
     incomplete cells to the executor, log each outcome."""
     from bench.data import data_settings
@@ -103,6 +106,8 @@ def _run_jobs(plan, store, device, console, describe, executor, workers, cells_p
         from bench.catalog import write_store_description
 
         write_store_description(store.root, describe)
+    if record is not None:
+        write_record(store.root, record)
     summary = RunSummary()
     total = len(plan.cells)
     for cell in plan.cells:
@@ -110,8 +115,11 @@ def _run_jobs(plan, store, device, console, describe, executor, workers, cells_p
             console.log(f"[{len(summary.skipped) + 1}/{total}] {cell.label}: complete, skipped ({cell.key})")
             summary.skipped.append(cell.key)
     settings = data_settings()
+    # a worker process shows a line per epoch and split unless the run is quiet; this one keeps its mode
+    shown = progress.mode() if executor == "local" else "off" if progress.mode() == "off" else "lines"
     jobs = [Job(c, str(store.root), str(device), tuple(plugins), str(settings.root) if settings.root else None,
-                settings.download, settings.strict) for c in plan.cells if conditions[c.key][0] != "complete"]
+                settings.download, settings.strict, tensorboard=tensorboard, progress=shown)
+            for c in plan.cells if conditions[c.key][0] != "complete"]
     if executor == "local":
         preload(datasets)
         outcomes = (run_job(job, console) for job in jobs)
@@ -127,13 +135,20 @@ def _run_jobs(plan, store, device, console, describe, executor, workers, cells_p
         folder = store.root / ".submitit"
         console.log(f"executor {executor}: {len(jobs)} job(s), scripts and logs in {folder}")
         outcomes = submitit_run(jobs, folder, executor, slurm or SlurmOptions())
-    bar = console.bar(len(jobs), "cells")
+    with progress.task("cells", total=len(jobs), unit="cell") as bar:
+        _log_outcomes(outcomes, summary, console, bar, total, len(jobs), executor != "local")
+    return summary
+
+
+def _log_outcomes(outcomes, summary: RunSummary, console: Console, bar, total: int, jobs: int, queued: bool) -> None:
+    """Log each cell's outcome as it comes (with ``queued``: the counts of an executor
+    that runs several at once) and record it in ``summary``."""
     finished = len(summary.skipped)
     for n_out, out in enumerate(outcomes, 1):
         finished += 1
         prefix = f"[{finished}/{total}] {out.label}"
         if out.status == "complete":
-            console.log(f"{prefix}: complete in {out.seconds:.1f} s, {out.detail}")
+            console.log(f"{prefix}: complete in {progress.duration(out.seconds)}, {out.detail}")
             summary.done.append(out.key)
         elif out.status == "skipped":
             console.log(f"{prefix}: completed by another runner, skipped ({out.key})")
@@ -142,16 +157,12 @@ def _run_jobs(plan, store, device, console, describe, executor, workers, cells_p
             console.log(f"{prefix}: running elsewhere, {out.detail}; left to that runner")
             summary.elsewhere.append(out.key)
         else:
-            console.warn(f"{prefix}: FAILED after {out.seconds:.1f} s: {out.detail}")
+            console.warn(f"{prefix}: FAILED after {progress.duration(out.seconds)}: {out.detail}")
             summary.failed.append(out.key)
-        if executor != "local":
+        if queued:
             console.log(f"  {len(summary.done)} done, {len(summary.failed)} failed, "
-                        f"{len(jobs) - n_out} queued or running")
-        if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
-    return summary
+                        f"{jobs - n_out} queued or running")
+        bar.advance()
 
 
 def _follow(plan: Plan, device: torch.device) -> RunSummary:

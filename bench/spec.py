@@ -229,18 +229,25 @@ def resolve_suite_path(name_or_path: str) -> Path:
     return builtin
 
 
-def suite_name_problem(name: object) -> str | None:
-    """Why ``name`` cannot name a suite (None when it can): it must be one path component
-    of letters, digits, ``-``, ``_`` and ``.``, not starting with ``.``."""
+def suite_name_problem(name: object, what: str = "suite") -> str | None:
+    """Why ``name`` cannot name a suite (or, with ``what="run"``, a run: ``--name``; None
+    when it can): it must be one path component of letters, digits, ``-``, ``_`` and
+    ``.``, not starting with ``.``."""
     if isinstance(name, str) and SUITE_NAME.fullmatch(name):
         return None
-    return (f"{name!r} cannot name a suite: a suite name is one folder name of letters, digits, '-', '_' and '.', "
-            "not starting with '.' (it becomes <results>/NAME and <reports>/NAME; a suite file's name defaults "
-            "to its file name)")
+    default = "; a suite file's name defaults to its file name" if what == "suite" else ""
+    return (f"{name!r} cannot name a {what}: a {what} name is one folder name of letters, digits, '-', '_' and '.', "
+            f"not starting with '.' (it becomes <results>/NAME and <reports>/NAME{default})")
 
 
 def load_suite(name_or_path: str = "default", overrides: Overrides = Overrides()) -> Suite:
     """Read, override and validate a suite; raises ConfigError listing every problem."""
+    return build_suite(suite_source(name_or_path), overrides)
+
+
+def suite_source(name_or_path: str = "default") -> dict:
+    """A suite file (a built-in name or a path) as parsed TOML, its ``name`` set (default:
+    the file's name): what :func:`build_suite` validates, and what a run records."""
     path = resolve_suite_path(name_or_path)
     too_deep = ConfigError(f"{path}: tables or arrays nested more than {MAX_TOML_DEPTH} levels deep; "
                            "a suite needs a handful")
@@ -255,7 +262,7 @@ def load_suite(name_or_path: str = "default", overrides: Overrides = Overrides()
     if _nesting(raw) > MAX_TOML_DEPTH:
         raise too_deep
     raw.setdefault("name", path.stem)
-    return build_suite(raw, overrides)
+    return raw
 
 
 def _nesting(value: object) -> int:
@@ -395,11 +402,21 @@ def _parse_method(
         return MethodSpec(name, type_, cls.kind, options, None, None)
     train_raw = _override_epochs(_merge(base_train, train_over), overrides.epochs)
     model_raw = _merge(cls.model_defaults(), _merge(base_model, model_over))
-    train = parse(TrainConfig, train_raw, f"{path}.train", problems)
-    model = parse(ModelConfig, _apply_preset(model_raw, f"{path}.model", problems), f"{path}.model", problems)
+    own = Problems()
+    train = parse(TrainConfig, train_raw, f"{path}.train", own)
+    model = parse(ModelConfig, _apply_preset(model_raw, f"{path}.model", own), f"{path}.model", own)
+    problems += _not_inherited(own, path, problems)
     if model is not None and model.attention not in ATTENTIONS:
         problems.add(f"{path}.model.attention", ATTENTIONS.unknown_message(model.attention))
     return MethodSpec(name, type_, cls.kind, options, train, model)
+
+
+def _not_inherited(own: Problems, path: str, problems: Problems) -> list[str]:
+    """A method's ``train``/``model`` problems less those it inherits from the suite's
+    ``[train]``/``[model]`` tables, already reported there: a bad value is named once, where
+    it is written, not again for every method."""
+    prefix = f"{path}."
+    return [p for p in own if not (p.startswith(prefix) and p[len(prefix):] in problems)]
 
 
 _SHORTHAND = re.compile(r"\s*([A-Za-z_][\w.-]*)\s*\(\s*([A-Za-z_][\w.-]*)\s*(?:,\s*(\d+)\s*)?\)\s*")

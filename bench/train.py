@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from bench import distributed
 from bench.data import DataBundle, Split, TokenSplit
 from bench.errors import ConfigError, NonFiniteLoss
-from bench.method import TrainedMethod
+from bench.method import LossTerm, TrainedMethod
 from bench.spec import TrainConfig
 from bench.vit import Backbone
 
@@ -213,7 +213,7 @@ def decomposition_terms(sample_lp: torch.Tensor, mean_lp: torch.Tensor) -> tuple
 def predict(
     method: TrainedMethod, model: torch.nn.Module, split: Split | TokenSplit, data: DataBundle, device: torch.device,
     batch_size: int, extras: dict[str, np.ndarray] | None = None, precision: str = "auto",
-    batch_passes: bool | str = "auto",
+    batch_passes: bool | str = "auto", on_pass: Callable[[int], None] | None = None,
 ) -> np.ndarray:
     """Log predictive probabilities ``[N, C]`` (float32) with the method's S passes and
     averaging rule (``logits``: softmax of the mean logit; ``probs``: mean probability).
@@ -229,7 +229,10 @@ def predict(
     one forward of the batch repeated S times, over ``batch_size // S`` images at a time,
     so every forward holds about ``batch_size`` inputs; otherwise S forwards of
     ``batch_size`` images.  Either way only the blocks from the first one that draws noise
-    run S times (:func:`passes`).  Results stay on the device until the end."""
+    run S times (:func:`passes`).  Results stay on the device until the end.
+
+    ``on_pass(n)`` (progress) is called after each pass with the number of images it ran
+    (``len(split) * S`` in all)."""
     method.eval_mode(model)
     norm = Normalize(data, device)
     x_all, _ = to_tensor(split, device)
@@ -240,7 +243,7 @@ def predict(
     for i in range(0, len(x_all), chunk):
         x = norm(x_all[i : i + chunk])
         with autocast(device, precision):
-            logits = passes(model, x, samples, batched)
+            logits = passes(model, x, samples, batched, on_pass)
         sample_lp = F.log_softmax(logits, dim=-1)
         mean_lp = torch.logsumexp(sample_lp, dim=0) - math.log(samples)  # log of the mean probability
         lp = F.log_softmax(logits.mean(0), dim=-1) if method.average == "logits" else mean_lp
@@ -255,7 +258,8 @@ def predict(
     return torch.cat(out).cpu().numpy().astype(np.float32)
 
 
-def passes(model: torch.nn.Module, x: torch.Tensor, samples: int, batched: bool) -> torch.Tensor:
+def passes(model: torch.nn.Module, x: torch.Tensor, samples: int, batched: bool,
+           on_pass: Callable[[int], None] | None = None) -> torch.Tensor:
     """Logits ``[S, B, C]`` (float32) of ``samples`` forward passes of ``x``.
 
     The blocks before the first one that draws noise in the model's current mode
@@ -263,17 +267,25 @@ def passes(model: torch.nn.Module, x: torch.Tensor, samples: int, batched: bool)
     they run once (:meth:`~bench.vit.Backbone.trunk`), and only the rest S times
     (:meth:`~bench.vit.Backbone.tail`), drawing the same random numbers in the same order
     as S whole forwards would.  ``batched``: the S tails as one forward of the trunk's
-    output repeated S times (pass s reads rows s*B .. (s+1)*B - 1)."""
+    output repeated S times (pass s reads rows s*B .. (s+1)*B - 1).  ``on_pass(n)`` is
+    called after each pass (the S batched ones: once) with the images it ran."""
     depth = model.deterministic_depth() if samples > 1 and isinstance(model, Backbone) else None
     if depth is None:
         h, mask, tail = x, None, lambda t, m: model(t)
     else:
         h, mask = model.trunk(x, depth)
         tail = lambda t, m: model.tail(t, m, depth)  # noqa: E731
+    tick = on_pass or (lambda _n: None)
     if batched:
         repeat = h.repeat(samples, *[1] * (h.dim() - 1))
-        return tail(repeat, None if mask is None else mask.repeat(samples, 1)).float().unflatten(0, (samples, len(x)))
-    return torch.stack([tail(h, mask).float() for _ in range(samples)])
+        out = tail(repeat, None if mask is None else mask.repeat(samples, 1)).float().unflatten(0, (samples, len(x)))
+        tick(samples * len(x))
+        return out
+    out = []
+    for _ in range(samples):
+        out.append(tail(h, mask).float())
+        tick(len(x))
+    return torch.stack(out)
 
 
 def _training_state(epoch: int, model, opt, sched, gen: torch.Generator, aug_gen: torch.Generator,
@@ -463,6 +475,7 @@ def fit(
     on_epoch: Callable[[dict], None] | None = None,
     resume: dict | None = None,
     on_checkpoint: Callable[[dict], None] | None = None,
+    on_step: Callable[[], None] | None = None,
 ) -> TrainResult:
     """Train ``model`` on ``data``'s train split, validating on ``val`` after each epoch.
 
@@ -477,7 +490,14 @@ def fit(
     trains under DistributedDataParallel: each step's global batch of ``batch_size`` is
     drawn and augmented as in one process, and each rank takes its K-th part, so the
     averaged gradients, the logged loss and the weights are the single-process ones (up
-    to float summation order and per-rank dropout noise).  Only rank 0 validates."""
+    to float summation order and per-rank dropout noise).  Only rank 0 validates.
+
+    Each epoch's log row (``on_epoch(row)``, :attr:`TrainResult.log`) holds the epoch, the
+    learning rate, the training loss and accuracy, the validation accuracy and NLL, the
+    seconds, the method's :meth:`~bench.method.TrainedMethod.epoch_log` and the epoch's
+    mean of each named regulariser of its :class:`~bench.method.LossTerm` layers
+    (:meth:`~bench.method.LossTerm.loss_terms`, summed over layers).  ``on_step()`` is
+    called after every optimiser step (progress)."""
     start = time.perf_counter()
     gen = torch.Generator().manual_seed(seed)  # the epoch order (and, on CPU, the augmentation)
     aug_gen = gen if device.type == "cpu" else torch.Generator(device).manual_seed(seed)
@@ -506,6 +526,7 @@ def fit(
 
         net = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     forward = CompiledForward(net, switched_on(cfg.compile, device))
+    term_layers = [m for m in model.modules() if isinstance(m, LossTerm)]
 
     def step(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Forward, loss and gradients of one batch (the optimiser steps after)."""
@@ -529,6 +550,7 @@ def fit(
         correct = torch.zeros((), device=device)
         bad_step = torch.full((), -1, dtype=torch.long, device=device)  # first non-finite loss of the epoch
         bad_loss = torch.zeros((), device=device)
+        terms: dict[str, torch.Tensor] = {}  # regulariser name -> its sum over the epoch's steps (on the device)
         method.on_train_epoch(model, epoch, cfg.epochs)
         for s in range(steps_per_epoch):
             idx = perm[s * bs : (s + 1) * bs]
@@ -548,6 +570,10 @@ def fit(
                     loss, logits = step(x, y)
             else:
                 loss, logits = step(x, y)
+            for layer in term_layers:
+                for name, value in layer.loss_terms().items():
+                    value = torch.as_tensor(value).detach().float()
+                    terms[name] = terms[name] + value if name in terms else value
             first_bad = (bad_step < 0) & ~torch.isfinite(loss.detach())
             bad_step = torch.where(first_bad, s, bad_step)
             bad_loss = torch.where(first_bad, loss.detach().float(), bad_loss)
@@ -557,6 +583,8 @@ def fit(
             sched.step()
             loss_sum += loss.detach() * len(y)
             correct += (logits.argmax(-1) == y).sum()
+            if on_step is not None:
+                on_step()
         if size > 1:  # the first step any rank saw a non-finite loss at; global loss and accuracy
             bad_step = distributed.all_min_(torch.where(bad_step >= 0, bad_step, steps_per_epoch))
             bad_step = torch.where(bad_step < steps_per_epoch, bad_step, -1)
@@ -581,6 +609,7 @@ def fit(
             "val_nll": val_nll,
             "seconds": time.perf_counter() - t0,
             **method.epoch_log(model),
+            **{name: float(total) / steps_per_epoch for name, total in terms.items()},
         }
         best.log.append(row)
         if val_acc > best.best_val_acc:

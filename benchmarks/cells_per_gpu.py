@@ -186,7 +186,8 @@ def run_suite(args: argparse.Namespace, work: Path, data: Path, suite: Path, k: 
     results, reports, log_path = work / f"results_{tag}", work / f"reports_{tag}", work / f"run_{tag}.log"
     cmd = [sys.executable, str(ROOT / "run_suite.py"), "--suite", str(suite), "--data-root", str(data),
            "--epochs", str(epochs or args.epochs), "--executor", "processes", "--results", str(results),
-           "--reports", str(reports), "--format", "csv", "--device", args.device]
+           "--reports", str(reports), "--format", "csv", "--device", args.device,
+           "--name", SUITE_NAME]  # the run's folders are <results>/SUITE_NAME, whatever --epochs and --seeds
     if seeds is not None:
         cmd += ["--seeds", seeds]
     cmd += ["--cells-per-gpu", str(k)] if args.device == "cuda" else ["--workers", str(k)]

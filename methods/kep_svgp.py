@@ -325,6 +325,13 @@ class KEPSVGPAttention(LossTerm, nn.Module):
             return None
         return self.eta_ksvd * self.last_ksvd.pow(2) + self.eta_kl * self.last_kl
 
+    def loss_terms(self) -> dict:
+        """``ksvd`` (J, before squaring and weighting) and ``kl`` of the last training
+        forward, for the training log."""
+        if not self.training or self.last_ksvd is None or self.last_kl is None:
+            return {}
+        return {"ksvd": self.last_ksvd, "kl": self.last_kl}
+
     def extra_repr(self) -> str:
         return (
             f"heads={self.heads}, rank={self.rank}, n_tokens={self.n_tokens}, merge={self.merge!r}, "

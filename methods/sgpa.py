@@ -515,6 +515,11 @@ class SGPAAttention(LossTerm, nn.Module):
             return None
         return self.kl_weight * self.anneal_weight * self._kl
 
+    def loss_terms(self) -> dict:
+        """``kl``: the layer's KL of the last training forward, unweighted (the training
+        log sums it over the layers)."""
+        return {} if self._kl is None else {"kl": self._kl}
+
 
 # ----------------------------------------------------------------------------- method
 

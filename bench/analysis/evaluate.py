@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from bench import progress
 from bench.catalog import Catalog, Preds
 from bench.data import is_ood
 from bench.errors import one_line
@@ -150,7 +151,7 @@ def evaluate_catalog(catalog: Catalog, names: list[str]) -> Evaluation:
                     failures.append({"dataset": d, "method": entry.name, "seed": rid, "reason": preds})
 
     rows, raised = [], {}
-    for (d, m, s), preds in cache.items():
+    for (d, m, s), preds in progress.tracked(cache.items(), "analysis", len(cache), "cell", "{count} cells"):
         errors: dict[tuple[str, str, str], str] = {}
         rows += [(d, m, s, split, metric, score, value) for split, metric, score, value in evaluate(preds, names, errors)]
         raised.update({(d, m, s, *where): why for where, why in errors.items()})

@@ -44,6 +44,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
+from bench import progress
 from bench.data import SEVERITIES, check_severity
 from bench.errors import ConfigError
 from bench.metrics import selection
@@ -116,7 +117,8 @@ def render_report(results: AnalysisResults, out_dir: Path, formats: Sequence[str
                 written.append(path)
 
     plot_metrics = [m for m in selection("severity") if metrics is None or m in metrics]
-    plots = write_plots(results, shown, index, plot_metrics, out_dir / "plots")
+    with progress.task("plots", unit="plot", done="{count} plots"):
+        plots = write_plots(results, shown, index, plot_metrics, out_dir / "plots")
     written.extend(path for _, _, path in plots)
     fresh = {path for _, _, path in plots}
     for stale in (out_dir / "plots").glob("*.png"):  # an earlier report's plots no longer shown

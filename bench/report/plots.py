@@ -18,6 +18,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from bench import progress
 from bench.data import SEVERITIES, is_ood
 from bench.metrics import aurc, calibration_bins, ece, risk_coverage_curve
 from bench.report.rows import ResultsIndex, Stat
@@ -48,6 +49,7 @@ def _save(fig: Figure, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, format="png", dpi=DPI, metadata={"Software": None})
     fig.clear()
+    progress.advance()  # the report's "plots" task
 
 
 def _plot_reliability(probs: np.ndarray, labels: np.ndarray, title: str, path: Path) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import shlex
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bench.analysis import ANALYSIS_DIR, SIGNIFICANCE, analyse_store
@@ -23,6 +23,7 @@ from bench.report import render_report, staged
 from bench.report.formats import FORMATS, validate_formats
 from bench.report.readme import left_out_summary
 from bench.report.tables import validate_metrics
+from bench.runs import implied, resume_flags, write_record
 from bench.spec import Suite, select
 from bench.store import STORE_SUITE
 
@@ -60,6 +61,7 @@ class ReportOptions:
     strict: bool = False
     quiet: bool = False
     debug: bool = False
+    run: dict | None = None  # the run whose report this is (bench.runs.report_record), kept as run.json in it
 
     def __post_init__(self) -> None:  # where the choices enter the report: checked once, then passed on
         if self.metrics is not None:
@@ -165,6 +167,8 @@ def write_suite_report(suite: Suite | None, store_root: Path, out_dir: Path, opt
             left_out = [c for c in left_out if c.method in catalog.rows(methods, bases=True)]
         command = _completing_command(options, suite is None) if any(c.state != "running" for c in left_out) else ""
         render_report(results, stage, options.formats, rows, picked, options.severity, left_out, command)
+        if options.run is not None and not implied(options.run, Path(out_dir).name):
+            write_record(stage, options.run)
     if suite is not None and not (Path(store_root) / STORE_SUITE).is_file():
         write_store_description(store_root, suite)  # a store without suite.json gets one: it can then be reported without its suite file
     mine = set(catalog.rows(methods, bases=True)) if methods else {m.name for m in catalog.methods}
@@ -182,6 +186,9 @@ def _completing_command(options: ReportOptions, store_only: bool) -> str:
     store and selection (a store reported alone needs the suite file that made it)."""
     suite = "SUITE.toml" if store_only else options.suite
     parts = ["python", "run_suite.py", "--suite", suite]
+    if options.run is not None and not implied(options.run, options.run.get("name")) and not store_only:
+        parts += resume_flags(options.run)  # the run's own command: its overrides (and --name)
+        options = replace(options, datasets=None, seeds=None, methods=None, epochs=None)
     if options.results != Path("results"):
         parts += ["--results", str(options.results)]
     if options.data_root is not None:

@@ -197,5 +197,7 @@ def test_status_names_done_failed_interrupted_damaged_and_missing_cells(tiny_sto
     assert "seed 2: missing" in out and "damaged" in out and "1 done" in out and "1 missing" in out
     info = json.loads((cells[1] / "cell.json").read_text())
     per_cell = info["train_seconds"] + info["predict_seconds"]
-    expected = 2 * per_cell / 3600  # the damaged and the missing cell, at the done cell's pace
-    assert f"to run: {expected:.2f} hours" in out
+    from bench.progress import duration
+
+    expected = 2 * per_cell  # the damaged and the missing cell, at the done cell's pace, in seconds
+    assert f"to run: {duration(expected)}" in out

@@ -128,7 +128,7 @@ def test_a_killed_worker_fails_only_its_cell_and_the_next_run_retries_it(tmp_pat
     suite.write_text(tiny_suite(None, seeds=(0, 1), methods=TWO_METHODS))
     command = ["--suite", str(suite), "--results", str(tmp_path / "results"), "--reports",
                str(tmp_path / "reports"), "--data-root", str(tmp_path / "data"),
-               "--executor", "processes", "--workers", "2", "--methods", "msp"]
+               "--executor", "processes", "--workers", "2", "--methods", "msp", "--name", "tiny"]
     store = tmp_path / "results" / "tiny"
     done, killed = threading.Event(), []
     killer = threading.Thread(target=_kill_first_lock_holder, args=(store, done, killed))
@@ -189,7 +189,7 @@ def test_a_bad_executor_table_stops_the_run_before_any_work(tmp_path, capsys):
 
 def test_submitit_local_executor_runs_every_cell(tmp_path):
     pytest.importorskip("submitit")
-    proc = _run(tmp_path, "--executor", "submitit-local", "--methods", "msp")
+    proc = _run(tmp_path, "--executor", "submitit-local", "--methods", "msp", "--name", "tiny")
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err
     assert len(_trained(err)) == 2

@@ -237,7 +237,7 @@ def test_cola_suite_end_to_end_shows_mcc_and_the_out_of_domain_split(tmp_path):
     suite.write_text(cola.replace('splits = ["test", "shift/*"]',
                                   'splits = ["test", "shift/out_of_domain", "shift/word_drop/5"]'))
     proc = run_suite("--suite", str(suite), "--data-root", str(root), "--epochs", "1", "--seeds", "0",
-                     "--methods", "msp,kep_svgp", "--results", str(tmp_path / "results"),
+                     "--methods", "msp,kep_svgp", "--name", "cola", "--results", str(tmp_path / "results"),
                      "--reports", str(tmp_path / "reports"), "--quiet")
     assert proc.returncode == 0, proc.stderr
     assert "md5" in proc.stderr  # fixture files are not the official ones: warned, not refused

@@ -25,7 +25,7 @@ def test_cifar10_suite_on_official_format_files(tmp_path):
     write_image_folder(root / "ood" / "textures")
     proc = subprocess.run(
         [sys.executable, "run_suite.py", "--suite", "cifar10", "--data-root", str(root), "--epochs", "1",
-         "--seeds", "0", "--methods", "msp,temperature_scaling", "--results", str(tmp_path / "results"),
+         "--seeds", "0", "--methods", "msp,temperature_scaling", "--name", "cifar10", "--results", str(tmp_path / "results"),
          "--reports", str(tmp_path / "reports"), "--quiet"],
         cwd=REPO, capture_output=True, text=True, timeout=900,
     )

@@ -1,0 +1,216 @@
+"""The commands that read a run's store, and how a command stops on Ctrl-C.
+
+* ``status``: each planned cell's state and the time left (:func:`cmd_status`), the
+  cells from a run's record (``status NAME``) or from a suite and its flags;
+* ``verify``: every cell folder of a store against its manifest (:func:`cmd_verify`);
+* ``runs``: the runs of a store root (:func:`cmd_runs`, :func:`bench.runs.list_runs`);
+* Ctrl-C (:class:`CtrlC`): the first one winds the command down and it ends with one
+  line saying what is done and saved (:func:`stopped_at`), a second one ends it at once.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import signal
+import threading
+from pathlib import Path
+
+from bench.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class Planned:
+    """A planned cell as ``status`` needs it: from a suite's plan or a run's record."""
+
+    key: str
+    dataset: str
+    method: str
+    seed: int
+    epochs: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.dataset} / {self.method} / seed {self.seed}"
+
+
+def cmd_status(cells: list[Planned], store_root: Path) -> int:
+    """Print, for every planned cell in the store ``store_root``, whether it is done, failed
+    (with the reason), running (a live runner holds its lock: who, since when), interrupted
+    (with its last saved epoch), damaged or missing; then counts and the estimated time
+    left, from the recorded timings of the done cells of the same method (else of all done
+    cells), on the machine(s) they ran on."""
+    import numpy as np
+
+    from bench.catalog import describe_runner, live_runner
+    from bench.cell import TRAIN_STATE, saved_epoch
+    from bench.progress import duration
+    from bench.store import Store
+
+    store = Store(store_root)
+    counts = {"done": 0, "failed": 0, "running": 0, "interrupted": 0, "damaged": 0, "missing": 0}
+    seconds: dict[str, list[float]] = {}
+    pending: list[str] = []
+    for cell in cells:
+        cd = store.cell(cell.key)
+        state, problem = cd.condition()
+        if state == "complete":
+            info = cd.read_cell() or {}
+            counts["done"] += 1
+            seconds.setdefault(cell.method, []).append(
+                float(info.get("train_seconds", 0.0)) + float(info.get("predict_seconds", 0.0)))
+            continue
+        detail = {"missing": "", "failed": (problem or "")[len("failed: "):], "damaged": problem}.get(state, "")
+        if state == "interrupted":
+            epoch = saved_epoch(cd)
+            detail = ("no epoch saved yet" if not (cd.path / TRAIN_STATE).is_file() else
+                      "training state unreadable" if epoch is None else f"last saved epoch {epoch}/{cell.epochs}")
+        who = live_runner(store.root, cell.key) if state in ("missing", "interrupted") else None
+        if who is not None:  # a live runner holds the cell's lock (a dead one's lock is stale)
+            state, detail = "running", "; ".join(
+                [f"{describe_runner(who)}, heartbeat {who['age']:.0f} s ago"] + ([detail] if detail else []))
+        counts[state] += 1
+        if state != "failed":
+            pending.append(cell.method)
+        print(f"{cell.label}: {state}{': ' + detail if detail else ''} ({cell.key})")
+    done_all = [x for v in seconds.values() for x in v]
+    left = sum(float(np.mean(seconds.get(m) or done_all)) for m in pending) if done_all else float("nan")
+    estimate = duration(left) if done_all else "unknown (no cell done yet)"
+    print(f"{store.root}: " + ", ".join(f"{v} {k}" for k, v in counts.items())
+          + f"; estimated time left for the {len(pending)} cell(s) to run: {estimate}")
+    return 0
+
+
+def status(args: argparse.Namespace, record: dict | None) -> int:
+    """``status NAME`` (the cells its record names, narrowed by --methods, --datasets and
+    --seeds) or ``status --suite ...`` (the suite's plan, in its run's store)."""
+    from bench.plan import make_plan
+    from bench.spec import Overrides, load_suite, select
+
+    if args.run is not None:
+        if record is None:
+            raise ConfigError(f"status {args.run}: the store {args.results / args.run} has no record of its plan (made "
+                              "before runs had names): give the suite file and the flags it ran with instead, "
+                              "e.g. status --suite FILE --epochs N")
+        cells = [Planned(str(c["key"]), str(c["dataset"]), str(c["method"]), int(c["seed"]), int(c["epochs"]))
+                 for c in record.get("cells", [])]
+        cells = [c for c in cells if (args.methods is None or c.method in args.methods)
+                 and (args.datasets is None or c.dataset in args.datasets) and (args.seeds is None or c.seed in args.seeds)]
+        return cmd_status(cells, args.results / args.run)
+    suite = load_suite(args.suite or "default", Overrides(seeds=args.seeds, epochs=args.epochs, methods=args.methods))
+    plan = make_plan(select(suite, args.methods, args.datasets, to_run=False))
+    cells = [Planned(c.key, c.dataset.name, c.method.name, c.seed, c.method.train.epochs) for c in plan.cells]
+    return cmd_status(cells, args.results / stored_run(args, suite.name))
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Check every cell directory of a run's store (``verify NAME``, or ``--suite``: the
+    suite's store): print one line per cell that is not complete; exit 0 when nothing is
+    damaged, 1 otherwise (failed and interrupted cells are listed but are not damage)."""
+    from bench.cell import TENSORBOARD
+    from bench.spec import suite_name_problem
+    from bench.store import DAMAGED_MARK, CellDir
+
+    if args.run is not None:
+        name = args.run
+    else:
+        suite = args.suite or "default"
+        name = Path(suite).stem if suite.endswith(".toml") else suite
+        if (why := suite_name_problem(name)) is not None:
+            raise ConfigError(f"--suite: {why}")
+    root = args.results / name
+    if not root.is_dir():
+        raise ConfigError(f"verify: no store at {root}; give a run's NAME (run_suite.py runs lists them) or "
+                          "--results DIR")
+    counts = {"complete": 0, "failed": 0, "interrupted": 0, "damaged": 0}
+    for path in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".") and p.name != TENSORBOARD):
+        if DAMAGED_MARK in path.name:
+            print(f"{path.name}: moved aside earlier (damaged), not used")
+            continue
+        kind, problem = CellDir(path).condition()
+        counts[kind] += 1
+        if problem is not None:
+            print(f"{path.name}: {kind}: {problem}")
+    print(f"{root}: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
+    return 1 if counts["damaged"] else 0
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    """List the runs under ``--results`` (:func:`bench.runs.list_runs`)."""
+    from bench.runs import list_runs, runs_table
+
+    rows = list_runs(args.results)
+    if not rows:
+        print(f"no runs under {args.results}")
+        return 0
+    print(runs_table(rows))
+    return 0
+
+
+class Interrupted(Exception):
+    """A command stopped by Ctrl-C; the message says where it stopped."""
+
+
+class CtrlC:
+    """Ctrl-C while a command runs: the first one raises KeyboardInterrupt, so the command
+    winds down (locks released, workers stopped) and says where it stopped; a second one
+    meanwhile ends the process at once (exit 130), its worker processes with it."""
+
+    def __enter__(self):
+        self.before = None
+        if threading.current_thread() is threading.main_thread():
+            self.before = signal.signal(signal.SIGINT, self._first)
+        return self
+
+    def _first(self, _signum, _frame) -> None:
+        signal.signal(signal.SIGINT, self._again)
+        raise KeyboardInterrupt
+
+    @staticmethod
+    def _again(_signum, _frame) -> None:
+        import multiprocessing
+
+        for child in multiprocessing.active_children():
+            child.kill()
+        os.write(2, b"\ninterrupted again: stopped at once\n")
+        os._exit(130)
+
+    def __exit__(self, *exc) -> None:
+        if self.before is not None:
+            signal.signal(signal.SIGINT, self.before)
+
+
+def stored_run(args: argparse.Namespace, suite: str) -> str:
+    """The run that ``report``/``status`` with ``--suite`` and plan flags mean: the run those
+    flags name when its store exists, else the suite's own run (the flags then select in it)."""
+    from bench.runs import default_name, plan_overrides
+
+    name = default_name(suite, plan_overrides(args.methods, args.datasets, args.seeds, args.epochs))
+    return name if (args.results / name).is_dir() else suite
+
+
+def stopped_at(plan, store_root: Path) -> str:
+    """The line Ctrl-C ends a run with: its cells done, the ones in progress and the epoch
+    each saved its training at."""
+    from bench.cell import saved_epoch
+    from bench.store import CellDir
+
+    done, saved = 0, []
+    for cell in plan.cells:
+        cd = CellDir(store_root / cell.key)
+        info = cd.read_cell() or {}
+        if cd.sealed() and info.get("status") == "complete":
+            done += 1
+        elif info.get("status") == "running":
+            saved.append(saved_epoch(cd))
+    where = f"{len(saved)} in progress"
+    if saved and all(e is None for e in saved):
+        where += ", no epoch saved yet"
+    elif saved:
+        epochs = sorted({e for e in saved if e is not None})
+        where += f" saved at epoch{'s' if len(epochs) > 1 else ''} {', '.join(map(str, epochs))}"
+        if None in saved:
+            where += " (some with no epoch saved yet)"
+    return f"interrupted: {done} cell{'s' if done != 1 else ''} done, {where}; run the same command to resume"
+
+

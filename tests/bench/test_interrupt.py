@@ -1,0 +1,71 @@
+"""Ctrl-C (issue 29, item 5): a real ``run_suite.py`` process gets SIGINT while it trains.
+The first one ends it with one line saying what is done and where training was saved,
+exit 130, no traceback; a second one stops it at once; the cell in progress resumes from
+its saved epoch (``status`` shows it)."""
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.cli import main
+from tests.helpers import REPO
+from tests.helpers.suites import tiny_suite
+
+
+# msp trains 1 epoch and is done; mc_dropout has 300 epochs, saved after each one
+SUITE = tiny_suite(None, train={"batch_size": 32, "checkpoint_every": 1}, data={"train_limit": 64, "eval_limit": 20},
+                   methods="[methods.msp]\ntrain = { epochs = 1 }\n[methods.mc_dropout]\nsamples = 2\ntrain = { epochs = 300 }\n")
+
+
+def start(tmp_path: Path, *more: str) -> tuple[subprocess.Popen, list[str]]:
+    """The run, once its second cell has finished 2 epochs (stderr is a pipe: a line per
+    epoch); returns the process and the stderr lines read so far."""
+    (tmp_path / "i.toml").write_text(SUITE)
+    proc = subprocess.Popen(
+        [sys.executable, "run_suite.py", "--suite", str(tmp_path / "i.toml"), "--name", "ctrlc",
+         "--results", str(tmp_path / "results"), "--reports", str(tmp_path / "reports"),
+         "--data-root", str(tmp_path / "data"), *more],
+        cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        if "mc_dropout / seed 0: training: epoch 2/300" in line:
+            return proc, lines
+    proc.kill()
+    raise AssertionError("the run never reached epoch 2 of its second cell:\n" + "".join(lines))
+
+
+def test_ctrl_c_prints_one_line_exits_130_and_the_cell_resumes_from_its_saved_epoch(tmp_path, capsys):
+    proc, lines = start(tmp_path)
+    proc.send_signal(signal.SIGINT)
+    _, rest = proc.communicate(timeout=120)
+    assert proc.returncode == 130, "".join(lines) + rest
+    assert "Traceback" not in rest, rest
+    last = rest.strip().splitlines()[-1]
+    match = re.fullmatch(r"interrupted: 1 cell done, 1 in progress saved at epoch (\d+); "
+                         r"run the same command to resume", last)
+    assert match and int(match.group(1)) >= 1, rest
+    # the store knows it: status shows the cell in progress with its saved epoch
+    assert main(["status", "ctrlc", "--results", str(tmp_path / "results")]) == 0
+    out = capsys.readouterr().out
+    assert f"interrupted: last saved epoch {match.group(1)}/300" in out and "1 done" in out, out
+
+
+def test_a_second_ctrl_c_stops_at_once(tmp_path):
+    proc, lines = start(tmp_path, "--methods", "mc_dropout")
+    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signal.SIGINT)
+    started = time.monotonic()
+    _, rest = proc.communicate(timeout=120)
+    assert proc.returncode == 130, "".join(lines) + rest
+    assert "Traceback" not in rest, rest
+    assert time.monotonic() - started < 30
+    assert rest.strip().splitlines()[-1].startswith(("interrupted again: stopped at once", "interrupted: ")), rest
