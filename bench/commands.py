@@ -198,10 +198,9 @@ def stopped_at(plan, store_root: Path) -> str:
     done, saved = 0, []
     for cell in plan.cells:
         cd = CellDir(store_root / cell.key)
-        info = cd.read_cell() or {}
-        if cd.sealed() and info.get("status") == "complete":
+        if cd.says_complete():
             done += 1
-        elif info.get("status") == "running":
+        elif (cd.read_cell() or {}).get("status") == "running":
             saved.append(saved_epoch(cd))
     where = f"{len(saved)} in progress"
     if saved and all(e is None for e in saved):

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from bench.errors import ConfigError
 from bench.spec import suite_name_problem
-from bench.store import CELL, MANIFEST, STORE_SUITE, atomic_write_json
+from bench.store import CELL, MANIFEST, STORE_SUITE, CellDir, atomic_write_json, read_json_object
 
 RUN_RECORD = "run.json"
 PLAN_OVERRIDES = ("methods", "datasets", "seeds", "epochs")  # the flags that change a run's plan, in tag order
@@ -89,11 +89,7 @@ def identity(record: dict) -> dict:
 
 def read_record(folder: Path) -> dict | None:
     """A folder's ``run.json``, or None when it has none (or it is unreadable)."""
-    try:
-        obj = json.loads((Path(folder) / RUN_RECORD).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return obj if isinstance(obj, dict) else None
+    return read_json_object(Path(folder) / RUN_RECORD)
 
 
 def owner(folder: Path) -> dict | None:
@@ -196,10 +192,9 @@ def list_runs(root: Path) -> list[RunRow]:
         states: dict[str, str] = {}
         newest = [_mtime(folder / RUN_RECORD)]
         for cell in (p for p in folder.iterdir() if p.is_dir() and (p / CELL).is_file()):
-            info = _read_json(cell / CELL)
-            sealed = (cell / MANIFEST).is_file()
-            state = "failed" if info.get("status") == "failed" else (
-                "done" if sealed and info.get("status") == "complete" else "other")
+            cd = CellDir(cell)
+            state = "failed" if (cd.read_cell() or {}).get("status") == "failed" else (
+                "done" if cd.says_complete() else "other")
             states[cell.name] = state
             newest += [_mtime(cell / CELL), _mtime(cell / MANIFEST)]
         if record is None and not states and not (folder / STORE_SUITE).is_file():
@@ -212,7 +207,7 @@ def list_runs(root: Path) -> list[RunRow]:
                                picked.count("failed"), len(picked) - picked.count("done") - picked.count("failed"),
                                max(newest)))
         else:
-            suite = str(_read_json(folder / STORE_SUITE).get("name", folder.name))
+            suite = str((read_json_object(folder / STORE_SUITE) or {}).get("name", folder.name))
             rows.append(RunRow(folder.name, suite, "not recorded", list(states.values()).count("done"),
                                list(states.values()).count("failed"), None, max(newest)))
     return rows
@@ -227,14 +222,6 @@ def runs_table(rows: list[RunRow]) -> str:
                       for r in rows]
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip() for line in lines)
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return obj if isinstance(obj, dict) else {}
 
 
 def _mtime(path: Path) -> float:

@@ -94,7 +94,7 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _read_json_object(path: Path) -> dict | None:
+def read_json_object(path: Path) -> dict | None:
     """A JSON object from ``path``, or None when it is missing or damaged in any way
     (truncated, not UTF-8, not an object): a damaged cell reads as incomplete."""
     try:
@@ -161,7 +161,7 @@ class CellDir:
 
     # --- state -------------------------------------------------------------------------
     def read_cell(self) -> dict | None:
-        return _read_json_object(self.path / CELL)
+        return read_json_object(self.path / CELL)
 
     def condition(self, skip: tuple[str, ...] = ()) -> tuple[str, str | None]:
         """``(state, reason)``, the one classification of a cell directory:
@@ -186,7 +186,7 @@ class CellDir:
             cell = self.read_cell()
             if cell is not None and cell.get("status") == "failed":  # recorded by the run, sealed or not
                 return "failed", f"failed: {cell.get('reason', 'failed')}"
-            manifest = _read_json_object(self.path / MANIFEST)
+            manifest = read_json_object(self.path / MANIFEST)
             files = manifest.get("files") if manifest is not None else None
             if not isinstance(files, dict):
                 if self.sealed():
@@ -265,6 +265,11 @@ class CellDir:
     def sealed(self) -> bool:
         """The cell was completed once (it has a manifest), whether or not it still verifies."""
         return (self.path / MANIFEST).exists()
+
+    def says_complete(self) -> bool:
+        """Sealed, and ``cell.json`` says complete: the cheap reading of "done" that lists
+        and progress lines use (no file is hashed; :meth:`condition` verifies)."""
+        return self.sealed() and (self.read_cell() or {}).get("status") == "complete"
 
     def _files(self) -> list[str]:
         """Relative paths of every non-hidden file of the cell (temporary files are hidden)."""
@@ -360,7 +365,7 @@ class CellDir:
     def splits(self) -> list[str]:
         """The stored splits: those of the manifest for a sealed cell (a stray file is never
         read), else every ``preds/**/*.npz`` written so far."""
-        manifest = _read_json_object(self.path / MANIFEST)
+        manifest = read_json_object(self.path / MANIFEST)
         files = manifest.get("files") if manifest is not None else None
         if isinstance(files, dict):
             rels = [r for r in files if r.startswith("preds/") and r.endswith(".npz")]
