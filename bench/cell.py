@@ -34,7 +34,8 @@ from bench.plan import Cell
 from bench.registry import DATASETS, METHODS
 from bench.spec import DatasetSpec
 from bench.store import CellDir
-from bench.train import UnusableState, fit, predict, read_training_state, seed_everything, training_state_bytes
+from bench.train import fit, predict, seed_everything
+from bench.train_state import UnusableState, read_training_state, training_state_bytes
 
 
 class Console:
@@ -133,7 +134,7 @@ def _save_state(cd: CellDir, state: dict) -> None:
 
 def _saved_state(cell: Cell, cd: CellDir, model: torch.nn.Module, console: Console) -> dict | None:
     """The training state an interrupted run of this cell left, if any, when it is this
-    cell's and fits ``model`` (:func:`bench.train.read_training_state`); any other state
+    cell's and fits ``model`` (:func:`bench.train_state.read_training_state`); any other state
     is deleted with one warning naming the cell and the reason, and the cell starts over."""
     path = cd.path / TRAIN_STATE
     if not path.is_file():
