@@ -22,8 +22,8 @@ def test_the_plugin_method_trains_with_the_suite_options_and_reaches_the_report(
     noisy = next(p.parent for p in (root / "results" / "noisy").glob("*/cell.json")
                  if json.loads(p.read_text())["method"] == "noisy_attention")
     assert json.loads((noisy / "cell.json").read_text())["config"]["method"]["options"]["sigma"] == 0.3
-    with np.load(noisy / "preds" / "test.npz") as z:
-        assert "entropy_of_mean" in z.files  # several Monte-Carlo passes
+    with np.load(noisy / "preds" / "test.npz") as z:  # the passes differ: the noisy layer samples at test
+        assert (z["entropy_of_mean"] - z["mean_entropy"]).max() > 1e-4
     efficiency = pd.read_csv(root / "reports" / "noisy" / "analysis" / "efficiency.csv").set_index("method")
     assert efficiency.loc["noisy_attention", "passes"] == 4  # samples = 4 in the suite part
 
