@@ -30,4 +30,4 @@ def test_the_plugin_dataset_trains_and_reaches_the_report(tmp_path, one_torch_th
     readme = (tmp_path / "reports" / "digits" / "README.md").read_text()
     section = readme.split("## sk_digits", 1)[1]
     assert "| msp (ref)" in section and "shift/upside_down" in section and "ood/uniform_noise" in section
-    assert "done" in status
+    assert ": 1 done, 0 failed, 0 running, 0 interrupted, 0 damaged, 0 missing;" in status, status

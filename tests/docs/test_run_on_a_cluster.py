@@ -23,4 +23,4 @@ def test_the_submitit_dry_run_completes_its_cell(tmp_path, monkeypatch):
     assert (cell["method"], cell["status"]) == ("msp", "complete")
     assert list((store / ".submitit").glob("*_log.out"))  # submitit ran it as a job
     assert "| msp (ref)" in (tmp_path / "reports" / "cluster-try" / "README.md").read_text()
-    assert "done" in status
+    assert ": 1 done, 0 failed, 0 running, 0 interrupted, 0 damaged, 0 missing;" in status, status
