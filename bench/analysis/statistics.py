@@ -130,7 +130,9 @@ def summarise(metrics_df: pd.DataFrame, cache: dict, seeds: dict, reference: str
     means = dict(zip(rows, out["mean"]))
     both = significance == stats.SEEDS_AND_SAMPLES
     ci = [(np.nan, np.nan) if k not in dist else
-          stats.seed_mean(units[k], boots[k]).interval() if both else stats.bootstrap_ci(dist[k]) for k in rows]
+          get_metric(k[3]).clip(*(stats.seed_mean(units[k], boots[k]).interval() if both
+                                  else stats.bootstrap_ci(dist[k])))
+          for k in rows]
     out["ci_low"], out["ci_high"] = [c[0] for c in ci], [c[1] for c in ci]
     p_values, directions, tests, needed = [], [], [], []
     for k in rows:
@@ -228,8 +230,9 @@ def severity_table(metrics_df: pd.DataFrame, cache: dict, seeds: dict, names: li
     keys = ["dataset", "method", "severity", "metric"]
     units = _units(per_seed, keys)
     ci = [(np.nan, np.nan) if k not in bands else
-          stats.seed_mean(units[k], bands[k]).interval() if significance == stats.SEEDS_AND_SAMPLES
-          else stats.bootstrap_ci(stats.seed_mean_distribution(list(bands[k].values())))
+          get_metric(k[3]).clip(*(stats.seed_mean(units[k], bands[k]).interval()
+                                  if significance == stats.SEEDS_AND_SAMPLES
+                                  else stats.bootstrap_ci(stats.seed_mean_distribution(list(bands[k].values())))))
           for k in out[keys].itertuples(index=False, name=None)]
     out["ci_low"], out["ci_high"] = [c[0] for c in ci], [c[1] for c in ci]
     return out.sort_values(["dataset", "method", "severity", "metric"], kind="stable",
