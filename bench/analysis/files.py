@@ -39,7 +39,7 @@ from bench.catalog import Catalog
 from bench.metrics import get_metric
 from bench.store import atomic_write_bytes, atomic_write_json
 
-ANALYSIS_SCHEMA = 3  # bump when the files' columns or meaning change
+ANALYSIS_SCHEMA = 4  # bump when the files' columns or meaning change
 ANALYSIS_DIR = "analysis"
 CACHE_DIR = "cache"  # under the analysis folder: the earlier result sets, one folder per key
 CACHE_KEEP = 8  # result sets kept there, the most recently replaced first

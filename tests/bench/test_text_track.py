@@ -243,7 +243,10 @@ def test_cola_suite_end_to_end_shows_mcc_and_the_out_of_domain_split(tmp_path):
     assert "md5" in proc.stderr  # fixture files are not the official ones: warned, not refused
     report = tmp_path / "reports" / "cola"
     readme = (report / "README.md").read_text()
-    assert "ACC/MCC (%)" in readme and "For cola this column shows MCC" in readme
+    assert "MCC (x100)" in readme and "ACC" not in readme.split("## cola", 1)[1].split("## Failed cells")[0]
+    assert "For cola this column takes the place of ACC" in readme  # the conventions say what it replaces
+    assert "No OOD split: CoLA has no out-of-distribution set." in readme  # why the OOD table is empty
+    assert (report / "plots" / "severity_cola_mcc.png").is_file()
     summary = pd.read_csv(report / "tables" / "summary.csv")
     assert {"ece_mean", "nll_mean", "aurc_mean"} <= set(summary.columns)
     shift = pd.read_csv(report / "tables" / "shift_other.csv")
