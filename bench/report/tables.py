@@ -46,6 +46,12 @@ class Column:
     decimals: int = 2
     grouping: bool = False  # thousands separators (counts such as parameters)
     interval: str = ""  # where its intervals are only approximate (Metric.interval): shown "≈[lo, hi]"
+    name: str = ""  # what the CSV calls it where that is not ``key`` (another metric shown in its place)
+
+    @property
+    def csv_name(self) -> str:
+        """The column's name in the CSV (``<csv_name>_<stat>``): the metric it shows."""
+        return self.name or self.key
 
     @property
     def header(self) -> str:
@@ -176,9 +182,10 @@ def shown_column(name: str, headlines: dict[str, dict[str, str]], datasets: Sequ
     """The display column of metric ``name`` in a table or plot of ``datasets``: the metric's
     own (:func:`metric_column`) unless a data set shows another metric in its place
     (``headlines``: CoLA's MCC for accuracy).  Where every one of ``datasets`` shows the
-    same other metric, the column is labelled, scaled and explained as that metric (its key
-    stays ``name``, under which :class:`~bench.report.rows.ResultsIndex` files it); where
-    only some do, the joint label "ACC/MCC" and a convention saying which data set shows what."""
+    same other metric, the column is labelled, scaled, explained and named in the CSV as
+    that metric (its key stays ``name``, under which :class:`~bench.report.rows.ResultsIndex`
+    files it); where only some do, the joint label "ACC/MCC", the CSV name
+    ``accuracy_or_mcc`` and a convention saying which data set shows what."""
     col = metric_column(name)
     swaps = {d: headlines[d][name] for d in datasets if name in headlines.get(d, {})}
     if not swaps:
@@ -187,9 +194,11 @@ def shown_column(name: str, headlines: dict[str, dict[str, str]], datasets: Sequ
     names = ", ".join(sorted(swaps))
     if len(shown) == 1 and len(swaps) == len(datasets):
         other = metric_column(shown[0])
-        return replace(other, key=name, convention=f"{other.convention} For {names} this column takes the place "
-                                                   f"of {col.label} (the data set's headline metric).")
+        return replace(other, key=name, name=shown[0],
+                       convention=f"{other.convention} For {names} this column takes the place of {col.label} "
+                                  "(the data set's headline metric).")
     return replace(col, label="/".join([col.label] + [get_metric(t).label for t in shown]),
+                   name="_or_".join([name, *shown]),
                    convention=f"{col.convention} For {names} this column shows "
                               + "; ".join(f"{get_metric(t).label}: {get_metric(t).convention}" for t in shown))
 

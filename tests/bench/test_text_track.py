@@ -251,13 +251,13 @@ def test_cola_suite_end_to_end_shows_mcc_and_the_out_of_domain_split(tmp_path):
     assert {"ece_mean", "nll_mean", "aurc_mean"} <= set(summary.columns)
     shift = pd.read_csv(report / "tables" / "shift_other.csv")
     assert "shift/out_of_domain" in set(shift["split"])
-    # the ACC/MCC column holds the whole-split MCC of the stored test predictions
+    # the MCC column holds the whole-split MCC of the stored test predictions
     from bench.catalog import open_store
     catalog = open_store(tmp_path / "results" / "cola")
     for method in ("msp", "kep_svgp"):
         probs, labels = catalog.predictions("cola", method, 0, "test")
         row = summary[summary["method"] == method].iloc[0]
-        assert row["accuracy_mean"] == pytest.approx(matthews_corrcoef(labels, probs.argmax(1)), abs=1e-9)
+        assert row["mcc_mean"] == pytest.approx(matthews_corrcoef(labels, probs.argmax(1)), abs=1e-9)
     cell = next((tmp_path / "results" / "cola").glob("*/tokenizer.json"))
     assert WordTokenizer.from_dict(__import__("json").loads(cell.read_text())).max_len == 100
 

@@ -94,7 +94,7 @@ def _with_mcc_for_toy_a(results):
 
 def test_every_plot_and_table_labels_the_metric_it_shows(tmp_path, figures):
     results = _with_mcc_for_toy_a(make_results())
-    write_report(results, tmp_path, formats=("md",))
+    write_report(results, tmp_path, formats=("md", "csv"))
     severity = results.severity
     expected = severity[(severity.dataset == "toy_a") & (severity.method == "msp") & (severity.metric == "mcc")
                         & (severity.severity >= 0)].sort_values("severity")["mean"].to_numpy() * 100
@@ -115,6 +115,12 @@ def test_every_plot_and_table_labels_the_metric_it_shows(tmp_path, figures):
     assert "ACC/MCC (%)" in both[0]
     msp = next(r for r in both if r["Dataset"] == "toy_a" and r["Method"].startswith("msp"))
     assert msp["ACC/MCC (%)"].startswith(f"{100 * _summary_mean(results, 'toy_a', 'msp', 'mcc'):.2f}")
+    csv = pd.read_csv(tmp_path / "tables" / "summary.csv")
+    assert "accuracy_or_mcc_mean" in csv and "accuracy_mean" not in csv  # the CSV names what it holds too
+    alone = tmp_path / "toy_a_alone"  # toy_a on its own: every column of MCC is named MCC
+    write_report(replace(results, datasets=["toy_a"]), alone, formats=("md", "csv"))
+    assert "MCC (x100)" in md_rows(alone / "tables" / "summary.md")[0]
+    assert "mcc_mean" in pd.read_csv(alone / "tables" / "summary.csv")
 
 
 def test_no_failed_rows_in_a_table_of_splits_the_data_set_does_not_have(tmp_path, figures):
