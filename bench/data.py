@@ -7,7 +7,8 @@ and a static ``load(options) -> DataBundle``; it may set ``headline_metrics = {"
 
 * ``train``, ``val``, ``test``: in-distribution;
 * ``shift/<name>``, among them ``shift/<corruption>/<severity>`` (:func:`corruption_split`):
-  covariate shift, same labels;
+  covariate shift, same labels; a corruption split holds the first N images of ``test``
+  (N = its size), corrupted, so the analysis compares it with those N images clean;
 * ``ood/<name>``: out-of-distribution; labels are ``-1``.
 
 Images are uint8 arrays ``[N, H, W]`` (grayscale) or ``[N, H, W, C]`` (:class:`Split`);

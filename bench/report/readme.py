@@ -11,7 +11,7 @@ import pandas as pd
 from tabulate import tabulate
 
 from bench.report.formats import md_escape, to_markdown
-from bench.report.tables import CI_DECIMALS, NOT_REACHED, TABLES, Column, Table
+from bench.report.tables import CI_DECIMALS, NOT_REACHED, TABLES, Column, Table, dataset_columns
 from bench.stats import SAMPLES_SEEDS_FIXED
 
 if TYPE_CHECKING:
@@ -71,7 +71,9 @@ def _note(reference: str, significance: str) -> str:
         "For ensembles the \"seeds\" are replicates (independent draws of member seeds). "
         + _marks_note(significance) +
         "The severity table averages each metric over the corruptions "
-        "evaluated at a severity; its CI (`ci_low`/`ci_high` in the CSV, the band of the "
+        "evaluated at a severity; its severity 0 is the same samples clean (a corruption split "
+        "holds the first N test samples, corrupted; *Samples* gives N), so every row compares the "
+        "same samples; its CI (`ci_low`/`ci_high` in the CSV, the band of the "
         "severity plots) is the analysis' 95% interval of that seed-mean, built as above. `n/a` means the metric is undefined for every "
         "seed (e.g. failure AUROC when all predictions are correct) and `failed` that no "
         "seed of the method finished (see *Failed cells*). LaTeX (`tables/*.tex`, "
@@ -163,8 +165,8 @@ def readme_text(
             if not table.spec.in_readme:
                 parts += [f"Too long to show here: see `tables/{table.spec.name}.md` / `.csv` / `.tex`.", ""]
                 continue
-            mine = Table(table.spec, table.columns, [r for r in table.rows if r.dataset == dataset],
-                          table.reference)
+            mine = Table(table.spec, dataset_columns(table, results.headlines, dataset),
+                         [r for r in table.rows if r.dataset == dataset], table.reference)
             parts.append(to_markdown(mine, drop_dataset=True))
 
     parts += ["## Failed cells", ""]
