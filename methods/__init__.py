@@ -9,5 +9,6 @@ from methods import (  # noqa: F401
     rpc,
     scaled_attention,
     sgpa,
+    sngp,
     temperature_scaling,
 )
