@@ -144,14 +144,13 @@ class RFFGPAttention(LossTerm, nn.Module):
             sigma2 = torch.exp(self.log_sigma2).to(dtype)
             a = phi_k.transpose(-1, -2) @ phi_k + sigma2 * torch.eye(m, dtype=dtype, device=x.device)  # [B, H, M, M]
             chol, _ = psd_cholesky(a, self.jitter)  # A + j I = L Lᵀ (L = Rᵀ)
-            t_k = torch.linalg.solve_triangular(chol, phi_k.transpose(-1, -2), upper=False)  # L^{-1} Φ_Kᵀ: [B, H, M, N]
-            t_q = torch.linalg.solve_triangular(chol, phi_q.transpose(-1, -2), upper=False)  # L^{-1} Φ_Qᵀ
-            s = t_k @ v  # L^{-1} Φ_Kᵀ V: [B, H, M, D]
+            eye = torch.eye(m, dtype=dtype, device=x.device).expand_as(chol)
+            l_inv = torch.linalg.solve_triangular(chol, eye, upper=False)  # L^{-1}: one M x M solve, then products
+            t_q = l_inv @ phi_q.transpose(-1, -2)  # L^{-1} Φ_Qᵀ: [B, H, M, N]
+            s = l_inv @ (phi_k.transpose(-1, -2) @ v)  # L^{-1} Φ_Kᵀ V: [B, H, M, D]
             mean = t_q.transpose(-1, -2) @ s  # Φ_Q A^{-1} Φ_Kᵀ V
             var = sigma2 * t_q.pow(2).sum(-2)[..., None]  # σ² ‖L^{-1} φ_q‖²: [B, H, N, 1]
-            w_star = torch.linalg.solve_triangular(chol.transpose(-1, -2), s, upper=True)  # A^{-1} Φ_Kᵀ V
-            eye = torch.eye(m, dtype=dtype, device=x.device).expand_as(chol)
-            l_inv = torch.linalg.solve_triangular(chol, eye, upper=False)
+            w_star = l_inv.transpose(-1, -2) @ s  # A^{-1} Φ_Kᵀ V
             tr_a_inv = l_inv.pow(2).sum((-2, -1))  # tr(A^{-1}) = ‖L^{-1}‖²_F: [B, H]
             logdet_a = 2 * torch.log(torch.diagonal(chol, dim1=-2, dim2=-1)).sum(-1)
             kl = 0.5 * (d * sigma2 * tr_a_inv + w_star.pow(2).sum((-2, -1)) - m * d
