@@ -196,3 +196,14 @@ def test_trains_through_the_cli_with_predictions_and_its_parameter_count(tmp_pat
     assert main(["list"]) == 0
     out = capsys.readouterr().out
     assert "rff_gp_attention" in out and "rff_gp" in out.replace("rff_gp_attention", "")
+
+
+def test_cifar_suites_run_it_with_the_official_settings_and_sgpa_annealing():
+    import datasets  # noqa: F401  (the suites' data sets)
+    from bench.spec import load_suite
+
+    for name in ("cifar10", "cifar100"):
+        (m,) = [m for m in load_suite(name).methods if m.type == "rff_gp_attention"]
+        o = m.options
+        assert (o.features, o.kernel, o.jitter, o.kl_weight, o.kl_anneal, o.samples, o.average) == (
+            16, "ard", 1e-6, 1.0, True, 10, "probs"), name

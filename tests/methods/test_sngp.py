@@ -224,3 +224,12 @@ def test_trains_through_the_cli_with_predictions_and_its_parameter_count(tmp_pat
     assert f",{params}," in row
     assert main(["list"]) == 0
     assert "sngp" in capsys.readouterr().out
+
+
+def test_cifar_suites_run_sngp_with_the_vit_sngp_settings():
+    import datasets  # noqa: F401  (the suites' data sets)
+    from bench.spec import load_suite
+
+    for name in ("cifar10", "cifar100"):
+        (m,) = [m for m in load_suite(name).methods if m.type == "sngp"]
+        assert m.options == SNGP.Options(), name  # the defaults are those settings, written out in the file
