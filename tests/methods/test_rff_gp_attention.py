@@ -7,7 +7,6 @@ the layer uses Cholesky factors and triangular solves.
 """
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
@@ -20,7 +19,7 @@ from bench.spec import ModelConfig, TrainConfig
 from bench.train import fit, predict, seed_everything
 from bench.vit import make_attention
 from methods.rff_gp_attention import RFFGPAttention, RFFGPAttentionMethod, orthonormal_columns
-from tests.helpers.suites import run_in_process, tiny_suite
+from tests.helpers.suites import only_cell, run_in_process, tiny_suite
 from tests.helpers.synthetic import squares_bundle
 
 CPU = torch.device("cpu")
@@ -179,13 +178,10 @@ def test_fit_and_predict_two_epochs(data):
 
 
 def test_trains_through_the_cli_with_predictions_and_its_parameter_count(tmp_path, capsys):
-    from bench.cli import main
-
     suite = tiny_suite("hard", methods="[methods.rff_gp_attention]\nfeatures = 4\nsamples = 2\n")
     code, err = run_in_process(tmp_path, suite=suite, capsys=capsys)
     assert code == 0, err
-    (cell,) = [c for c in (tmp_path / "results" / "hard").iterdir() if (c / "cell.json").is_file()]
-    info = json.loads((cell / "cell.json").read_text())
+    cell, info = only_cell(tmp_path / "results" / "hard")
     assert info["status"] == "complete" and info["samples"] == 2
     preds = np.load(cell / "preds" / "test.npz", allow_pickle=False)
     assert preds["log_probs"].shape == (64, 10) and np.isfinite(preds["log_probs"]).all()

@@ -8,7 +8,6 @@ inverse, not the layer's Cholesky), logits / √(1 + λ·var); spectral norms fr
 """
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
@@ -22,7 +21,7 @@ from bench.registry import METHODS
 from bench.spec import ModelConfig, TrainConfig
 from bench.train import fit, seed_everything
 from methods.sngp import SNGP, RandomFeatureGP
-from tests.helpers.suites import run_in_process, tiny_suite
+from tests.helpers.suites import only_cell, run_in_process, tiny_suite
 from tests.helpers.synthetic import squares_bundle
 
 CPU = torch.device("cpu")
@@ -207,13 +206,10 @@ def test_options_defaults_are_vit_sngp_and_validate():
 
 
 def test_trains_through_the_cli_with_predictions_and_its_parameter_count(tmp_path, capsys):
-    from bench.cli import main
-
     suite = tiny_suite("hard", methods="[methods.sngp]\nrandom_features = 128\n")
     code, err = run_in_process(tmp_path, suite=suite, capsys=capsys)
     assert code == 0, err
-    (cell,) = [c for c in (tmp_path / "results" / "hard").iterdir() if (c / "cell.json").is_file()]
-    info = json.loads((cell / "cell.json").read_text())
+    cell, info = only_cell(tmp_path / "results" / "hard")
     assert info["status"] == "complete" and info["method"] == "sngp"
     preds = np.load(cell / "preds" / "test.npz", allow_pickle=False)
     assert preds["log_probs"].shape == (64, 10) and np.isfinite(preds["log_probs"]).all()
