@@ -178,6 +178,8 @@ def test_fit_and_predict_two_epochs(data):
 
 
 def test_trains_through_the_cli_with_predictions_and_its_parameter_count(tmp_path, capsys):
+    from bench.cli import main
+
     suite = tiny_suite("hard", methods="[methods.rff_gp_attention]\nfeatures = 4\nsamples = 2\n")
     code, err = run_in_process(tmp_path, suite=suite, capsys=capsys)
     assert code == 0, err

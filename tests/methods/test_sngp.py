@@ -206,6 +206,8 @@ def test_options_defaults_are_vit_sngp_and_validate():
 
 
 def test_trains_through_the_cli_with_predictions_and_its_parameter_count(tmp_path, capsys):
+    from bench.cli import main
+
     suite = tiny_suite("hard", methods="[methods.sngp]\nrandom_features = 128\n")
     code, err = run_in_process(tmp_path, suite=suite, capsys=capsys)
     assert code == 0, err
