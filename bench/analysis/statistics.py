@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from bench import stats
-from bench.analysis.evaluate import METRIC_COLUMNS, SCORES, labelled_and_ood, ood_scores, table_of
+from bench.analysis.evaluate import METRIC_COLUMNS, SCORES, labelled_and_ood, metric_value, ood_scores, table_of
 from bench.catalog import Catalog
 from bench.data import corruption_of, is_ood
 from bench.errors import ConfigError, one_line
@@ -232,18 +232,11 @@ def _clean_rows(df: pd.DataFrame, cache: dict) -> tuple[pd.DataFrame, dict[tuple
         mine = sizes[(d, m, s)] = {split: clean_source_size(preds, split) for split in dict.fromkeys(cell["split"])}
         probs, labels = np.exp(preds["test"]["log_probs"].astype(np.float64)), preds["test"]["labels"]
         for name in dict.fromkeys(cell["metric"]):
-            values = {n: _value(name, probs[:n], labels[:n]) for n in set(mine.values())}
+            values = {n: metric_value(name, (probs[:n], labels[:n]), errors={}) for n in set(mine.values())}
             value = (next(iter(values.values())) if len(values) == 1
                      else float(np.mean([values[n] for n in mine.values()])))
             rows.append((d, m, s, "test", name, "", value, 0))
     return pd.DataFrame(rows, columns=[*METRIC_COLUMNS, "severity"]), sizes
-
-
-def _value(name: str, probs: np.ndarray, labels: np.ndarray) -> float:
-    try:
-        return float(get_metric(name)(probs, labels))
-    except Exception:  # noqa: BLE001  (any error of a metric's own code)
-        return np.nan
 
 
 def severity_table(metrics_df: pd.DataFrame, cache: dict, seeds: dict, names: list[str], seed: int,
