@@ -128,10 +128,10 @@ class RFFGPAttention(LossTerm, nn.Module):
         amp = torch.exp(self.log_sf).sqrt()[None, :, :, None].to(q.dtype)  # [1, H, 1, 1]
         return amp * torch.cat([torch.cos(z), torch.sin(z)], dim=-1) / math.sqrt(2 * self.features)
 
-    def posterior(self, x: torch.Tensor, mask: torch.Tensor | None = None):
+    def posterior(self, x: torch.Tensor, mask: torch.Tensor | None = None, with_kl: bool = True):
         """``(mean, var, kl, v)`` for the block input ``x [B, N, C]``: mean ``[B, H, N, D]``,
         var ``[B, H, N, 1]`` (shared by the D dims), the KL (scalar: heads summed, batch
-        averaged) in float32 or wider."""
+        averaged; None without ``with_kl``, as prediction needs none) in float32 or wider."""
         b, n, c = x.shape
         h, d = self.heads, self.head_dim
         q, v = self.qv(x).view(b, n, h, 2 * d).transpose(1, 2).chunk(2, dim=-1)  # [B, H, N, D] each
@@ -150,6 +150,8 @@ class RFFGPAttention(LossTerm, nn.Module):
             s = l_inv @ (phi_k.transpose(-1, -2) @ v)  # L^{-1} Φ_Kᵀ V: [B, H, M, D]
             mean = t_q.transpose(-1, -2) @ s  # Φ_Q A^{-1} Φ_Kᵀ V
             var = sigma2 * t_q.pow(2).sum(-2)[..., None]  # σ² ‖L^{-1} φ_q‖²: [B, H, N, 1]
+            if not with_kl:
+                return mean, var, None, v
             w_star = l_inv.transpose(-1, -2) @ s  # A^{-1} Φ_Kᵀ V
             tr_a_inv = l_inv.pow(2).sum((-2, -1))  # tr(A^{-1}) = ‖L^{-1}‖²_F: [B, H]
             logdet_a = 2 * torch.log(torch.diagonal(chol, dim1=-2, dim2=-1)).sum(-1)
@@ -161,14 +163,14 @@ class RFFGPAttention(LossTerm, nn.Module):
         """``x [B, N, C]`` -> ``[B, N, C]``; ``eps [B, H, N, D]`` fixes the sample's noise;
         ``mask [B, N]`` (True at real tokens) leaves padded keys out of the regression."""
         b, n, c = x.shape
-        mean, var, kl, _ = self.posterior(x, mask)
+        mean, var, kl, _ = self.posterior(x, mask, with_kl=self.training)
         f = mean
         if self.sample:
             if eps is None:
                 eps = torch.randn(mean.shape, device=mean.device, dtype=mean.dtype)
             f = mean + var.clamp_min(0).sqrt() * eps.to(mean.dtype)
         out = self.drop(self.proj(f.transpose(1, 2).reshape(b, n, c).to(x.dtype)))
-        self.last_kl = kl if self.training else None
+        self.last_kl = kl
         return out
 
     def extra_loss(self) -> torch.Tensor | None:
