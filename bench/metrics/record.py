@@ -45,7 +45,7 @@ class Metric:
     ``"default"`` = the default columns) to this metric's column position in them.
     ``interval`` says, in one sentence, where the report's 95% intervals of this metric are
     only approximate (empty: their coverage was measured nominal); a calibration error gets
-    :data:`APPROXIMATE_CALIBRATION` unless it says more.  ``bounds``: the range of the
+    :data:`APPROXIMATE_CALIBRATION` unless it says more.  ``bounds`` (low <= high): the range of the
     metric's true value (raw scale); the report's 95% intervals are cut to it, as a t
     interval around a value near a bound can reach past it (an AUROC interval past 100%).
     """
@@ -74,6 +74,9 @@ class Metric:
             raise ValueError(f"metric {self.name!r}: unit must be one of {list(UNITS)}, got {self.unit!r}")
         if not self.convention.strip():
             raise ValueError(f"metric {self.name!r}: state its convention in one sentence")
+        low, high = self.bounds
+        if not low <= high:  # NaN fails too
+            raise ValueError(f"metric {self.name!r}: bounds must be (low, high) with low <= high, got {self.bounds!r}")
 
     @property
     def on_scores(self) -> bool:
