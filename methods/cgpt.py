@@ -92,7 +92,8 @@ bias-free) and W_O from ``proj``; W₀, σ_q, σ_k and the inducing map start fr
 (3) A failed Cholesky raises that factorisation's jitter ×10 (up to ``tries`` times; the
 official loop is unbounded and carries the raised jitter on to its later explicit
 inverses); the kernel matrices, factorisations and regulariser run in float32 (or wider)
-under bf16 autocast.  (4) Padding (text): padded tokens are removed from the keys, x₀, the
+under bf16 autocast (the sparse layer's projections and inducing points too: at the official
+initialisation the inducing points nearly coincide and K_mm is near-singular).  (4) Padding (text): padded tokens are removed from the keys, x₀, the
 values and the inducing map, and their rows/columns of Σ and C_q, C_k are replaced by the
 identity, so real tokens' outputs do not depend on them; the official CIFAR layers have no
 mask.  (5) The official regulariser's z₀ sample and the output noise are drawn per forward
@@ -103,6 +104,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from bench.method import LossTerm, MonteCarlo, TrainedMethod
@@ -274,15 +276,17 @@ class SparseCGPAttention(_CorrelatedGP):
         if mask is not None:
             x = x * mask[..., None].to(x.dtype)
         b = x.shape[0]
-        xm = self.induce(x.transpose(1, 2))  # [B, C, M]
+        xm = F.linear(x.transpose(1, 2), self.induce.weight.to(x.dtype), self.induce.bias.to(x.dtype))  # [B, C, M]
         return xm.view(b, self.heads, self.head_dim, self.inducing).transpose(-1, -2)
 
     def posterior(self, x, mask=None, eps0=None, with_reg=True):
-        q, k, x0, v = (self.heads_of(lin(x)) for lin in (self.q, self.k, self.x0, self.v))
-        xm = self.inducing_points(x, mask)
         with torch.autocast(device_type=x.device.type, enabled=False):
-            dtype = torch.promote_types(q.dtype, torch.float32)
-            q, k, x0, v, xm = (t.to(dtype) for t in (q, k, x0, v, xm))
+            # projections and inducing points in float32 too: at the official initialisation the
+            # inducing points nearly coincide, K_mm is near-singular and bf16 inputs would show
+            dtype = torch.promote_types(x.dtype, torch.float32)
+            xf = x.to(dtype)
+            q, k, x0, v = (self.heads_of(F.linear(xf, lin.weight.to(dtype))) for lin in (self.q, self.k, self.x0, self.v))
+            xm = self.inducing_points(xf, mask)
             m = None if mask is None else mask[:, None, :, None].to(dtype)
             n = q.shape[-2]
             s = 1.0 / self.noise**2
@@ -394,7 +398,7 @@ class SCGPTOptions(CGPTOptions):
 
 @METHODS.register("scgpt")
 class SparseCGPT(CGPT):
-    """Sparse CGPT: :class:`CGPT` with the inducing-point layer ``scgp`` in every block."""
+    """Sparse CGPT: CGPT with the inducing-point layer ``scgp`` (M points from the tokens) in every block."""
 
     attention = "scgp"
     Options = SCGPTOptions

@@ -36,7 +36,11 @@ needs_cuda = pytest.mark.skipif(not CUDA_OK, reason="needs a CUDA device (run on
 
 TRAINED = [name for name in METHODS.names() if METHODS.get(name).kind == "trained"]
 #: every trained method with its defaults, SGPA's full-covariance variants and its official preset
-CASES = [(name, {}) for name in TRAINED] + [
+#: (sparse CGPT's CIFAR default of 8 inducing points, made from this model's 4 tokens by
+#: weights N(0, 1e-4), nearly coincide: K_mm is near-singular, the covariance needs a jitter
+#: of ~1e7 and the layer is chaotic in any precision; 2 points keep it well-posed)
+SMALL = {"scgpt": {"inducing": 2}}
+CASES = [(name, SMALL.get(name, {})) for name in TRAINED] + [
     ("sgpa", {"covariance": "full"}), ("sgpa", {"covariance": "full", "variant": "standard"}),
     ("sgpa", {"preset": "official", "kl_anneal": True})]
 MODEL = ModelConfig(patch_size=5, dim=32, depth=2, heads=2, mlp_ratio=2.0, dropout=0.1)
