@@ -177,6 +177,10 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
         resume = _saved_state(cell, cd, model, console)
         if resume is not None:
             info["resumed_from_epoch"] = resume["epoch"]
+        elif cell.stage1 is not None:  # two-stage: start from the stage-1 weights
+            state, info["stage1"] = stage1_state(cell, cd.path.parent, data, device, console)
+            method.init_from_stage1(model, state)
+            seed_everything(cell.seed)
         reset_peak_memory(device)
         if distributed.active():  # the other torchrun ranks train this cell with this one
             distributed.announce({"key": cell.key, "resume": resume})
@@ -248,6 +252,31 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
     (cd.path / TRAIN_STATE).unlink(missing_ok=True)  # the finished cell needs no resumable state
     cd.seal(info)
     return "complete", f"best epoch {result.best_epoch}, test acc {test_acc:.3f}"
+
+
+def stage1_state(cell: Cell, store_root: Path, data: DataBundle, device: torch.device,
+                 console: Console) -> tuple[dict, dict]:
+    """The stage-1 weights of a two-stage cell and what was done for them: the stored
+    ``checkpoint.pt`` of its stage-1 cell (``cell.stage1``, found by
+    :func:`bench.catalog.stored_cell`) when the store holds it complete, else that cell's
+    method trained here with its own settings and seed (not stored as a cell)."""
+    from bench.catalog import stored_cell
+    from bench.store import CHECKPOINT
+
+    first = cell.stage1
+    found = stored_cell(store_root, first.dataset.name, first.method.name, first.seed, first.key)
+    if found is not None:
+        state = torch.load(found.path / CHECKPOINT, map_location="cpu", weights_only=True)
+        return state, {"method": first.method.name, "key": first.key, "reused": True}
+    console.log(f"{cell.label}: stage 1 ({first.label}, {first.key}) is not in the store: training it in this cell")
+    method = METHODS.get(first.method.type)(first.method.options)
+    seed_everything(first.seed)
+    model = method.build_model(first.method.model, data).to(device)
+    with progress.task(f"{first.label}: training (stage 1 of {cell.method.name})", total=first.method.train.epochs,
+                       unit="epoch") as task:
+        result = fit(method, model, data, first.method.train, device, first.seed, on_epoch=lambda row: task.advance())
+    return result.state_dict, {"method": first.method.name, "key": first.key, "reused": False,
+                               "train_seconds": round(result.seconds, 3)}
 
 
 def _train(cell: Cell, method, model: torch.nn.Module, data: DataBundle, cd: CellDir, device: torch.device,

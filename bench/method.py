@@ -122,6 +122,19 @@ class TrainedMethod:
         full list with the official lines).  A report names them in a footnote."""
         return []
 
+    def stage1(self) -> str:
+        """Two-stage recipes: the suite name of a trained method whose cell of the same
+        dataset and seed this one starts from ("" for none, the default).  That cell is found
+        in the store as a derived method's members are (``bench.catalog``); its stored
+        ``checkpoint.pt`` is handed to :meth:`init_from_stage1` before training, or, when the
+        store holds no complete cell of it, it is trained first inside this cell."""
+        return ""
+
+    def init_from_stage1(self, model, state: dict) -> None:
+        """Start ``model`` from the stage-1 weights ``state`` (a state dict); methods whose
+        :meth:`stage1` names a method implement it."""
+        raise NotImplementedError(f"{type(self).__name__} names a stage 1 but does not implement init_from_stage1")
+
     def prediction_model(self, model, cfg: ModelConfig, data: DataBundle):
         """The model that predicts, given the trained one (default: itself).  A method that
         swaps an attention at test time (KDEformer into a softmax-trained ViT) builds it

@@ -1,6 +1,9 @@
 """The planner: a suite becomes cells (dataset x trained method x seed), each keyed by a
 hash of its resolved config.  Derived methods add no cells: analysis computes them from
-the cells of their base method."""
+the cells of their base method.  A two-stage trained method (``TrainedMethod.stage1``)
+names the cell of its stage 1 (same dataset and seed): its config holds that cell's key,
+and its cells come after every single-stage cell of their dataset, so a local run has
+stored the stage 1 when they start."""
 from __future__ import annotations
 
 import hashlib
@@ -8,7 +11,7 @@ import json
 from dataclasses import dataclass
 
 from bench.options import to_dict
-from bench.spec import DatasetSpec, MethodSpec, Suite
+from bench.spec import DatasetSpec, MethodSpec, Suite, stage1_of
 from bench.store import STORE_SCHEMA
 
 
@@ -19,6 +22,7 @@ class Cell:
     seed: int
     key: str
     config: dict  # the resolved config the key hashes (also stored in cell.json)
+    stage1: "Cell | None" = None  # the cell a two-stage method starts from (its key is in config)
 
     @property
     def label(self) -> str:
@@ -67,11 +71,16 @@ class Plan:
 
 def make_plan(suite: Suite) -> Plan:
     cells = []
+    by_name = {m.name: m for m in suite.methods}
+    trained = [m for m in suite.methods if m.kind == "trained"]
     for d in suite.datasets:
-        for m in suite.methods:
-            if m.kind != "trained":
-                continue
+        for m in sorted(trained, key=lambda m: bool(stage1_of(m))):  # stable: single-stage methods first
             for seed in suite.seeds:
+                first = None
                 config = cell_config(d, m, seed)
-                cells.append(Cell(d, m, seed, config_key(config), config))
+                if base := stage1_of(m):
+                    base_config = cell_config(d, by_name[base], seed)
+                    first = Cell(d, by_name[base], seed, config_key(base_config), base_config)
+                    config["stage1"] = first.key
+                cells.append(Cell(d, m, seed, config_key(config), config, first))
     return Plan(suite, tuple(cells))

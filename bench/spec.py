@@ -340,6 +340,8 @@ def build_suite(raw: dict, overrides: Overrides = Overrides()) -> Suite:
     for m in methods:
         if m.kind == "derived":
             _check_derived(m, by_name, problems)
+        elif stage1_of(m):
+            _check_stage1(m, by_name, problems)
     problems.raise_if_any()
 
     if top.reference and top.reference not in by_name:
@@ -441,6 +443,21 @@ def _check_derived(m: MethodSpec, by_name: dict[str, MethodSpec], problems: Prob
         problems.add(f"methods.{m.name}.base", f"{base!r} must be a trained method, not a derived one")
 
 
+def stage1_of(m: MethodSpec) -> str:
+    """The trained method a two-stage trained method starts from (``TrainedMethod.stage1``),
+    "" for none and for derived methods."""
+    return "" if m.kind != "trained" else METHODS.get(m.type)(m.options).stage1()
+
+
+def _check_stage1(m: MethodSpec, by_name: dict[str, MethodSpec], problems: Problems) -> None:
+    """A stage 1 is checked as a derived method's ``base`` is, and must be single-stage."""
+    base = stage1_of(m)
+    if base not in by_name:
+        problems.add(f"methods.{m.name}.base", f"names no method of this suite; known: {', '.join(by_name)}")
+    elif by_name[base].kind != "trained" or stage1_of(by_name[base]):
+        problems.add(f"methods.{m.name}.base", f"{base!r} must be a single-stage trained method")
+
+
 def _closest(name: str, known: list[str]) -> str:
     close = difflib.get_close_matches(name, known, n=1)
     return f" Did you mean {close[0]!r}?" if close else ""
@@ -471,6 +488,7 @@ def select(
                 )
         wanted = set(methods)
         wanted |= {m.options.base for m in suite.methods if m.name in wanted and m.kind == "derived"}
+        wanted |= {stage1_of(m) for m in suite.methods if m.name in wanted and stage1_of(m)}
         chosen_methods = tuple(m for m in suite.methods if m.name in wanted)
     for m in chosen_methods:
         need = METHODS.get(m.type)(m.options).members_per_replicate() if m.kind == "derived" else 0

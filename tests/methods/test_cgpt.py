@@ -288,3 +288,98 @@ def test_stage1_weights_are_copied_where_they_match():
     torch.testing.assert_close(model.blocks[0].attn.proj.bias, state["blocks.0.attn.proj.bias"])
     torch.testing.assert_close(model.head.weight, state["head.weight"])
     assert sorted(fresh) == [f"blocks.{i}.attn.{n}" for i in (0, 1) for n in ("sigma_k", "sigma_q", "x0.weight")]
+
+
+def cells(store) -> dict[str, dict]:
+    """method name -> cell.json of every cell of a store."""
+    out = {}
+    for c in store.iterdir():
+        if (c / "cell.json").is_file():
+            info = json.loads((c / "cell.json").read_text())
+            out[info["method"]] = info
+    return out
+
+
+def test_both_methods_and_the_two_stage_recipe_train_predict_and_report(tmp_path, capsys):
+    methods = ("[methods.msp]\n"
+               "[methods.cgpt]\nsamples = 2\n"
+               "[methods.cgpt_2stage]\ntype = \"cgpt\"\nbase = \"msp\"\nsamples = 2\n"
+               "[methods.scgpt]\ninducing = 4\nsamples = 2\n")
+    suite = tiny_suite("hard", methods=methods)
+    code, err = run_in_process(tmp_path, suite=suite, capsys=capsys)
+    assert code == 0, err
+    store = tmp_path / "results" / "hard"
+    info = cells(store)
+    assert {m: i["status"] for m, i in info.items()} == dict.fromkeys(("msp", "cgpt", "cgpt_2stage", "scgpt"), "complete")
+    assert info["cgpt_2stage"]["stage1"] == {"method": "msp", "key": info["msp"]["key"], "reused": True}
+    assert info["cgpt_2stage"]["config"]["stage1"] == info["msp"]["key"]
+    assert "stage1" not in info["cgpt"] and "stage1" not in info["cgpt"]["config"]
+    for name in ("cgpt", "scgpt"):
+        preds = np.load(store / info[name]["key"] / "preds" / "test.npz", allow_pickle=False)
+        assert preds["log_probs"].shape == (64, 10) and np.isfinite(preds["log_probs"]).all()
+        assert "entropy_of_mean" in preds  # several passes: the decomposition terms are stored
+    log = (store / info["cgpt"]["key"] / "train_log.csv").read_text().splitlines()
+    assert "cgp_reg" in log[0].split(",")
+    efficiency = (tmp_path / "reports" / "hard" / "tables" / "efficiency.csv").read_text().splitlines()
+    for name in ("cgpt", "cgpt_2stage", "scgpt"):
+        row = next(line for line in efficiency if f",{name}," in line)
+        assert f",{info[name]['parameters']}," in row
+
+
+def test_a_missing_stage1_is_trained_in_the_cell_and_a_stored_one_is_reused(tmp_path):
+    import torch as th
+
+    from bench.cell import Console, stage1_state
+    from bench.plan import make_plan
+    from bench.spec import build_suite
+    from bench.store import CHECKPOINT
+    from bench.train import seed_everything
+    from tests.helpers.synthetic import squares_bundle
+
+    import tomllib
+
+    raw = tomllib.loads(tiny_suite("two", methods="[methods.msp]\n[methods.cgpt]\nbase = \"msp\"\n",
+                                   model={"patch_size": 5}))
+    plan = make_plan(build_suite(raw))
+    assert [c.method.name for c in plan.cells] == ["msp", "cgpt"]
+    cell = plan.cells[1]
+    data = squares_bundle()
+    (tmp_path / "store").mkdir()
+    seed_everything(0)
+    state, how = stage1_state(cell, tmp_path / "store", data, th.device("cpu"), Console(quiet=True))
+    assert how["reused"] is False and how["key"] == plan.cells[0].key
+    assert "blocks.0.attn.qkv.weight" in state
+    # the same triple stored under another key (another msp configuration) is not taken for it
+    other = tmp_path / "store" / "0123456789abcdef"
+    other.mkdir()
+    (other / "cell.json").write_text(json.dumps({"dataset": "mnist5k", "method": "msp", "seed": 0}))
+    (other / CHECKPOINT).write_bytes(b"")
+    _, how = stage1_state(cell, tmp_path / "store", data, th.device("cpu"), Console(quiet=True))
+    assert how["reused"] is False
+
+
+def test_the_suite_checks_the_stage1_and_select_adds_it():
+    from bench.errors import ConfigError
+    from bench.spec import build_suite, select
+
+    import tomllib
+
+    raw = tomllib.loads(tiny_suite("two", methods="[methods.msp]\n[methods.cgpt]\nbase = \"msp\"\n"))
+    suite = build_suite(raw)
+    assert [m.name for m in select(suite, ("cgpt",)).methods] == ["msp", "cgpt"]
+    for bad in ("nope", "cgpt"):
+        raw = tomllib.loads(tiny_suite("two", methods=f"[methods.msp]\n[methods.cgpt]\nbase = \"{bad}\"\n"))
+        with pytest.raises(ConfigError, match="methods.cgpt.base"):
+            build_suite(raw)
+
+
+def test_cifar_suites_run_both_with_the_official_settings_as_two_stage_recipes():
+    import datasets  # noqa: F401  (the suites' data sets)
+    from bench.spec import load_suite
+
+    for name in ("cifar10", "cifar100"):
+        by_type = {m.type: m.options for m in load_suite(name).methods if m.type in ("cgpt", "scgpt")}
+        c, s = by_type["cgpt"], by_type["scgpt"]
+        assert (c.samples, c.jitter, c.reg_weight, c.reg_anneal, c.base, c.average) == (10, 1e-7, 0.7, False, "msp", "probs")
+        assert (s.samples, s.jitter, s.reg_weight, s.reg_anneal, s.inducing, s.noise, s.base) == (
+            5, 1e-7, 1.0, True, 8, 0.1, "msp"), name
