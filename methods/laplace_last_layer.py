@@ -66,8 +66,11 @@ prior precision by post-hoc evidence maximisation, probit predictive (laplace-to
 hessian_structure="kron")``, ``optimize_prior_precision(method="marglik")``,
 ``la(x, link_approx="probit")``).  Departures: (1) laplace-torch maximises the evidence
 with 100 Adam steps on log δ (lr 0.1, from δ = 1), which can stop short of the maximum;
-we solve for it.  (2) laplace-torch's KFAC adds per-batch Kronecker factors (and its
-curvature backends scale them per batch); ours are the whole-split sums above.  (3) The
+we solve for it (measured on small heads: its δ within 0.05% of ours).  (2) laplace-torch's
+KFAC keeps W and b as separate blocks, G ⊗ A_φ (A_φ over φ alone) and G for the bias, with
+no W-b cross terms; ours is one Kronecker pair over a = [φ; 1] (measured: evidence 0.04-0.07
+nats apart of about 190, probit probabilities within 1.5e-3).  The full GGN, evidence and
+probit agree with laplace-torch's ``FullLLLaplace`` to float round-off.  (3) The
 fit runs in eval mode in float32 features / float64 curvature; the MAP net is the
 suite's ViT trained from scratch (the paper used pre-trained WRNs).  (4) ``fit_images``
 fits on a random subset of the training split (default: all of it, as the paper).
