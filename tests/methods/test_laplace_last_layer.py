@@ -170,7 +170,7 @@ def test_head_probit_and_monte_carlo_outputs():
     mc_head.fit(phi, y, prior_precision=0.3)
     assert mc_head.stochastic
     torch.manual_seed(0)
-    draws = torch.stack([mc_head(x) for _ in range(20_000)]).double()  # [S, B, C]
+    draws = mc_head(x.repeat(20_000, 1)).double().unflatten(0, (20_000, 4))  # [S, B, C]: one draw per row
     centred = draws - draws.mean(0)
     torch.testing.assert_close(draws.mean(0), mean.double(), rtol=0, atol=0.05)
     torch.testing.assert_close(torch.einsum("sbc,sbk->bck", centred, centred) / len(draws), cov.double(), rtol=0.05,
