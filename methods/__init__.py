@@ -4,6 +4,7 @@ from methods import (  # noqa: F401
     deep_ensemble,
     kdeformer,
     kep_svgp,
+    laplace_last_layer,
     mc_dropout,
     msp,
     pay_attention,
