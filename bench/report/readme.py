@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING, Sequence
 import pandas as pd
 from tabulate import tabulate
 
+from bench.registry import SCORES
 from bench.report.formats import md_escape, to_markdown
+from bench.scores import default_scores, score_order
 from bench.report.tables import CI_DECIMALS, NOT_REACHED, TABLES, Column, Table
 from bench.stats import SAMPLES_SEEDS_FIXED
 
@@ -86,12 +88,30 @@ def _note(reference: str, significance: str) -> str:
     )
 
 
-_SCORES_NOTE = (
-    "OOD scores (column *Score*; higher = more in-distribution): `msp` = maximum "
-    "predictive probability; `entropy` = negative predictive entropy H[p̄]; `mutual_info` "
-    "= negative mutual information between prediction and model (epistemic part of the "
-    "entropy decomposition), only for methods with several samples or members."
-)
+def _scores_note(results: AnalysisResults, methods: list[str]) -> list[str]:
+    """The OOD scores of the *Score* column (the analysed ones, from the registry), and the
+    selected scores a shown method could not get, with the reason."""
+    names = score_order(results.scores) if results.scores else []
+    parts = ["OOD scores (column *Score*; higher = more in-distribution; `--scores` picks them, "
+             f"default: {', '.join(f'`{n}`' for n in default_scores())}):", ""]
+    body = []
+    for name in names:
+        score = SCORES.get(name) if name in SCORES else None
+        if score is None:
+            body.append([f"`{name}`", "", "(not registered in this code)", ""])
+            continue
+        body.append([f"`{name}`", ", ".join(score.needs), md_escape(score.convention), md_escape(score.reference)])
+    parts.append(tabulate(body, headers=["Score", "Needs", "Convention", "Reference"], tablefmt="pipe",
+                          disable_numparse=True) + "\n")
+    shown = set(methods)
+    missing = results.unscored.loc[results.unscored["method"].isin(shown)] if len(results.unscored) else results.unscored
+    if len(missing):
+        parts += ["Scores not computed (the store lacks what they need):", ""]
+        rows = [[md_escape(str(v)) for v in row] for row in missing[["dataset", "method", "score", "reason"]]
+                .itertuples(index=False)]
+        parts.append(tabulate(rows, headers=["dataset", "method", "score", "reason"], tablefmt="pipe",
+                              disable_numparse=True) + "\n")
+    return parts
 
 
 DEGENERATE_NOTE = (
@@ -110,7 +130,7 @@ DEGENERATE_NOTE = (
 )
 
 
-def _conventions(tables: list[Table]) -> list[str]:
+def _conventions(tables: list[Table], results: AnalysisResults, methods: list[str]) -> list[str]:
     """One line per shown column (metrics first seen order), with its convention."""
     seen: dict[str, tuple[Column, list[str]]] = {}
     for table in tables:
@@ -124,7 +144,7 @@ def _conventions(tables: list[Table]) -> list[str]:
         parts.append(tabulate(body, headers=["Column", "Name", "Tables", "Convention"],
                               tablefmt="pipe", disable_numparse=True) + "\n")
     if any(t.spec.source == "ood" for t in tables):
-        parts += [_SCORES_NOTE, ""]
+        parts += _scores_note(results, methods)
     if any(t.metric_columns for t in tables):
         parts += [DEGENERATE_NOTE, ""]
     return parts
@@ -152,7 +172,7 @@ def readme_text(
     skipped = [s.name for s in TABLES if s.name not in shown]
     if skipped:
         parts += [f"Not shown (none of the selected metrics belongs to them): {', '.join(skipped)}.", ""]
-    parts += _conventions(tables)
+    parts += _conventions(tables, results, methods)
     for dataset in results.datasets:
         parts += [f"## {dataset}", ""]
         if results.notes.get(dataset):  # the data set's protocol (registered class's report_note)

@@ -3,7 +3,7 @@ builder per table source (:data:`SOURCES`), each giving a (dataset, method)'s ro
 their raw statistics (:class:`Stat`).
 
 Rows follow the results' display orders (datasets, methods, splits, OOD scores in the
-order of :data:`bench.analysis.SCORES`, severities); nothing depends on the row order of
+order of :func:`bench.scores.score_order`, severities); nothing depends on the row order of
 the input frames.  Which table takes which source is :data:`bench.report.tables.TABLES`.
 """
 from __future__ import annotations
@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 import pandas as pd
 
-from bench.analysis import EFFICIENCY_COLUMNS, EFFICIENCY_FIELDS, SCORES
+from bench.analysis import EFFICIENCY_COLUMNS, EFFICIENCY_FIELDS
 from bench.data import corruption_of, corruption_split, is_ood, is_shift
+from bench.scores import score_order
 
 if TYPE_CHECKING:
     from bench.analysis import AnalysisResults
@@ -136,8 +137,10 @@ def _stat(record: dict) -> Stat:
 
 
 def _score_key(score: str) -> tuple:
-    """OOD scores in the analysis' order (:data:`bench.analysis.SCORES`), any other after them, sorted."""
-    return (SCORES.index(score) if score in SCORES else len(SCORES), score)
+    """OOD scores in the registry's display order (:func:`bench.scores.score_order`), any
+    other (a plugin's score not registered now) after them, sorted."""
+    order = score_order()
+    return (order.index(score) if score in order else len(order), score)
 
 
 def _summary_rows(ix: ResultsIndex, dataset: str, method: str,
