@@ -153,6 +153,8 @@ def test_analysis_computes_feature_scores_from_the_store_only(feature_store):
     assert set(ts.score) == {"max_logit", "energy", "mahalanobis", "knn", "vim"}
     assert ts.reason.str.contains("combined from its members' stored probabilities").all()
     assert results.failures.empty
+    eff = results.efficiency.set_index("method")  # the cost of fitting and scoring: analysis' own time
+    assert eff.loc["msp", "score_seconds"] > 0 and np.isnan(eff.loc["temperature_scaling", "score_seconds"])
     assert results.scores == ["msp", "entropy", "mutual_info", "max_logit", "energy", "mahalanobis", "knn", "vim"]
 
 
@@ -193,3 +195,34 @@ def test_unknown_score_option_is_a_config_error_with_did_you_mean(tmp_path):
 
     with pytest.raises(ConfigError, match="Did you mean 'energy'"):
         ReportOptions(scores=("enrgy",))
+
+
+def test_the_readme_averages_openood_near_and_far_groups_of_a_cifar_store(tmp_path):
+    """CIFAR-10 declares OpenOOD v1.5's groups: near = CIFAR-100, far = SVHN and uniform
+    noise; the README shows each group's mean of the seed-mean AUROC under the OOD table."""
+    from bench.report.suite import ReportOptions, write_suite_report
+
+    suite = build_suite({"name": "c10", "seeds": [0], "datasets": {"cifar10": {"ood": ["svhn", "cifar100"]}},
+                         "methods": {"msp": {}}})
+    cell = make_plan(suite).cells[0]
+    cd = Store(tmp_path / "results" / "c10").cell(cell.key)
+    cd.reset()
+    rng = np.random.default_rng(0)
+    shift = {"test": 2.0, "ood/cifar100": 1.0, "ood/svhn": 0.0, "ood/uniform_noise": -1.0}
+    for split, mean in shift.items():
+        z = rng.normal(size=(N, C))
+        z[:, 0] += mean
+        y = np.zeros(N, np.int64) if split == "test" else np.full(N, -1)
+        cd.write_preds(split, log_softmax(z, axis=1), y)
+    cd.seal({"key": cell.key, "dataset": "cifar10", "method": "msp", "seed": 0, "config": cell.config, "samples": 1})
+    options = ReportOptions(results=tmp_path / "results", formats=("md",))
+    reported = write_suite_report(suite, tmp_path / "results" / "c10", tmp_path / "reports", options)
+    readme = reported.readme.read_text()
+    assert "OOD groups (OpenOOD v1.5's near and far OOD" in readme
+    assert "near: `ood/cifar100`; far: `ood/svhn`, `ood/uniform_noise`" in readme
+    summary = __import__("pandas").read_csv(tmp_path / "reports" / "analysis" / "summary.csv")
+    auroc = summary[(summary.metric == "ood_auroc") & (summary.score == "msp")].set_index("split")["mean"]
+    far = (auroc["ood/svhn"] + auroc["ood/uniform_noise"]) / 2
+    row = next(line for line in readme.splitlines() if line.startswith("| msp ") and "`msp`" in line)
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2] == f"{100 * auroc['ood/cifar100']:.1f}" and cells[3] == f"{100 * far:.1f}"

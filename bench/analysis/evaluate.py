@@ -13,6 +13,7 @@ could not be computed with the reason (:data:`UNSCORED_COLUMNS`).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -159,6 +160,7 @@ class Evaluation:
     names: list[str]  # the metrics evaluated: the requested ones and the datasets' headline metrics
     headlines: dict[str, dict[str, str]]  # dataset -> {metric shown in the tables: metric shown in its place}
     notes: dict[str, str]  # dataset -> its protocol note (report_note)
+    ood_groups: dict[str, dict[str, list[str]]]  # dataset -> group (near, far) -> OOD set names (ood_groups)
     predictions: dict[tuple[str, str, int], Preds]
     metrics: pd.DataFrame
     raised: dict[tuple[str, str, int, str, str, str], str]
@@ -167,6 +169,8 @@ class Evaluation:
     # (dataset, method, seed) -> split -> OOD score -> per-image scores (:func:`ood_scores`)
     scores: dict[tuple[str, str, int], CellScores] = field(default_factory=dict)
     unscored: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=UNSCORED_COLUMNS))
+    # (dataset, trained method, seed) -> seconds to fit the detectors and compute the OOD scores
+    score_seconds: dict[tuple[str, str, int], float] = field(default_factory=dict)
 
 
 def evaluate_catalog(catalog: Catalog, names: list[str], scores: list[str] | None = None) -> Evaluation:
@@ -179,6 +183,8 @@ def evaluate_catalog(catalog: Catalog, names: list[str], scores: list[str] | Non
     classes = {d: catalog.dataset_class(d) for d in catalog.datasets}
     headlines = {d: dict(swaps) for d, c in classes.items() if (swaps := getattr(c, "headline_metrics", None))}
     notes = {d: str(note) for d, c in classes.items() if (note := getattr(c, "report_note", None))}
+    groups = {d: {str(g): [str(n) for n in names] for g, names in dict(declared).items()}
+              for d, c in classes.items() if (declared := getattr(c, "ood_groups", None))}
     names = list(names) + [t for swaps in headlines.values() for t in swaps.values() if t not in names]
     cache: dict[tuple[str, str, int], Preds] = {}
     for d, m, s in list(catalog.cells):
@@ -204,7 +210,7 @@ def evaluate_catalog(catalog: Catalog, names: list[str], scores: list[str] | Non
                          for s in members):
                     failures.append({"dataset": d, "method": entry.name, "seed": rid, "reason": preds})
 
-    rows, raised, per_cell, unscored = [], {}, {}, {}
+    rows, raised, per_cell, unscored, seconds = [], {}, {}, {}, {}
     kinds = {e.name: e.kind for e in catalog.methods}
     for (d, m, s), preds in cache.items():
         trained, unreadable = kinds.get(m) == "trained", None
@@ -212,7 +218,10 @@ def evaluate_catalog(catalog: Catalog, names: list[str], scores: list[str] | Non
             training = catalog.training_features(d, m, s) if trained else None
         except READ_ERRORS as exc:
             training, unreadable = None, f"its stored training features are unreadable ({one_line(exc)})"
+        started = time.perf_counter()
         per_cell[(d, m, s)], lacking = ood_scores(preds, scores, training)
+        if trained:
+            seconds[(d, m, s)] = time.perf_counter() - started
         for score, need in lacking.items():
             if need == "samples":
                 continue  # several passes or members: a single-pass method has none, as expected
@@ -235,6 +244,6 @@ def evaluate_catalog(catalog: Catalog, names: list[str], scores: list[str] | Non
                             "its cells show 'error' where it raised, every other metric is computed"}
                  for metric, (d, m, s, split, score, why) in first.items()]
     unscored_df = pd.DataFrame([(d, m, score, why) for (d, m, score), why in unscored.items()], columns=UNSCORED_COLUMNS)
-    return Evaluation(names=names, headlines=headlines, notes=notes, predictions=cache,
+    return Evaluation(names=names, headlines=headlines, notes=notes, ood_groups=groups, predictions=cache,
                       metrics=pd.DataFrame(rows, columns=METRIC_COLUMNS), raised=raised, failures=failures,
-                      damaged=damaged, scores=per_cell, unscored=unscored_df)
+                      damaged=damaged, scores=per_cell, unscored=unscored_df, score_seconds=seconds)

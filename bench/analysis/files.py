@@ -115,6 +115,7 @@ def save(results: AnalysisResults, out: Path, key: str, options: dict) -> None:
         "scores": results.scores,
         "headlines": results.headlines,
         "notes": results.notes,
+        "ood_groups": results.ood_groups,
         "deviations": results.deviations,
         "splits": results.splits,
         "seeds": [[d, m, s] for (d, m), s in sorted(results.seeds.items())],
@@ -168,6 +169,7 @@ def load(out: Path, load_predictions: Callable | None = None) -> AnalysisResults
         significance=str(meta["options"].get("significance", SIGNIFICANCE)),
         headlines={d: dict(v) for d, v in meta.get("headlines", {}).items()},
         notes=dict(meta.get("notes", {})),
+        ood_groups={d: {g: list(n) for g, n in v.items()} for d, v in meta.get("ood_groups", {}).items()},
         deviations={m: list(lines) for m, lines in meta.get("deviations", {}).items()},
         **frames,
     )

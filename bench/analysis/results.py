@@ -84,6 +84,8 @@ class AnalysisResults:
     # accuracy column shows MCC, as the paper's Table 1): the data set's headline_metrics
     headlines: dict[str, dict[str, str]] = field(default_factory=dict)
     notes: dict[str, str] = field(default_factory=dict)  # dataset -> its protocol note (report_note)
+    # dataset -> OOD group (near, far) -> the OOD set names in it (the data set's ood_groups)
+    ood_groups: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     # method -> how it differs from its authors' code, one line each (Catalog.method_deviations)
     deviations: dict[str, list[str]] = field(default_factory=dict)
     damaged: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=DAMAGED_COLUMNS))
@@ -146,11 +148,12 @@ def analyse(catalog: Catalog, metrics: list[str] | None = None, resamples: int =
         summary=summary,
         severity=severity,
         corruption_errors=corruption_errors(metrics_df, catalog.reference),
-        efficiency=efficiency(catalog),
+        efficiency=efficiency(catalog, evaluated.score_seconds),
         analysed_metrics=evaluated.names,
         significance=significance,
         headlines=evaluated.headlines,
         notes=evaluated.notes,
+        ood_groups=evaluated.ood_groups,
         deviations={e.name: lines for e in catalog.methods if (lines := catalog.method_deviations(e.name))},
         scores=analysed_scores(scores),
         unscored=evaluated.unscored,

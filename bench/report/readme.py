@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Sequence
 import pandas as pd
 from tabulate import tabulate
 
+from bench.data import is_ood
 from bench.registry import SCORES
 from bench.report.formats import md_escape, to_markdown
 from bench.scores import default_scores, score_order
@@ -185,6 +186,8 @@ def readme_text(
             mine = Table(table.spec, table.columns, [r for r in table.rows if r.dataset == dataset],
                           table.reference)
             parts.append(to_markdown(mine, drop_dataset=True))
+            if table.spec.source == "ood":
+                parts += _ood_groups(results, dataset, methods)
 
     parts += ["## Failed cells", ""]
     failures = _failures_in_order(results, methods)
@@ -220,6 +223,46 @@ def readme_text(
             parts += [f"![{caption}]({path.relative_to(out_dir).as_posix()})", ""]
     parts += footnotes
     return "\n".join(parts).rstrip("\n") + "\n"
+
+
+GROUP_METRICS = ("ood_auroc", "ood_fpr95")  # the columns of the near/far OOD table
+
+
+def _ood_groups(results: AnalysisResults, dataset: str, methods: list[str]) -> list[str]:
+    """The data set's OOD groups (``ood_groups``: OpenOOD v1.5's near and far OOD): per
+    method and score, the mean over the group's OOD sets of the seed-mean AUROC and FPR95;
+    a cell is shown only where every set of the group has a value.  Nothing when the data
+    set declares no groups or none of its OOD sets belongs to one."""
+    groups = results.ood_groups.get(dataset)
+    splits = [sp for sp in results.splits.get(dataset, []) if is_ood(sp)]
+    order = sorted(groups or {}, key=lambda g: (g != "near", g != "far", g))  # near, far, then any other
+    present = {g: [sp for sp in splits if sp.split("/", 1)[1] in groups[g]] for g in order}
+    present = {g: sps for g, sps in present.items() if sps}
+    summary = results.summary
+    if not present or not len(summary):
+        return []
+    ood = summary[(summary["dataset"] == dataset) & (summary["table"] == "ood")]
+    means = {(r.method, r.split, r.metric, r.score): r.mean for r in ood.itertuples(index=False)}
+    shown = [m for m in GROUP_METRICS if m in set(ood["metric"])]
+    columns = [(g, m) for m in shown for g in present]
+    body = []
+    for method in methods:
+        for score in score_order(results.scores) if results.scores else sorted(set(ood["score"])):
+            cells = []
+            for g, m in columns:
+                values = [means.get((method, sp, m, score)) for sp in present[g]]
+                ok = all(v is not None and v == v for v in values)
+                cells.append(f"{100 * sum(values) / len(values):.1f}" if ok else "")
+            if any(cells):
+                body.append([md_escape(method), f"`{score}`", *cells])
+    if not body:
+        return []
+    labels = {"ood_auroc": "AUROC (%)", "ood_fpr95": "FPR95 (%)"}
+    sets = "; ".join(f"{g}: {', '.join(f'`{sp}`' for sp in sps)}" for g, sps in present.items())
+    return [f"OOD groups (OpenOOD v1.5's near and far OOD; the mean of the seed-means over each group's sets: "
+            f"{sets}):", "",
+            tabulate(body, headers=["Method", "Score", *[f"{g.capitalize()} {labels[m]}" for g, m in columns]],
+                     tablefmt="pipe", disable_numparse=True, colalign=("left", "left", *["right"] * len(columns))) + "\n"]
 
 
 def _fidelity(results: AnalysisResults, methods: list[str]) -> tuple[list[str], list[str]]:

@@ -117,7 +117,8 @@ class ResultsIndex:
             n[sev] = max(n.get(sev, 0), _int(r["n_seeds"]))
         for r in _records(results.corruption_errors, ["dataset", "method", "corruption", "ce"]):
             ix.ce.setdefault((r["dataset"], r["method"]), {})[r["corruption"]] = _float(r["ce"])
-        for r in _records(results.efficiency, EFFICIENCY_COLUMNS):
+        # a field the frame lacks (efficiency made before the field existed) reads as NaN: n/a
+        for r in _records(results.efficiency.reindex(columns=EFFICIENCY_COLUMNS), EFFICIENCY_COLUMNS):
             ix.efficiency[(r["dataset"], r["method"])] = {k: _float(r[k]) for k in EFFICIENCY_FIELDS}
         return ix
 
