@@ -39,7 +39,7 @@ from bench.data import DataBundle, Split, TokenSplit
 from bench.errors import ConfigError, NonFiniteLoss
 from bench.method import TrainedMethod
 from bench.spec import TrainConfig
-from bench.vit import Backbone
+from bench.vit import Backbone, HeadInputs
 
 
 def resolve_device(name: str) -> torch.device:
@@ -218,16 +218,13 @@ def predict(
     """Log predictive probabilities ``[N, C]`` (float32) with the method's S passes and
     averaging rule (``logits``: softmax of the mean logit; ``probs``: mean probability).
 
-    With an ``extras`` dict, also fills what the post-hoc OOD scores read
-    (:mod:`bench.scores`): ``logits`` = the mean logit over the S passes (float32 [N, C]);
-    with S > 1 the per-image terms of the uncertainty decomposition (float32 [N], nats,
-    :func:`decomposition_terms`): ``entropy_of_mean`` = H[(1/S) sum_s p_s] (total) and
-    ``mean_entropy`` = (1/S) sum_s H[p_s] (aleatoric), whose difference is the mutual
-    information (epistemic), and ``prob_variance`` = sum_c Var_s[p_s,c] (the population
-    variance over the passes): three numbers per image instead of all S x C
-    probabilities; and with ``features`` and a model whose classifier is a Linear
-    ``head``, ``features`` = the head's input (the pooled, normalised token) averaged over
-    the S passes (float32 [N, D]; the head is linear, so ``logits`` = head(features)).
+    With an ``extras`` dict, also fills what OOD scores read (float32): ``logits`` [N, C],
+    the mean logit over the S passes; for S > 1 three numbers per image instead of all
+    S x C probabilities: ``entropy_of_mean`` = H[(1/S) sum_s p_s] (total) and
+    ``mean_entropy`` = (1/S) sum_s H[p_s] (aleatoric; :func:`decomposition_terms`, nats)
+    and ``prob_variance`` = sum_c Var_s[p_s,c]; with ``features``, ``features`` [N, D] =
+    the head's input averaged over the passes (:class:`~bench.vit.HeadInputs`; the head is
+    linear, so ``logits`` = head(features)).
 
     With ``batch_passes`` (``[train] batch_passes``; "auto" = on CUDA) and a method whose
     noise is drawn per input (:attr:`TrainedMethod.batched_samples`), the S passes run as
@@ -241,16 +238,11 @@ def predict(
     samples = method.samples
     batched = samples > 1 and method.batched_samples and switched_on(batch_passes, device)
     chunk = max(1, batch_size // samples) if batched else batch_size
-    head = getattr(model, "head", None)
-    taken: list[torch.Tensor] = []  # the head's inputs of the current batch, pass by pass
-    hook = (head.register_forward_pre_hook(lambda _m, args: taken.append(args[0].float()))
-            if extras is not None and features and isinstance(head, torch.nn.Linear) else None)
     kept: dict[str, list[torch.Tensor]] = {}
     out = []
-    try:
+    with HeadInputs(model, on=extras is not None and features) as head_inputs:
         for i in range(0, len(x_all), chunk):
             x = norm(x_all[i : i + chunk])
-            taken.clear()
             with autocast(device, precision):
                 logits = passes(model, x, samples, batched)
             sample_lp = F.log_softmax(logits, dim=-1)
@@ -265,17 +257,10 @@ def predict(
                 kept.setdefault("entropy_of_mean", []).append(h_mean)
                 kept.setdefault("mean_entropy", []).append(mean_h)
                 kept.setdefault("prob_variance", []).append(sample_lp.exp().var(0, correction=0).sum(-1))
-            if hook is not None:  # one call of S*B rows (batched passes) or S calls of B rows
-                rows = torch.cat(taken) if taken else None
-                if rows is None or rows.shape[0] != samples * len(x):  # a head called otherwise: no features
-                    hook.remove()
-                    hook = None
-                    kept.pop("features", None)
-                    continue
-                kept.setdefault("features", []).append(rows.unflatten(0, (samples, len(x))).mean(0))
-    finally:
-        if hook is not None:
-            hook.remove()
+            if (feats := head_inputs.take(samples, len(x))) is not None:
+                kept.setdefault("features", []).append(feats)
+            elif features:
+                kept.pop("features", None)  # a model without a Linear head, or one read otherwise: none
     for name, parts in kept.items():
         extras[name] = torch.cat(parts).cpu().numpy().astype(np.float32)
     return torch.cat(out).cpu().numpy().astype(np.float32)
