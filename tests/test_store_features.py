@@ -223,6 +223,12 @@ def test_the_readme_averages_openood_near_and_far_groups_of_a_cifar_store(tmp_pa
     summary = __import__("pandas").read_csv(tmp_path / "reports" / "analysis" / "summary.csv")
     auroc = summary[(summary.metric == "ood_auroc") & (summary.score == "msp")].set_index("split")["mean"]
     far = (auroc["ood/svhn"] + auroc["ood/uniform_noise"]) / 2
-    row = next(line for line in readme.splitlines() if line.startswith("| msp ") and "`msp`" in line)
+    groups = readme[readme.index("OOD groups ("):]
+    row = next(line for line in groups.splitlines() if line.startswith("| msp ") and "| `msp` " in line)
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[2] == f"{100 * auroc['ood/cifar100']:.1f}" and cells[3] == f"{100 * far:.1f}"
+    # and which score wins each OOD set, with its AUROC
+    best = readme[readme.index("Best OOD score per method and OOD set"):]
+    ood = summary[(summary.metric == "ood_auroc") & (summary.split == "ood/svhn")]
+    winner = ood.loc[ood["mean"].idxmax()]
+    assert f"`{winner.score}` ({100 * winner['mean']:.1f})" in best.split("\n\n")[1]

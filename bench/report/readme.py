@@ -13,7 +13,7 @@ from tabulate import tabulate
 from bench.data import is_ood
 from bench.registry import SCORES
 from bench.report.formats import md_escape, to_markdown
-from bench.scores import default_scores, score_order
+from bench.scores import default_scores, sort_scores
 from bench.report.tables import CI_DECIMALS, NOT_REACHED, TABLES, Column, Table
 from bench.stats import SAMPLES_SEEDS_FIXED
 
@@ -92,7 +92,7 @@ def _note(reference: str, significance: str) -> str:
 def _scores_note(results: AnalysisResults, methods: list[str]) -> list[str]:
     """The OOD scores of the *Score* column (the analysed ones, from the registry), and the
     selected scores a shown method could not get, with the reason."""
-    names = score_order(results.scores) if results.scores else []
+    names = sort_scores(results.scores)
     parts = ["OOD scores (column *Score*; higher = more in-distribution; `--scores` picks them, "
              f"default: {', '.join(f'`{n}`' for n in default_scores())}):", ""]
     body = []
@@ -187,7 +187,7 @@ def readme_text(
                           table.reference)
             parts.append(to_markdown(mine, drop_dataset=True))
             if table.spec.source == "ood":
-                parts += _ood_groups(results, dataset, methods)
+                parts += _best_scores(results, dataset, methods) + _ood_groups(results, dataset, methods)
 
     parts += ["## Failed cells", ""]
     failures = _failures_in_order(results, methods)
@@ -225,6 +225,34 @@ def readme_text(
     return "\n".join(parts).rstrip("\n") + "\n"
 
 
+def _best_scores(results: AnalysisResults, dataset: str, methods: list[str]) -> list[str]:
+    """Which OOD score detects each OOD set best for each method: the highest seed-mean
+    AUROC (ties: every tied score), with its value; nothing without OOD AUROC rows."""
+    summary = results.summary
+    if not len(summary):
+        return []
+    rows = summary[(summary["dataset"] == dataset) & (summary["table"] == "ood") & (summary["metric"] == "ood_auroc")]
+    splits = [sp for sp in results.splits.get(dataset, []) if is_ood(sp) and sp in set(rows["split"])]
+    body = []
+    for method in methods:
+        cells = []
+        for split in splits:
+            mine = rows[(rows["method"] == method) & (rows["split"] == split)].dropna(subset=["mean"])
+            if not len(mine):
+                cells.append("")
+                continue
+            best = mine["mean"].max()
+            cells.append(", ".join(f"`{sc}`" for sc in sort_scores(mine.loc[mine["mean"] == best, "score"]))
+                         + f" ({100 * best:.1f})")
+        if any(cells):
+            body.append([md_escape(method), *cells])
+    if not body:
+        return []
+    return ["Best OOD score per method and OOD set (highest seed-mean AUROC, %):", "",
+            tabulate(body, headers=["Method", *[f"`{sp}`" for sp in splits]], tablefmt="pipe",
+                     disable_numparse=True) + "\n"]
+
+
 GROUP_METRICS = ("ood_auroc", "ood_fpr95")  # the columns of the near/far OOD table
 
 
@@ -247,7 +275,7 @@ def _ood_groups(results: AnalysisResults, dataset: str, methods: list[str]) -> l
     columns = [(g, m) for m in shown for g in present]
     body = []
     for method in methods:
-        for score in score_order(results.scores) if results.scores else sorted(set(ood["score"])):
+        for score in sort_scores(results.scores or set(ood["score"])):
             cells = []
             for g, m in columns:
                 values = [means.get((method, sp, m, score)) for sp in present[g]]

@@ -139,6 +139,18 @@ def score_order(names: list[str] | tuple[str, ...] = ()) -> list[str]:
     return [n for n in order if not names or n in names]
 
 
+def score_key(name: str) -> tuple:
+    """The sort key of display order (:func:`score_order`); a name not registered now (a
+    plugin's score in analysis files read without the plugin) sorts after them, by name."""
+    order = score_order()
+    return (order.index(name) if name in order else len(order), name)
+
+
+def sort_scores(names) -> list[str]:
+    """``names`` in display order (:func:`score_key`)."""
+    return sorted(names, key=score_key)
+
+
 def validate_scores(names) -> list[str]:
     """``names`` checked against the registry (repeats dropped, order kept); an unknown
     name is a ConfigError naming the closest registered one.  Called where scores enter
