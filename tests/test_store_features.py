@@ -232,3 +232,18 @@ def test_the_readme_averages_openood_near_and_far_groups_of_a_cifar_store(tmp_pa
     ood = summary[(summary.metric == "ood_auroc") & (summary.split == "ood/svhn")]
     winner = ood.loc[ood["mean"].idxmax()]
     assert f"`{winner.score}` ({100 * winner['mean']:.1f})" in best.split("\n\n")[1]
+
+
+def test_a_score_that_gives_non_finite_values_is_named_not_a_failed_metric(feature_store):
+    from bench.scores import ood_score
+
+    @ood_score("Broken", "NaN everywhere: a test plugin's score.", reads=("logits",), name="test_broken_nan")
+    def broken(arrays, _fitted=None):
+        return np.full(len(arrays["logits"]), np.nan)
+
+    store, suite, plan, _ = feature_store
+    results = analyse(open_store(store.root, suite, {c.key for c in plan.cells}), resamples=20,
+                      scores=["msp", "test_broken_nan"])
+    why = results.unscored.set_index(["method", "score"])["reason"]
+    assert why[("msp", "test_broken_nan")] == "gave non-finite values on test"
+    assert results.failures.empty and "test_broken_nan" not in set(results.metrics.score)

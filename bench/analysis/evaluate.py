@@ -67,17 +67,18 @@ def ood_scores(preds: Preds, names: list[str], training: dict[str, np.ndarray] |
     """The OOD scores ``names`` of one prediction set on its ``test`` and ``ood/...``
     splits: ``(split -> score -> [N] float64, score -> why it was not computed)``.
 
-    A score is computed where every array it reads is stored on ``test`` and the split;
-    one that fits does so once, on ``training`` (the arrays of ``features/train.npz``).
-    Why not: the need it lacks (``"features"``, ``"logits"``, ``"samples"``,
-    ``"training features"``: :data:`bench.scores.NEEDS`), or ``raised ...`` when its fit or
-    function raised (a plugin's bug)."""
-    splits = [sp for sp in preds if sp == "test" or is_ood(sp)]
+    A score is computed where every array it reads is stored on ``test`` and every
+    ``ood/...`` split; one that fits does so once, on ``training`` (the arrays of
+    ``features/train.npz``).  Why not: the need it lacks (``"features"``, ``"logits"``,
+    ``"samples"``, ``"training features"``: :data:`bench.scores.NEEDS`), ``raised ...``
+    when its fit or function raised (a plugin's bug), or ``gave ...`` when it did not give
+    one finite value per image."""
+    if "test" not in preds:
+        return {sp: {} for sp in preds if is_ood(sp)}, {}
+    splits = ["test", *sorted(sp for sp in preds if is_ood(sp))]
     fitted_on = TrainingFeatures.from_arrays(training) if training is not None else None
     out: CellScores = {sp: {} for sp in splits}
     why: dict[str, str] = {}
-    if "test" not in preds:
-        return out, why
     for name in names:
         score = get_score(name)
         lacks = next((need for sp in splits if (need := score.lacks(preds[sp], fitted_on is not None))), None)
@@ -87,9 +88,17 @@ def ood_scores(preds: Preds, names: list[str], training: dict[str, np.ndarray] |
         try:
             fitted = score.fit(fitted_on) if score.fit is not None else None
             for sp in splits:
-                out[sp][name] = score(preds[sp], fitted)
+                values, n = score(preds[sp], fitted), len(preds[sp]["labels"])
+                if values.shape != (n,):
+                    why[name] = f"gave shape {list(values.shape)} on {sp}, not [{n}]"
+                elif not np.isfinite(values).all():
+                    why[name] = f"gave non-finite values on {sp}"
+                if name in why:
+                    break
+                out[sp][name] = values
         except Exception as exc:  # noqa: BLE001  (any error of a score's own code)
             why[name] = f"raised {one_line(exc)}"
+        if name in why:
             for sp in splits:
                 out[sp].pop(name, None)
     return out, why
