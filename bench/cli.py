@@ -7,7 +7,7 @@
   while the store and the analysis options are unchanged.  The store describes itself: when
   ``--suite NAME`` is no suite file but ``<results>/NAME/`` is a store, that store is
   reported on its own.
-* ``list``: the registered methods, datasets, attention layers, metrics and suites.
+* ``list``: the registered methods, datasets, attention layers, metrics, OOD scores and suites.
 
 Exit status: 0 success, 1 some cells failed (the report marks them; with ``--strict``
 also when a report leaves out any cell) or the report could not be written (the previous
