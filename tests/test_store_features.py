@@ -153,8 +153,6 @@ def test_analysis_computes_feature_scores_from_the_store_only(feature_store):
     assert set(ts.score) == {"max_logit", "energy", "mahalanobis", "knn", "vim"}
     assert ts.reason.str.contains("combined from its members' stored probabilities").all()
     assert results.failures.empty
-    eff = results.efficiency.set_index("method")  # the cost of fitting and scoring: analysis' own time
-    assert eff.loc["msp", "score_seconds"] > 0 and np.isnan(eff.loc["temperature_scaling", "score_seconds"])
     assert results.scores == ["msp", "entropy", "mutual_info", "max_logit", "energy", "mahalanobis", "knn", "vim"]
 
 

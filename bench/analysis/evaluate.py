@@ -13,7 +13,6 @@ could not be computed with the reason (:data:`UNSCORED_COLUMNS`).
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -178,8 +177,6 @@ class Evaluation:
     # (dataset, method, seed) -> split -> OOD score -> per-image scores (:func:`ood_scores`)
     scores: dict[tuple[str, str, int], CellScores] = field(default_factory=dict)
     unscored: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=UNSCORED_COLUMNS))
-    # (dataset, trained method, seed) -> seconds to fit the detectors and compute the OOD scores
-    score_seconds: dict[tuple[str, str, int], float] = field(default_factory=dict)
 
 
 def evaluate_catalog(catalog: Catalog, names: list[str], scores: list[str] | None = None) -> Evaluation:
@@ -219,7 +216,7 @@ def evaluate_catalog(catalog: Catalog, names: list[str], scores: list[str] | Non
                          for s in members):
                     failures.append({"dataset": d, "method": entry.name, "seed": rid, "reason": preds})
 
-    rows, raised, per_cell, unscored, seconds = [], {}, {}, {}, {}
+    rows, raised, per_cell, unscored = [], {}, {}, {}
     kinds = {e.name: e.kind for e in catalog.methods}
     for (d, m, s), preds in cache.items():
         trained, unreadable = kinds.get(m) == "trained", None
@@ -227,10 +224,7 @@ def evaluate_catalog(catalog: Catalog, names: list[str], scores: list[str] | Non
             training = catalog.training_features(d, m, s) if trained else None
         except READ_ERRORS as exc:
             training, unreadable = None, f"its stored training features are unreadable ({one_line(exc)})"
-        started = time.perf_counter()
         per_cell[(d, m, s)], lacking = ood_scores(preds, scores, training)
-        if trained:
-            seconds[(d, m, s)] = time.perf_counter() - started
         for score, need in lacking.items():
             if need == "samples":
                 continue  # several passes or members: a single-pass method has none, as expected
@@ -255,4 +249,4 @@ def evaluate_catalog(catalog: Catalog, names: list[str], scores: list[str] | Non
     unscored_df = pd.DataFrame([(d, m, score, why) for (d, m, score), why in unscored.items()], columns=UNSCORED_COLUMNS)
     return Evaluation(names=names, headlines=headlines, notes=notes, ood_groups=groups, predictions=cache,
                       metrics=pd.DataFrame(rows, columns=METRIC_COLUMNS), raised=raised, failures=failures,
-                      damaged=damaged, scores=per_cell, unscored=unscored_df, score_seconds=seconds)
+                      damaged=damaged, scores=per_cell, unscored=unscored_df)

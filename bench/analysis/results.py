@@ -148,7 +148,7 @@ def analyse(catalog: Catalog, metrics: list[str] | None = None, resamples: int =
         summary=summary,
         severity=severity,
         corruption_errors=corruption_errors(metrics_df, catalog.reference),
-        efficiency=efficiency(catalog, evaluated.score_seconds),
+        efficiency=efficiency(catalog),
         analysed_metrics=evaluated.names,
         significance=significance,
         headlines=evaluated.headlines,

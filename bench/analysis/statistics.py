@@ -38,8 +38,7 @@ SUMMARY_COLUMNS = ["dataset", "method", "split", "table", "metric", "score", "n_
 SEVERITY_COLUMNS = ["dataset", "method", "severity", "metric", "n_seeds", "mean", "std", "ci_low", "ci_high"]
 CE_COLUMNS = ["dataset", "method", "corruption", "ce"]
 #: the costs of a method (:func:`efficiency`); the report's efficiency table shows them in this order
-EFFICIENCY_FIELDS = ("parameters", "train_seconds", "predict_seconds_per_1000", "peak_memory_mb", "passes",
-                     "score_seconds")
+EFFICIENCY_FIELDS = ("parameters", "train_seconds", "predict_seconds_per_1000", "peak_memory_mb", "passes")
 EFFICIENCY_COLUMNS = ["dataset", "method", *EFFICIENCY_FIELDS]
 
 
@@ -296,12 +295,9 @@ def corruption_errors(metrics_df: pd.DataFrame, reference: str) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=CE_COLUMNS)
 
 
-def efficiency(catalog: Catalog, score_seconds: dict[tuple[str, str, int], float] | None = None) -> pd.DataFrame:
+def efficiency(catalog: Catalog) -> pd.DataFrame:
     """Cost per method from ``cell.json`` (mean over seeds); a combinator of M members costs
-    the sum of its members' training and prediction, with M x S passes.  ``score_seconds``:
-    (dataset, method, seed) -> the analysis' time to fit the OOD detectors and compute the
-    OOD scores of a trained cell (mean over seeds; NaN for combinators, which fit nothing)."""
-    score_seconds = score_seconds or {}
+    the sum of its members' training and prediction, with M x S passes."""
     rows = []
     for d in catalog.datasets:
         trained = {}
@@ -317,8 +313,6 @@ def efficiency(catalog: Catalog, score_seconds: dict[tuple[str, str, int], float
                     "predict_seconds_per_1000": float(np.mean([i.get("predict_seconds_per_1000", np.nan) for i in infos])),
                     "peak_memory_mb": float(np.max([i.get("peak_memory_mb", np.nan) for i in infos])),
                     "passes": infos[0].get("samples", 1),
-                    "score_seconds": float(np.mean(fits)) if (fits := [score_seconds[(d, e.name, s)] for s in catalog.seeds
-                                                                       if (d, e.name, s) in score_seconds]) else np.nan,
                 }
         for e in catalog.methods:
             if e.name in trained:
@@ -329,6 +323,5 @@ def efficiency(catalog: Catalog, score_seconds: dict[tuple[str, str, int], float
                 rows.append({"dataset": d, "method": e.name, "parameters": base["parameters"] * k,
                              "train_seconds": base["train_seconds"] * k,
                              "predict_seconds_per_1000": base["predict_seconds_per_1000"] * k,
-                             "peak_memory_mb": base["peak_memory_mb"], "passes": base["passes"] * k,
-                             "score_seconds": np.nan})
+                             "peak_memory_mb": base["peak_memory_mb"], "passes": base["passes"] * k})
     return pd.DataFrame(rows, columns=EFFICIENCY_COLUMNS)

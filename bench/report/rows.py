@@ -117,8 +117,7 @@ class ResultsIndex:
             n[sev] = max(n.get(sev, 0), _int(r["n_seeds"]))
         for r in _records(results.corruption_errors, ["dataset", "method", "corruption", "ce"]):
             ix.ce.setdefault((r["dataset"], r["method"]), {})[r["corruption"]] = _float(r["ce"])
-        # a field the frame lacks (efficiency made before the field existed) reads as NaN: n/a
-        for r in _records(results.efficiency.reindex(columns=EFFICIENCY_COLUMNS), EFFICIENCY_COLUMNS):
+        for r in _records(results.efficiency, EFFICIENCY_COLUMNS):
             ix.efficiency[(r["dataset"], r["method"])] = {k: _float(r[k]) for k in EFFICIENCY_FIELDS}
         return ix
 

@@ -89,10 +89,6 @@ _EFFICIENCY_LOOK: dict[str, dict] = {  # a field of bench.analysis.EFFICIENCY_FI
     "passes": dict(label="Passes", unit="", higher_is_better=None, decimals=0,
                    convention="Forward passes per prediction (Monte-Carlo samples; a combinator adds up its "
                               "members')."),
-    "score_seconds": dict(label="OOD scores time", unit="s", higher_is_better=False, decimals=2,
-                          convention="Wall-clock time the analysis took to fit the feature-space OOD detectors on "
-                                     "a cell's stored training features and compute its OOD scores (test and OOD "
-                                     "splits), mean over seeds; n/a for combinators."),
 }
 EFFICIENCY_TABLE_COLUMNS: tuple[Column, ...] = tuple(Column(field, scale=1.0, **_EFFICIENCY_LOOK[field])
                                                      for field in EFFICIENCY_FIELDS)
