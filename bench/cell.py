@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from bench import distributed, progress
-from bench.data import DataBundle
+from bench.data import DataBundle, is_ood
 from bench.errors import ConfigError, NonFiniteLoss
 from bench.plan import Cell
 from bench.registry import DATASETS, METHODS
@@ -206,11 +206,15 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
             s = data.get(split)
             extras: dict[str, np.ndarray] = {}
             train = cell.method.train
+            scored = scored_split(split)
             passes = f"{method.samples} passes" if method.samples > 1 else "1 pass"
             with progress.task(f"{cell.label}: predict {split}", total=len(s) * method.samples, unit="img",
                                done=f"{len(s)} images x {passes}") as task:
                 lp = predict(method, model, s, data, device, train.eval_batch_size, extras,
-                             precision=train.precision, batch_passes=train.batch_passes, on_pass=task.advance)
+                             precision=train.precision, batch_passes=train.batch_passes,
+                             features=cell.store.features and scored, on_pass=task.advance)
+            if not scored:
+                extras.pop("logits", None)
             cd.write_preds(split, lp, s.y, **extras)
             n_pred += len(s)
             if split == "test":
@@ -218,6 +222,8 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
             if split not in ("train", "val", "test"):
                 data.release(split)
         pred_secs = time.perf_counter() - t_pred
+        if cell.store.features:
+            _store_training_features(cell, method, model, data, cd, device)
     except NonFiniteLoss as exc:
         return cd.mark_failed(info, str(exc))
     except ConfigError:
@@ -267,6 +273,45 @@ def _train(cell: Cell, method, model: torch.nn.Module, data: DataBundle, cd: Cel
 
         return fit(method, model, data, train, device, cell.seed, on_epoch=on_epoch, resume=resume,
                    on_checkpoint=lambda state: _save_state(cd, state), on_step=task.advance)
+
+
+def scored_split(split: str) -> bool:
+    """Whether a split's logits and features are stored: ``val``, ``test`` and ``ood/...``,
+    the splits OOD scores read (the corruption grid would multiply a cell's size: 75 x
+    10,000 CIFAR images of 384 features)."""
+    return split in ("val", "test") or is_ood(split)
+
+
+def training_subset(n: int, limit: int) -> np.ndarray:
+    """The training images whose features a cell stores: all ``n`` when ``n <= limit``,
+    else ``limit`` of them drawn without replacement by a generator seeded 0 (the same
+    images for every method and seed of a dataset), in ascending order."""
+    if n <= limit:
+        return np.arange(n)
+    return np.sort(np.random.default_rng(0).choice(n, size=limit, replace=False))
+
+
+def _store_training_features(cell: Cell, method, model: torch.nn.Module, data: DataBundle, cd: CellDir,
+                             device: torch.device) -> None:
+    """The features of :func:`training_subset` of the training split (predicted as a test
+    split: no augmentation, the method's passes) and the classifier head, for the OOD
+    scores that fit on in-distribution data; nothing for a model without a Linear head."""
+    head = getattr(model, "head", None)
+    if not isinstance(head, torch.nn.Linear):
+        return
+    train = data.get("train")
+    index = training_subset(len(train), cell.store.train_features)
+    subset = type(train)(np.ascontiguousarray(train.x[index]), np.ascontiguousarray(train.y[index]))
+    extras: dict[str, np.ndarray] = {}
+    t = cell.method.train
+    with progress.task(f"{cell.label}: predict training features", total=len(subset) * method.samples, unit="img",
+                       done=f"{len(subset)} images") as task:
+        predict(method, model, subset, data, device, t.eval_batch_size, extras, precision=t.precision,
+                batch_passes=t.batch_passes, features=True, on_pass=task.advance)
+    if "features" in extras:
+        weight = head.weight.detach().float().cpu().numpy()
+        bias = head.bias.detach().float().cpu().numpy() if head.bias is not None else np.zeros(len(weight), np.float32)
+        cd.write_training_features(extras["features"], subset.y, weight, bias, len(train))
 
 
 def _fail_cell(cd: CellDir, info: dict, reason: str) -> tuple[str, str]:

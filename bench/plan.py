@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass
 
 from bench.options import to_dict
-from bench.spec import DatasetSpec, MethodSpec, Suite
+from bench.spec import DatasetSpec, MethodSpec, StoreConfig, Suite
 from bench.store import STORE_SCHEMA
 
 
@@ -19,6 +19,7 @@ class Cell:
     seed: int
     key: str
     config: dict  # the resolved config the key hashes (also stored in cell.json)
+    store: StoreConfig = StoreConfig()  # what the cell keeps besides its predictions ([store])
 
     @property
     def label(self) -> str:
@@ -32,11 +33,12 @@ class Cell:
 NOT_IN_KEY = ("checkpoint_every", "compile", "batch_passes")
 
 
-def cell_config(dataset: DatasetSpec, method: MethodSpec, seed: int) -> dict:
-    """Everything that determines a cell's predictions (suite-level names and
-    :data:`NOT_IN_KEY` excluded, so two suites with the same settings share keys)."""
+def cell_config(dataset: DatasetSpec, method: MethodSpec, seed: int, store: StoreConfig = StoreConfig()) -> dict:
+    """Everything that determines a cell's predictions and what it stores (suite-level
+    names and :data:`NOT_IN_KEY` excluded, so two suites with the same settings share keys)."""
     return {
         "schema": STORE_SCHEMA,
+        "store": to_dict(store),
         "dataset": {"type": dataset.type, "options": to_dict(dataset.options), "splits": list(dataset.splits)},
         "method": {
             "type": method.type,
@@ -72,6 +74,6 @@ def make_plan(suite: Suite) -> Plan:
             if m.kind != "trained":
                 continue
             for seed in suite.seeds:
-                config = cell_config(d, m, seed)
-                cells.append(Cell(d, m, seed, config_key(config), config))
+                config = cell_config(d, m, seed, suite.store)
+                cells.append(Cell(d, m, seed, config_key(config), config, suite.store))
     return Plan(suite, tuple(cells))

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from bench import stats
-from bench.analysis.evaluate import SCORES, labelled_and_ood, ood_scores, table_of
+from bench.analysis.evaluate import CellScores, labelled_and_ood, table_of
 from bench.catalog import Catalog
 from bench.data import corruption_of, is_ood
 from bench.errors import ConfigError, one_line
@@ -73,14 +73,17 @@ def _resampled(errors: dict[str, tuple], where: tuple, name: str, boot, *inputs)
 def summarise(metrics_df: pd.DataFrame, cache: dict, seeds: dict, reference: str, names: list[str],
               resamples: int, seed: int, headlines: dict[str, dict[str, str]] | None = None,
               by_seed: set[str] | frozenset[str] = frozenset(), significance: str = SIGNIFICANCE,
-              errors: dict[str, tuple] | None = None) -> pd.DataFrame:
+              errors: dict[str, tuple] | None = None,
+              scores: dict[tuple[str, str, int], CellScores] | None = None) -> pd.DataFrame:
     """Mean/std over seeds for every (dataset, method, split, metric, score); on ``test``
     and OOD splits also the CI of the seed-mean and the test against the reference method
     (``significance``; methods in ``by_seed`` are keyed by training seed and compared seed
     by seed when both sides have the same seeds), Holm-corrected per (dataset, table)
     within the paper selection (with a dataset's ``headlines`` swapped in: CoLA's MCC for
     accuracy), and separately among any further metrics.  A metric whose bootstrap raises
-    (recorded in ``errors``, :func:`_resampled`) keeps its mean and std, without CI or test."""
+    (recorded in ``errors``, :func:`_resampled`) keeps its mean and std, without CI or test.
+    ``scores``: the OOD scores of every prediction set (``bench.analysis.evaluate.ood_scores``),
+    which the OOD metrics are bootstrapped on."""
     errors = {} if errors is None else errors
     if metrics_df.empty:
         return pd.DataFrame(columns=SUMMARY_COLUMNS)
@@ -110,16 +113,16 @@ def summarise(metrics_df: pd.DataFrame, cache: dict, seeds: dict, reference: str
                                       probs, preds["test"]["labels"], weights["test"])
                     if boot is not None:
                         boots.setdefault((dataset, method, "test", name, ""), {})[s] = boot
-                test_scores = ood_scores(preds["test"])
+                cell_scores = (scores or {}).get((dataset, method, s), {})
+                test_scores = cell_scores.get("test", {})
                 for split in preds:
                     if not is_ood(split):
                         continue
-                    scores = ood_scores(preds[split])
-                    for score in SCORES:
-                        if score in scores and score in test_scores:
+                    for score, ood in cell_scores.get(split, {}).items():
+                        if score in test_scores:
                             for name in on_scores:
                                 boot = _resampled(errors, (dataset, method, s), name, stats.boot_ood_metric,
-                                                  test_scores[score], scores[score], weights["test"], weights[split])
+                                                  test_scores[score], ood, weights["test"], weights[split])
                                 if boot is not None:
                                     boots.setdefault((dataset, method, split, name, score), {})[s] = boot
     boots = {k: per_seed for k, per_seed in boots.items() if k[3] not in errors}
