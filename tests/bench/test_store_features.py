@@ -15,7 +15,6 @@ import datasets  # noqa: F401
 import methods  # noqa: F401
 from bench.analysis import analyse
 from bench.catalog import open_store
-from bench.data import DataBundle, Split
 from bench.errors import ConfigError
 from bench.plan import make_plan
 from bench.registry import METHODS
@@ -23,15 +22,10 @@ from bench.spec import ModelConfig, build_suite
 from bench.store import STORE_SCHEMA, Store
 from bench.train import predict
 from bench.vit import ViT
+from tests.helpers.synthetic import fake_store, fake_suite, squares_bundle
 
 CPU = torch.device("cpu")
 N, C, D = 80, 3, 6
-
-
-def tiny_bundle(n: int = 24) -> DataBundle:
-    rng = np.random.default_rng(0)
-    split = Split(rng.integers(0, 255, (n, 8, 8)).astype(np.uint8), rng.integers(0, 3, n).astype(np.int64))
-    return DataBundle("tiny", 3, (8, 8, 1), (0.5,), (0.25,), {"test": lambda: split})
 
 
 @pytest.mark.parametrize("batch_passes", [False, True])
@@ -40,7 +34,7 @@ def test_predict_keeps_mean_logits_and_the_heads_input_averaged_over_passes(batc
     output), averaged over the passes; logits = the mean logit = head(features), as the
     head is linear; prob_variance = sum_c Var_s p_s,c over the passes."""
     torch.manual_seed(0)
-    data = tiny_bundle()
+    data = squares_bundle(sizes=(24, 24, 24), side=8)
     model = ViT((8, 8, 1), 3, ModelConfig(patch_size=4, dim=8, depth=1, heads=2, dropout=0.3))
     method = METHODS.get("mc_dropout")(METHODS.get("mc_dropout").Options(samples=4, average="logits"))
     normed, logits_seen = [], []
@@ -94,6 +88,29 @@ def test_training_features_round_trip_and_bad_ones_are_refused(tmp_path):
         cd.write_training_features(f, np.full(10, C), rng.normal(size=(C, D)), np.zeros(C), 50)  # label C
     with pytest.raises(ValueError, match="not stored"):
         cd.write_preds("test", log_softmax(rng.normal(size=(4, C)), axis=1), np.zeros(4), logits=np.zeros((4, C + 1)))
+
+
+def test_a_real_run_stores_logits_features_and_the_head_of_its_checkpoint(tiny_store):
+    """The cells of a real run of the tiny suite (features on by default): the test split
+    keeps the logits whose softmax is the stored prediction and the float16 features the
+    head maps to them; the training features carry the checkpoint's head."""
+    store = Store(tiny_store / "results" / "hard")
+    keys = [p.name for p in store.root.iterdir() if (p / "cell.json").is_file()]
+    assert keys
+    for key in keys:
+        cd = store.cell(key)
+        assert cd.condition()[0] == "complete"
+        with np.load(cd.path / "preds" / "test.npz", allow_pickle=False) as z:
+            lp, logits, feats = z["log_probs"], z["logits"], z["features"]
+        assert feats.dtype == np.float16 and len(feats) == len(logits) == len(lp)
+        np.testing.assert_allclose(lp, log_softmax(logits.astype(np.float64), axis=1), atol=1e-4)
+        train = cd.read_training_features()
+        weights = torch.load(cd.path / "checkpoint.pt", weights_only=True)
+        np.testing.assert_array_equal(train["head_weight"], weights["head.weight"].float().numpy())
+        np.testing.assert_array_equal(train["head_bias"], weights["head.bias"].float().numpy())
+        head = feats.astype(np.float64) @ train["head_weight"].T + train["head_bias"]
+        np.testing.assert_allclose(head, logits, atol=0.05)  # features rounded to float16
+        assert train["features"].shape[1] == feats.shape[1] and int(train["train_size"]) >= len(train["labels"])
 
 
 def gaussian_cell_arrays(rng, split: str, means: np.ndarray, w: np.ndarray, b: np.ndarray):
@@ -168,8 +185,6 @@ def test_a_store_without_logits_or_features_reports_and_names_what_it_cannot_sco
     """Cells as the store wrote them before (log-probabilities only): the report is written,
     the probability scores are in its OOD table, and the README and stderr name each
     score it could not compute with the rerun it needs."""
-    from tests.helpers.synthetic import fake_store, fake_suite
-
     from bench.report.suite import ReportOptions, report_suite
     from bench.spec import load_suite
 
