@@ -468,17 +468,21 @@ def _run(args: argparse.Namespace) -> int:
     where = executor_settings(args, suite.executor)
     require_executor(where.kind)  # e.g. slurm without sbatch: refused before anything is written
 
-    device = distributed.setup(resolve_device(args.device))  # under torchrun: join its process group
+    # SLURM jobs run on other nodes than this (often GPU-less) login node: each resolves --device where it runs
+    job_device = args.device if where.kind == "slurm" else None
+    device = distributed.setup(resolve_device("cpu" if job_device else args.device))  # torchrun: join its group
     rank, size = distributed.world()
     console = Console(args.quiet or rank > 0)
-    console.log(f"run {name!r}: {describe(mine)}, {len(plan.cells)} cells on {device}, store {store_root}"
+    shown = f"{job_device} (resolved on each job's node)" if job_device else device
+    console.log(f"run {name!r}: {describe(mine)}, {len(plan.cells)} cells on {shown}, store {store_root}"
                 + (f"; each cell on {size} torchrun processes (DDP)" if size > 1 else ""))
     record = store_record(name, suite.name, str(resolve_suite_path(args.suite).resolve()), given, source,
                           args.plugin, plan)
     try:
         summary = run_plan(plan, Store(store_root), device, console, describe=suite, executor=where.kind,
                            workers=where.workers, cells_per_gpu=where.cells_per_gpu, slurm=where.slurm_options(),
-                           plugins=tuple(args.plugin), record=record, tensorboard="tensorboard" in args.log)
+                           plugins=tuple(args.plugin), record=record, tensorboard="tensorboard" in args.log,
+                           job_device=job_device)
     except KeyboardInterrupt:
         raise Interrupted(stopped_at(plan, store_root)) from None
     finally:

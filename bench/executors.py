@@ -47,6 +47,7 @@ from bench.lock import LOCK_SUFFIX, CellLock
 from bench.plan import Cell
 from bench.registry import import_plugins
 from bench.store import Store
+from bench.train import resolve_device
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ class Job:
 
     cell: Cell
     store_root: str
-    device: str  # "cpu", "cuda" or "cuda:<index>"
+    device: str  # "cpu", "cuda", "cuda:<index>", or "auto": CUDA when the machine running the job has it
     plugins: tuple[str, ...] = ()
     data_root: str | None = None
     download: bool = False
@@ -127,7 +128,8 @@ def run_job(job: Job, console=None) -> Outcome:
         if cell.dataset.name not in _DATA:
             _DATA[cell.dataset.name] = load_data(cell.dataset)
         try:
-            status, detail = run_cell(cell, _DATA[cell.dataset.name], cd, torch.device(job.device), console,
+            device = resolve_device(job.device) if job.device == "auto" else torch.device(job.device)
+            status, detail = run_cell(cell, _DATA[cell.dataset.name], cd, device, console,
                                       tensorboard=job.tensorboard)
         except OSError as exc:  # the cell's directory cannot be cleared or written
             status, detail = "failed", f"cell directory {cd.path} unusable: {exc.strerror or exc} ({exc.filename})"

@@ -64,8 +64,11 @@ class RunSummary:
 
 def run_plan(plan: Plan, store: Store, device: torch.device, console: Console, describe=None,
              executor: str = "local", workers: int = 1, cells_per_gpu: int = 1, slurm=None,
-             plugins: tuple[str, ...] = (), record: dict | None = None, tensorboard: bool = False) -> RunSummary:
+             plugins: tuple[str, ...] = (), record: dict | None = None, tensorboard: bool = False,
+             job_device: str | None = None) -> RunSummary:
     """Run every incomplete cell with the chosen executor (:mod:`bench.executors`).
+    ``job_device``: the device the cells' jobs ask for where they run instead of ``device``
+    (SLURM: ``"auto"`` is resolved on each job's node, as a login node may have no GPU).
     ``describe`` (the full suite) is recorded in the store's ``suite.json``, and ``record``
     (:func:`bench.runs.store_record`) as its ``run.json``, once the data loaded and the
     preflight checks passed, before any cell.  ``tensorboard``: each cell also writes its
@@ -89,17 +92,17 @@ def run_plan(plan: Plan, store: Store, device: torch.device, console: Console, d
     if size > 1:
         distributed.announce("ready")  # the data (and generated caches) are in place for the followers
     try:
-        return _run_jobs(plan, store, device, console, describe, executor, workers, cells_per_gpu, slurm, plugins,
-                         datasets, conditions, record, tensorboard)
+        return _run_jobs(plan, store, job_device or str(device), console, describe, executor, workers, cells_per_gpu,
+                         slurm, plugins, datasets, conditions, record, tensorboard)
     finally:
         if size > 1:
             distributed.announce(None)  # no more cells: the followers return
 
 
-def _run_jobs(plan, store, device, console, describe, executor, workers, cells_per_gpu, slurm, plugins,
+def _run_jobs(plan, store, device: str, console, describe, executor, workers, cells_per_gpu, slurm, plugins,
               datasets, conditions, record, tensorboard) -> RunSummary:
     """:func:`run_plan` once the data are loaded and checked: describe the store, submit the
-    incomplete cells to the executor, log each outcome."""
+    incomplete cells to the executor (each job on ``device``), log each outcome."""
     from bench.data import data_settings
 
     if describe is not None:
@@ -117,7 +120,7 @@ def _run_jobs(plan, store, device, console, describe, executor, workers, cells_p
     settings = data_settings()
     # a worker process shows a line per epoch and split unless the run is quiet; this one keeps its mode
     shown = progress.mode() if executor == "local" else "off" if progress.mode() == "off" else "lines"
-    jobs = [Job(c, str(store.root), str(device), tuple(plugins), str(settings.root) if settings.root else None,
+    jobs = [Job(c, str(store.root), device, tuple(plugins), str(settings.root) if settings.root else None,
                 settings.download, settings.strict, tensorboard=tensorboard, progress=shown)
             for c in plan.cells if conditions[c.key][0] != "complete"]
     if executor == "local":
@@ -125,7 +128,7 @@ def _run_jobs(plan, store, device, console, describe, executor, workers, cells_p
         outcomes = (run_job(job, console) for job in jobs)
     elif executor == "processes":
         devices = None
-        if device.type == "cuda" and torch.cuda.device_count() > 0:
+        if torch.device(device).type == "cuda" and torch.cuda.device_count() > 0:
             gpus = torch.cuda.device_count()
             workers = gpus * cells_per_gpu
             devices = [f"cuda:{i % gpus}" for i in range(workers)]

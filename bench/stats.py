@@ -358,7 +358,9 @@ class TwoLevel:
         return self.center - half, self.center + half
 
     def p_value(self) -> float:
-        """Two-sided p-value of "the quantity is 0"."""
+        """Two-sided p-value of "the quantity is 0"; NaN (no test) when nothing varied
+        (``se`` 0: e.g. two methods whose per-seed values agree and whose resamples differ
+        by float rounding only, where a centre of 1e-17 must not read as a sure difference)."""
         from scipy.stats import norm, t
 
         if not (np.isfinite(self.center) and np.isfinite(self.se)):
@@ -366,7 +368,7 @@ class TwoLevel:
         if self.center == 0.0:
             return 1.0
         if self.se == 0.0:
-            return 0.0
+            return float("nan")
         z = abs(self.center) / self.se
         return float(min(1.0, 2.0 * (norm.sf(z) if not np.isfinite(self.df) else t.sf(z, self.df))))
 
@@ -482,7 +484,7 @@ def seeds_needed(units_a: Units, boots_a: Boots, units_b: Units, boots_b: Boots,
     measured variance components and scales the ones that shrink with more seeds: the
     spread of the per-seed values (seed-level variance and each seed's own test-sample
     errors) by 1/S, the test images' shared part not at all.  ``inf`` when no count up to ``most`` reaches it; NaN when a
-    seed variance could not be measured or the difference is undefined."""
+    seed variance could not be measured, the difference is undefined or nothing varied."""
     from scipy.stats import t
 
     now = difference(units_a, boots_a, units_b, boots_b, paired)
@@ -490,6 +492,8 @@ def seeds_needed(units_a: Units, boots_a: Boots, units_b: Units, boots_b: Boots,
         return float("nan")
     if now.center == 0.0:
         return float("inf")  # no difference: no seed count makes one significant
+    if now.se == 0.0:
+        return float("nan")  # nothing varied: no test (TwoLevel.p_value)
     sides = _sides(units_a, boots_a, units_b, boots_b, paired)
     spread = sum(side.seed_part(1)[0] for side in sides)  # the sides' s^2, summed
     shared = now.se ** 2 - sum(side.seed_part()[0] for side in sides)  # the test images' part

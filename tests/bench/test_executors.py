@@ -224,6 +224,47 @@ def test_sbatch_script_for_slurm(tmp_path, monkeypatch):
         assert line in text, (line, text)
 
 
+def test_slurm_jobs_resolve_the_device_on_their_own_node(tmp_path, monkeypatch, capsys):
+    """A login node often has no GPU: with ``--executor slurm`` the submitting process does
+    not resolve ``--device`` (``cuda`` is not refused there, ``auto`` does not become its
+    CPU); each job carries the device asked for, and ``run_job`` resolves ``auto`` on the
+    machine that runs it."""
+    pytest.importorskip("submitit")
+    from dataclasses import replace
+
+    import torch
+
+    from bench import runner
+    from bench.cli import main
+    from bench.executors import Outcome, run_job
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("sbatch", "srun"):  # stand-ins: require_executor wants SLURM on PATH; nothing is submitted
+        (bin_dir / tool).write_text("#!/bin/sh\nexit 1\n")
+        (bin_dir / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    submitted = []
+
+    def submit(jobs, folder, kind, slurm):
+        submitted.extend(jobs)
+        return iter([Outcome(j.cell.key, j.cell.label, "failed", "not submitted (test)", 0.0) for j in jobs])
+
+    monkeypatch.setattr(runner, "submitit_run", submit)
+    for device in ("cuda", "auto"):
+        submitted.clear()
+        code = main(["--suite", str(_suite(tmp_path)), "--results", str(tmp_path / "results"), "--reports",
+                     str(tmp_path / "reports"), "--data-root", str(tmp_path / "data"), "--methods", "msp",
+                     "--executor", "slurm", "--device", device, "--quiet"])
+        err = capsys.readouterr().err
+        assert code != 0 and "not submitted (test)" in err, err  # the jobs reached the executor: nothing refused
+        assert [j.device for j in submitted] == [device, device]
+    outcome = run_job(replace(submitted[0], device="auto"))  # on this machine, as a job on its node
+    assert outcome.status == "complete", outcome.detail
+    cell = json.loads(next((tmp_path / "results").glob(f"*/{outcome.key}/cell.json")).read_text())
+    assert cell["device"] == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
 # ---------------------------------------------------------------------------- SLURM settings, checked before any work
 
 

@@ -31,9 +31,13 @@ def test_plan_has_one_cell_per_dataset_trained_method_and_seed():
     assert all(re.fullmatch(r"[0-9a-f]+", c.key) for c in plan.cells)
 
 
-def test_default_plan_cell_count():
-    plan = make_plan(load_suite("default"))
-    assert len(plan.cells) == 1 * 4 * 4  # mnist5k x {msp, mc_dropout, kep_svgp, sgpa} x 4 seeds
+def test_default_plan_trains_only_the_trained_methods_once_per_seed():
+    """Ensembles and temperature scaling come from stored predictions: the default plan
+    trains mnist5k x {msp, mc_dropout, kep_svgp, sgpa} x the suite's seeds, nothing else."""
+    suite = load_suite("default")
+    plan = make_plan(suite)
+    expected = {("mnist5k", m, s) for m in ("msp", "mc_dropout", "kep_svgp", "sgpa") for s in suite.seeds}
+    assert sorted((c.dataset.name, c.method.name, c.seed) for c in plan.cells) == sorted(expected)
 
 
 def _keys(raw: dict) -> dict[tuple[str, str, int], str]:

@@ -8,6 +8,7 @@ requirements, never from the code under test.
 from __future__ import annotations
 
 import json
+import tomllib
 
 import pytest
 
@@ -19,6 +20,7 @@ from bench.method import TrainedMethod
 from bench.plan import make_plan
 from bench.registry import METHODS
 from bench.spec import ModelConfig, Overrides, TrainConfig, build_suite, load_suite, select
+from tests.helpers import REPO
 from tests.helpers.suites import minimal
 
 
@@ -43,7 +45,8 @@ def problem_lines(message: str) -> dict[str, str]:
 def test_default_suite_loads_with_its_methods_datasets_and_seeds():
     suite = load_suite("default")
     assert suite.name == "default"
-    assert suite.seeds == (0, 1, 2, 3)
+    with open(REPO / "bench" / "suites" / "default.toml", "rb") as f:
+        assert suite.seeds == tuple(tomllib.load(f)["seeds"])  # as the file lists them, read by tomllib
     assert [d.name for d in suite.datasets] == ["mnist5k"]
     assert [m.name for m in suite.methods] == ["msp", "mc_dropout", "temperature_scaling", "deep_ensemble",
                                                "kep_svgp", "kep_svgp_ensemble", "sgpa"]

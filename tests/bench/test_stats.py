@@ -387,6 +387,22 @@ def test_two_level_of_single_runs_is_the_bootstrap_z_test_and_seeds_without_spre
     assert est.p_value() == pytest.approx(2 * t.sf(0.02 / diff.std(ddof=1), 2), rel=1e-10)
 
 
+def test_a_difference_where_nothing_varied_is_not_a_significant_one():
+    """Temperature scaling on a binary task ranks like msp: the same per-seed values, and
+    resamples that differ by a constant 1e-9 (float rounding) plus each seed's own
+    +-noise. Nothing varies that a re-run could show (se 0 after the own-noise correction),
+    so no test can claim the centre of -1e-9 is a difference; before, p was 0 (a mark)."""
+    rng = np.random.default_rng(7)
+    noise = rng.normal(0.0, 0.01, 500)
+    base = {0: 0.9 + noise, 1: 0.8 - noise}
+    ts = {0: base[0] + 1e-9 + noise * 1e-3, 1: base[1] + 1e-9 - noise * 1e-3}
+    units = {0: 0.9, 1: 0.8}
+    est = S.difference(units, ts, units, base, paired=True)
+    assert est.se == 0.0 and est.center != 0.0  # the case: nothing varied, a rounding-size centre
+    assert not est.p_value() < 0.05
+    assert not S.seeds_needed(units, ts, units, base, paired=True) < 1000
+
+
 def test_two_level_variance_counts_each_seeds_own_test_noise_once():
     """se^2 = V_T + s^2/S - (mean_s V_s - V_T)/(S - 1) (the crossed-design estimate of the
     module docstring), written out with numpy; one run: the bootstrap alone."""
