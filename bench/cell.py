@@ -34,7 +34,7 @@ from bench.plan import Cell
 from bench.registry import DATASETS, METHODS
 from bench.spec import DatasetSpec
 from bench.store import CellDir
-from bench.train import fit, predict, seed_everything
+from bench.train import fit, optimiser_steps, predict, seed_everything
 from bench.train_state import UnusableState, read_training_state, training_state_bytes
 
 
@@ -261,8 +261,8 @@ def _train(cell: Cell, method, model: torch.nn.Module, data: DataBundle, cd: Cel
     """:func:`bench.train.fit` with its progress (a step at a time; a line per epoch in
     ``lines`` mode), its resumable states saved in the cell and its log rows as events."""
     train = cell.method.train
-    n = len(data.get("train"))
-    steps = (n // min(train.batch_size, n)) * (train.epochs - (resume["epoch"] if resume else 0))
+    epochs_left = train.epochs - (resume["epoch"] if resume else 0)
+    steps = optimiser_steps(len(data.get("train")), train.batch_size) * epochs_left
 
     with progress.task(f"{cell.label}: training", total=steps, unit="step") as task:
         def on_epoch(row: dict) -> None:

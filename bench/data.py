@@ -9,7 +9,8 @@ OOD sets ``ood/<name>`` by group (OpenOOD v1.5's near and far OOD).  A bundle na
 
 * ``train``, ``val``, ``test``: in-distribution;
 * ``shift/<name>``, among them ``shift/<corruption>/<severity>`` (:func:`corruption_split`):
-  covariate shift, same labels;
+  covariate shift, same labels; a corruption split holds the first N images of ``test``
+  (N = its size), corrupted, so the analysis compares it with those N images clean;
 * ``ood/<name>``: out-of-distribution; labels are ``-1``.
 
 Images are uint8 arrays ``[N, H, W]`` (grayscale) or ``[N, H, W, C]`` (:class:`Split`);

@@ -331,6 +331,12 @@ def _restore(state: dict, model, opt, sched, gen: torch.Generator, aug_gen: torc
     return int(state["epoch"])
 
 
+def optimiser_steps(n: int, batch_size: int) -> int:
+    """Optimiser steps per epoch of :func:`fit` on ``n`` training samples: full batches of
+    ``min(batch_size, n)``, the last partial batch dropped, as the reference recipe does."""
+    return n // min(batch_size, n)
+
+
 @dataclass
 class TrainResult:
     state_dict: dict
@@ -385,13 +391,13 @@ def fit(
     x_train, y_train = to_tensor(train, device)
     norm = Normalize(data, device)
     n = len(x_train)
-    bs = min(cfg.batch_size, n)
+    bs = min(cfg.batch_size, n)  # the batch optimiser_steps counts
     rank, size = distributed.world()
     if bs % size:
         raise ConfigError(f"train.batch_size {bs} cannot be split over {size} torchrun processes: "
                           f"use a multiple of {size}, or --nproc_per_node dividing it")
     part = slice(rank * (bs // size), (rank + 1) * (bs // size))  # this rank's share of every batch
-    steps_per_epoch = n // bs  # drop the last partial batch, as the reference recipe does
+    steps_per_epoch = optimiser_steps(n, cfg.batch_size)
     total = steps_per_epoch * cfg.epochs
     warmup = steps_per_epoch * cfg.warmup_epochs
 

@@ -4,15 +4,18 @@ Layers: ``softmax`` (bench.vit), ``sgpa`` (methods/sgpa.py, decoupled, diagonal
 covariance), ``kep_svgp`` (methods/kep_svgp.py, add merge) and the attention variants
 (``symmetric``, ``pap`` with one ADMM iteration, ``scaled`` with S in R^{H x N x N},
 ``kdeformer`` with buckets of 64 and 64 residual samples, ``optimised``, ``efficient``,
-``super``) at N = 64, 256, 1024, 4096 tokens, on whatever device is present (CUDA if available, else CPU).  Each (layer, N) runs
-in a fresh subprocess so the peak memory is that configuration's alone: CUDA peak
-allocated memory, or on CPU the process's peak RSS above its RSS just before the first
-forward.  The scaling exponent is the least-squares slope of log(time) and log(memory)
+``super``) and ``rff_gp`` (methods/rff_gp_attention.py, 16 cos/sin feature pairs per
+head) at N = 64, 256, 1024, 4096 tokens, on whatever device is present (CUDA if available,
+else CPU).  Each (layer, N) runs in a fresh subprocess so the peak memory is that
+configuration's alone: CUDA peak allocated memory, or on CPU the process's peak RSS above
+its RSS just before the first forward.  The scaling exponent is the least-squares slope of log(time) and log(memory)
 against log(N) over the two largest N (the asymptotic regime) and over all N.
 
 Usage (repository root)::
 
-    .venv/bin/python benchmarks/attention_cost.py [--out reports/perf/attention_cost.md]
+    .venv/bin/python benchmarks/attention_cost.py [--out reports/perf/attention_cost.md] [--layers rff_gp,softmax]
+
+``--layers`` measures only the named layers (the table then has only their rows).
 """
 from __future__ import annotations
 
@@ -27,7 +30,8 @@ from pathlib import Path
 
 from machine import provenance  # noqa: E402  (benchmarks/machine.py)
 
-LAYERS = ("softmax", "sgpa", "kep_svgp", "symmetric", "pap", "scaled", "kdeformer", "optimised", "efficient", "super")
+LAYERS = ("softmax", "sgpa", "kep_svgp", "symmetric", "pap", "scaled", "kdeformer", "optimised", "efficient", "super",
+          "rff_gp")
 OPTIONS = {  # non-default layer options (KDEformer: the official ViT module's bucket and sample sizes)
     "pap": {"iters_train": 1},
     "kdeformer": {"bucket_size": 64, "samples": 64, "projections": 7},
@@ -94,14 +98,18 @@ def slope(xs: list[float], ys: list[float]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("reports/perf/attention_cost.md"))
+    parser.add_argument("--layers", default=",".join(LAYERS), help="comma-separated layers to measure (default: all)")
     parser.add_argument("--child", nargs=2, metavar=("LAYER", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    layers = [name for name in args.layers.split(",") if name]
+    if unknown := [name for name in layers if name not in LAYERS]:
+        parser.error(f"unknown layers {unknown}; known: {', '.join(LAYERS)}")
     if args.child:
         print(json.dumps(measure(args.child[0], int(args.child[1]))))
         return
     root = Path(__file__).resolve().parents[1]
     rows = []
-    for layer in LAYERS:
+    for layer in layers:
         for n in TOKENS:
             out = subprocess.run([sys.executable, __file__, "--child", layer, str(n)], cwd=root,
                                  capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)})
@@ -122,7 +130,7 @@ def main() -> None:
         + " | time exponent (largest 2 N / all N) | memory exponent (largest 2 N / all N) |",
         "|---|" + "---:|" * (2 * len(TOKENS) + 2),
     ]
-    for layer in LAYERS:
+    for layer in layers:
         r = [row for row in rows if row["layer"] == layer]
         t, m = [row["seconds"] for row in r], [row["peak_mb"] for row in r]
         ns = list(TOKENS)

@@ -45,8 +45,13 @@ class CoLA:
         "be obtained offline and are replaced by the learned word embedding; checkpoints are chosen on a "
         "validation hold-out of in_domain_train (the paper selects on the test split); the split is the "
         "official one (train = in_domain_train, test = in_domain_dev, shift/out_of_domain = out_of_domain_dev) "
-        "unless paper_split = true (train + dev merged, shuffled with seed 0, 80/20). The ACC/MCC column is the "
-        "whole-split MCC; the paper averages sklearn's MCC over test batches of 32 (metric `mcc_per_batch`).")
+        "unless paper_split = true (train + dev merged, shuffled with seed 0, 80/20). The MCC column (where other "
+        "data sets show accuracy) is the whole-split MCC; the paper averages sklearn's MCC over test batches of 32 "
+        "(metric `mcc_per_batch`). "
+        "No OOD split: CoLA has no out-of-distribution set. out_of_domain_dev holds labelled acceptability "
+        "judgements of sentences from other sources, so it is a covariate shift (`shift/out_of_domain`, scored "
+        "as the test split) and not OOD; KEP-SVGP's code loads it as OOD but its evaluation is commented "
+        "out, and the paper reports no OOD result for CoLA.")
 
     @dataclass(frozen=True)
     class Options(TextOptions):

@@ -6,8 +6,10 @@ from methods import (  # noqa: F401
     mc_dropout,
     msp,
     pay_attention,
+    rff_gp_attention,
     rpc,
     scaled_attention,
     sgpa,
+    sngp,
     temperature_scaling,
 )

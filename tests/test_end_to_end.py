@@ -99,13 +99,17 @@ def test_report_rebuilds_identical_tables_without_models(reference, tmp_path, mo
     assert {k: v for k, v in out[0].items() if k != "README.md"} == reference["tables"]
 
 
-def test_rerun_skips_complete_cells(reference):
+def test_rerun_skips_complete_cells(reference, capsys, monkeypatch):
+    """(In this process: what is tested is the store's skip, not a fresh interpreter.)"""
+    from bench.cli import main
+
+    monkeypatch.chdir(REPO)
     root = reference["root"]
-    proc = run_suite("--suite", str(reference["suite"]), "--results", str(root / "results"),
-                     "--reports", str(root / "reports"))
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stderr.count("complete, skipped") == 4
-    assert "complete in" not in proc.stderr
+    code = main(["--suite", str(reference["suite"]), "--results", str(root / "results"), "--reports", str(root / "reports")])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert err.count("complete, skipped") == 4
+    assert "complete in" not in err
     assert tables(root / "reports" / "tiny") == reference["tables"]
 
 
@@ -234,28 +238,37 @@ def pd_read(path: Path):
     return pd.read_csv(path)
 
 
-def test_store_reports_from_its_folder_alone_and_reuses_its_analysis(reference, tmp_path):
+def report(capsys, *args: str) -> tuple[int, str]:
+    """``run_suite.py report ARGS`` in this process, from the repository root (what is tested
+    is what the report reads and writes, not a fresh interpreter); exit status and stderr."""
+    from bench.cli import main
+
+    code = main(["report", *args])
+    return code, capsys.readouterr().err
+
+
+def test_store_reports_from_its_folder_alone_and_reuses_its_analysis(reference, tmp_path, capsys, monkeypatch):
     """After the suite file is gone, ``report --suite NAME`` reports the store under
     --results/NAME with the same tables; a second report reuses the analysis files and is
     byte-identical; a changed store is analysed again."""
     import shutil
 
+    monkeypatch.chdir(REPO)
     results = tmp_path / "results"
     shutil.copytree(reference["root"] / "results", results)
     with_suite = tmp_path / "with_suite"
-    proc = run_suite("report", "--suite", str(reference["suite"]), "--results", str(results),
-                     "--reports", str(with_suite))
-    assert proc.returncode == 0 and "analysed the store" in proc.stderr, proc.stderr
+    code, err = report(capsys, "--suite", str(reference["suite"]), "--results", str(results), "--reports", str(with_suite))
+    assert code == 0 and "analysed the store" in err, err
     # no suite file: the name of the store's folder
     alone = tmp_path / "alone"
-    first = run_suite("report", "--suite", "tiny", "--results", str(results), "--reports", str(alone))
-    assert first.returncode == 0, first.stderr
+    code, err = report(capsys, "--suite", "tiny", "--results", str(results), "--reports", str(alone))
+    assert code == 0, err
     assert tables(alone / "tiny") == tables(with_suite / "tiny")
     assert (alone / "tiny" / "README.md").read_bytes() == (with_suite / "tiny" / "README.md").read_bytes()
     # unchanged store: the analysis files are reused and the output is byte-identical
     before = {p: p.read_bytes() for p in sorted((alone / "tiny").rglob("*")) if p.is_file()}
-    second = run_suite("report", "--suite", "tiny", "--results", str(results), "--reports", str(alone))
-    assert second.returncode == 0 and "reused the analysis files" in second.stderr, second.stderr
+    code, err = report(capsys, "--suite", "tiny", "--results", str(results), "--reports", str(alone))
+    assert code == 0 and "reused the analysis files" in err, err
     assert {p: p.read_bytes() for p in sorted((alone / "tiny").rglob("*")) if p.is_file()} == before
     # the analysis table is tidy and loads with pandas
     per_seed = pd_read(alone / "tiny" / "analysis" / "metrics.csv.gz")
@@ -271,16 +284,17 @@ def test_store_reports_from_its_folder_alone_and_reuses_its_analysis(reference, 
 
     manifest["files"]["cell.json"] = sha256_file(cell / "cell.json")
     (cell / "manifest.json").write_text(json.dumps(manifest))
-    third = run_suite("report", "--suite", "tiny", "--results", str(results), "--reports", str(alone))
-    assert third.returncode == 0 and "analysed the store" in third.stderr, third.stderr
+    code, err = report(capsys, "--suite", "tiny", "--results", str(results), "--reports", str(alone))
+    assert code == 0 and "analysed the store" in err, err
     assert tables(alone / "tiny") == tables(with_suite / "tiny")  # timings are not in these tables
 
 
-def test_derived_method_with_missing_members_is_named(reference, tmp_path):
+def test_derived_method_with_missing_members_is_named(reference, tmp_path, capsys, monkeypatch):
     """An ensemble whose member cell is gone from the store is listed among the failed cells
     with the reason, not silently dropped."""
     import shutil
 
+    monkeypatch.chdir(REPO)
     results = tmp_path / "results"
     shutil.copytree(reference["root"] / "results", results)
     for cell in (results / "tiny").iterdir():
@@ -288,8 +302,8 @@ def test_derived_method_with_missing_members_is_named(reference, tmp_path):
             info = json.loads((cell / "cell.json").read_text())
             if info["method"] == "msp" and info["seed"] == 1:
                 shutil.rmtree(cell)
-    proc = run_suite("report", "--suite", "tiny", "--results", str(results), "--reports", str(tmp_path / "r"))
-    assert proc.returncode == 1, proc.stderr  # a report that leaves something out says so
+    code, err = report(capsys, "--suite", "tiny", "--results", str(results), "--reports", str(tmp_path / "r"))
+    assert code == 1, err  # a report that leaves something out says so
     failed = readme_failures(tmp_path / "r" / "tiny" / "README.md")
     assert "deep_ensemble" in failed and "member msp seed(s) [1]" in failed
 

@@ -109,6 +109,19 @@ def labelled_and_ood(names: list[str]) -> tuple[list[str], list[str]]:
     return [n for n in names if not get_metric(n).on_scores], [n for n in names if get_metric(n).on_scores]
 
 
+def metric_value(name: str, inputs: tuple, errors: dict | None = None, where: tuple = ()) -> float:
+    """The registered metric ``name`` on ``inputs``.  With ``errors``, a metric that raises
+    (a plugin's bug) gives NaN and its error is recorded under ``where``; without it the
+    error propagates."""
+    try:
+        return float(get_metric(name)(*inputs))
+    except Exception as exc:  # noqa: BLE001  (any error of a metric's own code)
+        if errors is None:
+            raise
+        errors[where] = one_line(exc)
+        return float("nan")
+
+
 def evaluate(preds: Preds, names: list[str],
              errors: dict[tuple[str, str, str], str] | None = None,
              scores: CellScores | None = None) -> list[tuple[str, str, str, float]]:
@@ -122,13 +135,7 @@ def evaluate(preds: Preds, names: list[str],
     labelled, on_scores = labelled_and_ood(names)
 
     def value(name: str, split: str, score: str, *inputs) -> float:
-        try:
-            return float(get_metric(name)(*inputs))
-        except Exception as exc:  # noqa: BLE001  (any error of a metric's own code)
-            if errors is None:
-                raise
-            errors[(split, name, score)] = one_line(exc)
-            return float("nan")
+        return metric_value(name, inputs, errors, (split, name, score))
 
     rows = []
     if scores is None:

@@ -7,7 +7,10 @@ the schema version, the options, the fingerprint of the store and the display or
 which is all the report renders from.  :func:`analyse_store` reuses the files when the
 fingerprint (the manifests' digests of the cells used, the selection, the analysis
 options, the analysis code and the methods' differences from their authors' code) is
-unchanged, and recomputes them otherwise.
+unchanged, and recomputes them otherwise.  It keeps one result set per fingerprint: the
+set a new fingerprint replaces moves to ``cache/<key>/`` under the same folder (the
+:data:`CACHE_KEEP` most recent are kept), and comes back when its fingerprint does, so
+reporting another store's content or other options and then returning recomputes nothing.
 
 Why CSV and not Parquet: the tables are small (the default store's per-seed table is
 about 1 MB gzipped), CSV needs no further dependency in a suite whose fresh install is
@@ -21,6 +24,8 @@ import gzip
 import hashlib
 import inspect
 import json
+import os
+import shutil
 from pathlib import Path
 from typing import Callable
 
@@ -38,6 +43,8 @@ from bench.store import atomic_write_bytes, atomic_write_json
 
 ANALYSIS_SCHEMA = 4  # bump when the files' columns or meaning change
 ANALYSIS_DIR = "analysis"
+CACHE_DIR = "cache"  # under the analysis folder: the earlier result sets, one folder per key
+CACHE_KEEP = 8  # result sets kept there, the most recently replaced first
 #: file -> (AnalysisResults field, columns, string columns)
 FILES: dict[str, tuple[str, list[str], tuple[str, ...]]] = {
     "metrics.csv.gz": ("metrics", METRIC_COLUMNS, ("dataset", "method", "split", "metric", "score")),
@@ -178,18 +185,57 @@ def load(out: Path, load_predictions: Callable | None = None) -> AnalysisResults
 def analyse_store(catalog: Catalog, out: Path, metrics: list[str] | None = None,
                   resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED,
                   significance: str = SIGNIFICANCE, scores: list[str] | None = None) -> tuple[AnalysisResults, bool]:
-    """The analysis of ``catalog`` as written under ``out``: reused when its key matches,
-    else recomputed and written.  ``metrics``: registered metric names computed on top of
-    the default selection (checked where they entered: :func:`bench.report.validate_metrics`);
-    ``scores``: the OOD scores (``--scores``, checked where they entered:
-    :func:`bench.scores.validate_scores`; default: the default scores).
-    Returns ``(results read from the files, reused)``."""
+    """The analysis of ``catalog`` as written under ``out``: reused when its key matches
+    the files there or a set kept under ``out/cache/`` (which then comes back to ``out``),
+    else recomputed and written; the set it replaces is kept under ``out/cache/``.
+    ``metrics``: registered metric names computed on top of the default selection (checked
+    where they entered: :func:`bench.report.validate_metrics`); ``scores``: the OOD scores
+    (``--scores``, checked where they entered: :func:`bench.scores.validate_scores`;
+    default: the default scores).  Returns ``(results read from the files, reused)``."""
     names = analysed_metrics(metrics)
     key = fingerprint(catalog, names, resamples, seed, check_significance(significance), scores)
+    out = Path(out)
     meta = read_manifest(out)
     reused = meta is not None and meta.get("key") == key
     if not reused:
-        save(analyse(catalog, names, resamples, seed, significance, scores), out, key,
-             {"resamples": resamples, "seed": seed, "significance": significance})
+        if meta is not None:
+            _move_set(out, out / CACHE_DIR / _folder(meta["key"]), meta)
+        kept = out / CACHE_DIR / _folder(key)
+        kept_meta = read_manifest(kept)
+        reused = kept_meta is not None and kept_meta.get("key") == key
+        if reused:
+            _move_set(kept, out, kept_meta)
+            shutil.rmtree(kept, ignore_errors=True)
+        else:
+            save(analyse(catalog, names, resamples, seed, significance, scores), out, key,
+                 {"resamples": resamples, "seed": seed, "significance": significance})
+        _prune(out / CACHE_DIR)
     return load(out, catalog.predictions), reused
+
+
+def _folder(key: str) -> str:
+    """The cache folder name of a result set: the start of its key (the key itself is
+    checked against ``analysis.json`` before a set is reused)."""
+    return str(key)[:16]
+
+
+def _move_set(src: Path, dst: Path, meta: dict) -> None:
+    """Move the result set of ``meta`` from ``src`` to ``dst`` by renames (no file is
+    rewritten in place: a report folder shares its files with the previous report by hard
+    links).  ``analysis.json`` leaves ``src`` first and reaches ``dst`` last, so a move cut
+    short leaves no folder whose manifest verifies with missing files."""
+    dst.mkdir(parents=True, exist_ok=True)
+    os.replace(src / "analysis.json", dst / ".analysis.json.moving")
+    for name in meta["files"]:
+        os.replace(src / name, dst / name)
+    os.replace(dst / ".analysis.json.moving", dst / "analysis.json")
+
+
+def _prune(cache: Path) -> None:
+    """Keep the :data:`CACHE_KEEP` most recently stored sets under ``cache``."""
+    if not cache.is_dir():
+        return
+    sets = sorted((p for p in cache.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime_ns, reverse=True)
+    for old in sets[CACHE_KEEP:]:
+        shutil.rmtree(old, ignore_errors=True)
 

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from bench import stats
-from bench.analysis.evaluate import CellScores, labelled_and_ood, table_of
+from bench.analysis.evaluate import METRIC_COLUMNS, CellScores, labelled_and_ood, metric_value, table_of
 from bench.catalog import Catalog
 from bench.data import corruption_of, is_ood
 from bench.errors import ConfigError, one_line
@@ -35,7 +35,8 @@ TESTS = {"both": "seeds+samples", "one_run": "samples only (one run)",
 
 SUMMARY_COLUMNS = ["dataset", "method", "split", "table", "metric", "score", "n_seeds", "mean", "std",
                    "ci_low", "ci_high", "p_value", "p_holm", "verdict", "test", "seeds_needed"]
-SEVERITY_COLUMNS = ["dataset", "method", "severity", "metric", "n_seeds", "mean", "std", "ci_low", "ci_high"]
+SEVERITY_COLUMNS = ["dataset", "method", "severity", "metric", "n_seeds", "n_samples", "mean", "std", "ci_low",
+                    "ci_high"]
 CE_COLUMNS = ["dataset", "method", "corruption", "ce"]
 #: the costs of a method (:func:`efficiency`); the report's efficiency table shows them in this order
 EFFICIENCY_FIELDS = ("parameters", "train_seconds", "predict_seconds_per_1000", "peak_memory_mb", "passes")
@@ -133,7 +134,9 @@ def summarise(metrics_df: pd.DataFrame, cache: dict, seeds: dict, reference: str
     means = dict(zip(rows, out["mean"]))
     both = significance == stats.SEEDS_AND_SAMPLES
     ci = [(np.nan, np.nan) if k not in dist else
-          stats.seed_mean(units[k], boots[k]).interval() if both else stats.bootstrap_ci(dist[k]) for k in rows]
+          get_metric(k[3]).clip(*(stats.seed_mean(units[k], boots[k]).interval() if both
+                                  else stats.bootstrap_ci(dist[k])))
+          for k in rows]
     out["ci_low"], out["ci_high"] = [c[0] for c in ci], [c[1] for c in ci]
     p_values, directions, tests, needed = [], [], [], []
     for k in rows:
@@ -199,61 +202,113 @@ def _weights(n: int, resamples: int, seed: int, ood_split: str = "") -> np.ndarr
 
 
 def _severity_of(split: str) -> int | None:
-    """1..5 for ``shift/<corruption>/<severity>``, 0 for ``test``, None otherwise."""
-    if split == "test":
-        return 0
+    """1..5 for ``shift/<corruption>/<severity>``, None otherwise."""
     corruption = corruption_of(split)
     return corruption[1] if corruption else None
 
 
+def clean_source_size(preds: dict, split: str) -> int:
+    """How many leading ``test`` images the corruption split ``split`` of one prediction
+    set was made from (:mod:`bench.data`: a corruption split holds the first N test
+    images, corrupted): N, its own size, when its labels are those of the first N test
+    images; the whole test split where they are not (a split made otherwise)."""
+    labels, test = preds[split]["labels"], preds["test"]["labels"]
+    n = len(labels)
+    return n if n <= len(test) and np.array_equal(labels, test[:n]) else len(test)
+
+
+def _one_size(sizes: set[int]) -> float:
+    """The one image count of the splits averaged in a row, NaN where they differ."""
+    return float(next(iter(sizes))) if len(sizes) == 1 else np.nan
+
+
+def _clean_rows(df: pd.DataFrame, cache: dict) -> tuple[pd.DataFrame, dict[tuple, dict[str, int]]]:
+    """Severity-0 rows: per cell and metric, the metric on the clean test samples each
+    corruption split was made from (:func:`clean_source_size`), averaged over the
+    corruption splits as the corrupted values are; and per cell, corruption split ->
+    that image count.  A metric that raises gives NaN (its error is named by evaluation)."""
+    rows, sizes = [], {}
+    for (d, m, s), cell in df.groupby(["dataset", "method", "seed"], sort=False):
+        preds = cache.get((d, m, s), {})
+        if "test" not in preds:
+            continue
+        mine = sizes[(d, m, s)] = {split: clean_source_size(preds, split) for split in dict.fromkeys(cell["split"])}
+        probs, labels = np.exp(preds["test"]["log_probs"].astype(np.float64)), preds["test"]["labels"]
+        for name in dict.fromkeys(cell["metric"]):
+            values = {n: metric_value(name, (probs[:n], labels[:n]), errors={}) for n in set(mine.values())}
+            value = (next(iter(values.values())) if len(values) == 1
+                     else float(np.mean([values[n] for n in mine.values()])))
+            rows.append((d, m, s, "test", name, "", value, 0))
+    return pd.DataFrame(rows, columns=[*METRIC_COLUMNS, "severity"]), sizes
+
+
 def severity_table(metrics_df: pd.DataFrame, cache: dict, seeds: dict, names: list[str], seed: int,
                    significance: str = SIGNIFICANCE, errors: dict[str, tuple] | None = None) -> pd.DataFrame:
-    """Labelled-split metrics averaged over corruption types per severity (0 = clean test,
-    -1 = every corruption split), then mean and std over seeds; for the analysed metrics
-    of the ``"severity"`` selection also a 95% interval of the seed-mean, built as the
-    summary's (``significance``) from a paired bootstrap over test samples (each split
-    resampled with its own shared index matrix, the corruption average taken per
-    resample) and, by default, the seeds' spread."""
+    """Labelled-split metrics averaged over corruption types per severity (-1 = every
+    corruption split), then mean and std over seeds.  Severity 0 is the same images
+    clean: each corruption split's clean source, the first N images of ``test``
+    (:func:`clean_source_size`), averaged alike; ``n_samples`` is the image count of each
+    split a row averages (NaN where they differ).  For the analysed metrics of the
+    ``"severity"`` selection also a 95% interval of the seed-mean, built as the summary's
+    (``significance``) from a paired bootstrap over the images (one shared index matrix
+    per split size, so a corruption split and its clean source are resampled alike, the
+    corruption average taken per resample) and, by default, the seeds' spread."""
     df = metrics_df[metrics_df["score"] == ""].copy()
     df["severity"] = df["split"].map(_severity_of)
     df = df.dropna(subset=["severity"])
-    if df.empty or (df["severity"] > 0).sum() == 0:
+    if df.empty:
         return pd.DataFrame(columns=SEVERITY_COLUMNS)
     df["severity"] = df["severity"].astype(int)
-    per_seed = df.groupby(["dataset", "method", "seed", "severity", "metric"], sort=False)["value"].mean().reset_index()
-    overall = df[df["severity"] > 0].groupby(["dataset", "method", "seed", "metric"], sort=False)["value"].mean().reset_index()
+    clean, clean_sizes = _clean_rows(df, cache)
+    images: dict[tuple, set[int]] = {}
+    for d, m, s, split, sev in df[["dataset", "method", "seed", "split", "severity"]].drop_duplicates().itertuples(
+            index=False, name=None):
+        n = len(cache[(d, m, s)][split]["labels"])
+        images.setdefault((d, m, sev), set()).add(n)
+        images.setdefault((d, m, -1), set()).add(n)
+    for (d, m, _s), per_split in clean_sizes.items():
+        images.setdefault((d, m, 0), set()).update(per_split.values())
+    per_seed = pd.concat([clean, df], ignore_index=True) if len(clean) else df
+    per_seed = (per_seed.groupby(["dataset", "method", "seed", "severity", "metric"], sort=False)["value"]
+                .mean().reset_index())
+    overall = df.groupby(["dataset", "method", "seed", "metric"], sort=False)["value"].mean().reset_index()
     overall["severity"] = -1
     per_seed = pd.concat([per_seed, overall[per_seed.columns]], ignore_index=True)
     g = per_seed.groupby(["dataset", "method", "severity", "metric"], sort=False)["value"]
     out = g.agg(n_seeds="count", mean="mean", std=lambda v: v.std(ddof=1) if len(v) > 1 else np.nan).reset_index()
+    out["n_samples"] = [_one_size(images.get(k, set())) for k in out[["dataset", "method", "severity"]].itertuples(
+        index=False, name=None)]
     banded = [n for n in selection("severity") if n in names]
-    bands = _severity_bands(df, cache, seeds, banded, seed, {} if errors is None else errors)
+    bands = _severity_bands(df, cache, seeds, clean_sizes, banded, seed, {} if errors is None else errors)
     keys = ["dataset", "method", "severity", "metric"]
     units = _units(per_seed, keys)
     ci = [(np.nan, np.nan) if k not in bands else
-          stats.seed_mean(units[k], bands[k]).interval() if significance == stats.SEEDS_AND_SAMPLES
-          else stats.bootstrap_ci(stats.seed_mean_distribution(list(bands[k].values())))
+          get_metric(k[3]).clip(*(stats.seed_mean(units[k], bands[k]).interval()
+                                  if significance == stats.SEEDS_AND_SAMPLES
+                                  else stats.bootstrap_ci(stats.seed_mean_distribution(list(bands[k].values())))))
           for k in out[keys].itertuples(index=False, name=None)]
     out["ci_low"], out["ci_high"] = [c[0] for c in ci], [c[1] for c in ci]
     return out.sort_values(["dataset", "method", "severity", "metric"], kind="stable",
                            key=_display_key(out))[SEVERITY_COLUMNS].reset_index(drop=True)
 
 
-def _severity_bands(df: pd.DataFrame, cache: dict, seeds: dict, names: list[str],
-                    seed: int, errors: dict[str, tuple]) -> dict[tuple, dict[int, np.ndarray]]:
+def _severity_bands(df: pd.DataFrame, cache: dict, seeds: dict, clean_sizes: dict[tuple, dict[str, int]],
+                    names: list[str], seed: int, errors: dict[str, tuple]) -> dict[tuple, dict[int, np.ndarray]]:
     """(dataset, method, severity, metric) -> seed -> the corruption-averaged metric on
-    every resample [B] (each split resampled with its own shared matrix); none for a
-    metric whose bootstrap raised (recorded in ``errors``, :func:`_resampled`)."""
+    every resample [B] (each split resampled with the shared matrix of its size; severity
+    0: each corruption split's clean source, ``clean_sizes``); none for a metric whose
+    bootstrap raised (recorded in ``errors``, :func:`_resampled`)."""
     split_severity = dict(zip(df["split"], df["severity"]))
     bands = {}
     for (dataset, method), seed_list in seeds.items():
         for s in seed_list:
             preds = cache[(dataset, method, s)]
             sums: dict[tuple[int, str], list[np.ndarray]] = {}
-            for split, sev in split_severity.items():
-                if split not in preds:
-                    continue
-                arrays = preds[split]
+            parts = [(split, sev, preds[split], 1) for split, sev in split_severity.items() if split in preds]
+            clean = list(clean_sizes.get((dataset, method, s), {}).values())
+            parts += [("test", 0, {k: preds["test"][k][:n] for k in ("log_probs", "labels")},
+                       clean.count(n) if len(set(clean)) > 1 else 1) for n in sorted(set(clean))]
+            for split, sev, arrays, copies in parts:
                 n = len(arrays["labels"])
                 w = _weights(n, SEVERITY_RESAMPLES, seed)
                 probs = np.exp(arrays["log_probs"].astype(np.float64))
@@ -261,7 +316,7 @@ def _severity_bands(df: pd.DataFrame, cache: dict, seeds: dict, names: list[str]
                     value = _resampled(errors, (dataset, method, s), name, stats.boot_metric, probs, arrays["labels"], w)
                     if value is None:
                         continue
-                    sums.setdefault((sev, name), []).append(value)
+                    sums.setdefault((sev, name), []).extend([value] * copies)
                     if sev > 0:
                         sums.setdefault((-1, name), []).append(value)
             for (sev, name), values in sums.items():

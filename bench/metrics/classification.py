@@ -49,6 +49,7 @@ def accuracy(probs: np.ndarray, labels: np.ndarray) -> float:
     "classification", "MCC", "x100", True,
     "Matthews correlation of argmax prediction and label, multi-class (Gorodkin's R_K), 0 "
     "when undefined (CoLA's metric).",
+    bounds=(-1.0, 1.0),
 )
 def mcc(probs: np.ndarray, labels: np.ndarray) -> float:
     """Matthews correlation coefficient in [-1, 1] (multi-class: Gorodkin's R_K).
@@ -78,6 +79,7 @@ MCC_BATCH = 32  # the official CoLA evaluation's batch size
     f"Mean over consecutive batches of {MCC_BATCH} samples (stored order; the last batch may "
     "be shorter) of each batch's MCC: the KEP-SVGP CoLA code's number, not the whole-split "
     "MCC; it depends on the sample order.",
+    bounds=(-1.0, 1.0),
 )
 def mcc_per_batch(probs: np.ndarray, labels: np.ndarray) -> float:
     """The mean of :func:`mcc` over consecutive batches of :data:`MCC_BATCH` samples, as
@@ -96,6 +98,7 @@ def _boot_nll(probs, labels, w):
     'classification', 'NLL', 'x10', False,
     'Mean -log p(true class) in nats, clamped at the float64 tiny value.',
     bootstrap=_boot_nll, selections={"paper": 5, "default": 5, "shift": 2, "severity": 2},
+    bounds=(0.0, np.inf),
 )
 def nll(probs: np.ndarray, labels: np.ndarray) -> float:
     """Negative log-likelihood in nats: -(1/N) sum_i log p[i, y_i].
@@ -120,6 +123,7 @@ def _boot_brier(probs, labels, w):
     'Squared error to the one-hot label summed over classes, mean over samples (range '
     '[0, 2]).',
     bootstrap=_boot_brier, selections={"paper": 6, "default": 6, "shift": 3},
+    bounds=(0.0, 2.0),
 )
 def brier(probs: np.ndarray, labels: np.ndarray) -> float:
     """Multi-class Brier score: (1/N) sum_i sum_k (p_ik - 1[y_i = k])^2, range [0, 2].
@@ -139,6 +143,7 @@ def brier(probs: np.ndarray, labels: np.ndarray) -> float:
 @metric(
     'calibration', 'Brier-top', 'x100', False,
     'Mean (c - 1[correct])^2 of the top-class confidence (TorchUncertainty top_class).',
+    bounds=(0.0, 1.0),
 )
 def brier_top_label(probs: np.ndarray, labels: np.ndarray) -> float:
     """Top-label Brier score: (1/N) sum_i (c_i - 1[prediction i correct])^2, range [0, 1].

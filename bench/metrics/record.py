@@ -45,7 +45,9 @@ class Metric:
     ``"default"`` = the default columns) to this metric's column position in them.
     ``interval`` says, in one sentence, where the report's 95% intervals of this metric are
     only approximate (empty: their coverage was measured nominal); a calibration error gets
-    :data:`APPROXIMATE_CALIBRATION` unless it says more.
+    :data:`APPROXIMATE_CALIBRATION` unless it says more.  ``bounds`` (low <= high): the range of the
+    metric's true value (raw scale); the report's 95% intervals are cut to it, as a t
+    interval around a value near a bound can reach past it (an AUROC interval past 100%).
     """
 
     name: str
@@ -58,6 +60,12 @@ class Metric:
     bootstrap: Callable[..., np.ndarray] | None = None
     selections: Mapping[str, float] = field(default_factory=dict)
     interval: str = ""
+    bounds: tuple[float, float] = (-np.inf, np.inf)
+
+    def clip(self, low: float, high: float) -> tuple[float, float]:
+        """An interval ``(low, high)`` cut to :attr:`bounds`."""
+        lo, hi = self.bounds
+        return float(np.clip(low, lo, hi)), float(np.clip(high, lo, hi))
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -66,6 +74,9 @@ class Metric:
             raise ValueError(f"metric {self.name!r}: unit must be one of {list(UNITS)}, got {self.unit!r}")
         if not self.convention.strip():
             raise ValueError(f"metric {self.name!r}: state its convention in one sentence")
+        low, high = self.bounds
+        if not low <= high:  # NaN fails too
+            raise ValueError(f"metric {self.name!r}: bounds must be (low, high) with low <= high, got {self.bounds!r}")
 
     @property
     def on_scores(self) -> bool:
@@ -99,17 +110,20 @@ def metric(
     selections: Mapping[str, float] | None = None,
     name: str | None = None,
     interval: str | None = None,
+    bounds: tuple[float, float] | None = None,
 ) -> Callable[[_Metric], _Metric]:
     """Decorator: register the function as a :class:`Metric` (named after the function
     unless ``name`` is given) and return the function unchanged.  A plugin module adds a
     metric the same way; it then appears in ``list``, ``--metrics`` and every table of its
-    kind."""
+    kind.  ``bounds`` defaults to [0, 1] for a metric shown in % (a fraction) and to no
+    bound otherwise."""
 
     def deco(fn: _Metric) -> _Metric:
         key = name or fn.__name__
         note = interval if interval is not None else APPROXIMATE_CALIBRATION if kind == "calibration" else ""
+        lo_hi = bounds if bounds is not None else (0.0, 1.0) if unit == "%" else (-np.inf, np.inf)
         METRICS.register(key)(Metric(key, fn, kind, label, unit, higher_is_better, convention,
-                                     bootstrap, dict(selections or {}), note))
+                                     bootstrap, dict(selections or {}), note, (float(lo_hi[0]), float(lo_hi[1]))))
         return fn
 
     return deco

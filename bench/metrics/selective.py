@@ -87,6 +87,7 @@ def _boot_aurc(probs, labels, w):
     'failure', 'AURC', 'x1000', False,
     'Riemann mean of selective risk E_i/i over i = 1..N, MSP, stable sort (KEP-SVGP).',
     bootstrap=_boot_aurc, selections={"paper": 1, "default": 1, "shift": 4},
+    bounds=(0.0, 1.0),
 )
 def aurc(probs: np.ndarray, labels: np.ndarray) -> float:
     """Area under the risk-coverage curve (Riemann mean), raw risk (not x1000).
@@ -102,6 +103,7 @@ def aurc(probs: np.ndarray, labels: np.ndarray) -> float:
     'failure', 'AURC-trap', 'x1000', False,
     "Trapezoid of selective risk over coverage [1/N, 1] divided by (1 - 1/N), MSP "
     "(TorchUncertainty; stable sort: TorchUncertainty's unstable argsort may order tied confidences, e.g. saturated 1.0, differently).",
+    bounds=(0.0, 1.0),
 )
 def aurc_trapezoid(probs: np.ndarray, labels: np.ndarray) -> float:
     """TorchUncertainty's AURC: trapezoid of selective risk over coverage [1/N, 1], / (1 - 1/N).
@@ -130,6 +132,7 @@ def _unique_threshold_counts(conf: np.ndarray, correct: np.ndarray) -> tuple[np.
     'failure', 'AURC-uniq', 'x1000', False,
     'Trapezoid over the RC curve at unique confidence thresholds (ties grouped) plus '
     '(0, top risk) (fd-shifts).',
+    bounds=(0.0, 1.0),
 )
 def aurc_unique(probs: np.ndarray, labels: np.ndarray) -> float:
     """fd-shifts' AURC: trapezoid over the RC curve at unique confidence thresholds.
@@ -223,6 +226,7 @@ def eaurc_discrete(probs: np.ndarray, labels: np.ndarray) -> float:
 @metric(
     'failure', 'AUGRC', 'x1000', False,
     'Riemann mean of generalised risk E_i/N over i = 1..N, MSP, stable sort.',
+    bounds=(0.0, 1.0),
 )
 def augrc(probs: np.ndarray, labels: np.ndarray) -> float:
     """AUGRC (Traub et al., NeurIPS 2024), Riemann mean: (1/N) sum_i E_i / N.
@@ -239,6 +243,7 @@ def augrc(probs: np.ndarray, labels: np.ndarray) -> float:
 @metric(
     'failure', 'AUGRC-trap', 'x1000', False,
     'Trapezoid over generalised risk E/N at unique thresholds plus (0, 0) (fd-shifts).',
+    bounds=(0.0, 1.0),
 )
 def augrc_trapezoid(probs: np.ndarray, labels: np.ndarray) -> float:
     """fd-shifts' AUGRC: trapezoid over the generalised-risk curve at unique thresholds.

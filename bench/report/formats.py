@@ -112,13 +112,13 @@ def to_latex(table: Table) -> str:
 
 def to_csv(table: Table) -> str:
     """Raw (unscaled) values: keys, ``n_seeds``, ``<metric>_<stat>`` per metric column
-    (stats: the spec's ``csv_stats``) and one column per fixed column (``ce``, efficiency
-    fields).  Undefined numbers are ``nan``; a missing verdict is empty; severity ``-1`` is
+    (:attr:`Column.csv_name`: the metric it shows; stats: the spec's ``csv_stats``) and one
+    column per fixed column (``ce``, efficiency fields).  Undefined numbers are ``nan``; a missing verdict is empty; severity ``-1`` is
     the average over every corruption split.
     """
     spec = table.spec
     keys = ["dataset", "method"] + [k for _, k in spec.keys] + ["n_seeds"]
-    values = [f"{c.key}_{s}" for c in table.metric_columns for s in spec.csv_stats]
+    values = [f"{c.csv_name}_{s}" for c in table.metric_columns for s in spec.csv_stats]
     values += [c.key for c in spec.extra]
     records = []
     for row in table.rows:
@@ -126,7 +126,7 @@ def to_csv(table: Table) -> str:
         rec.update(zip(keys[2:], row.keys))
         for c in table.metric_columns:
             stat = row.stats.get(c.key, NO_STAT)
-            rec.update({f"{c.key}_{s}": getattr(stat, s) for s in spec.csv_stats})
+            rec.update({f"{c.csv_name}_{s}": getattr(stat, s) for s in spec.csv_stats})
         for c in spec.extra:
             rec[c.key] = row.stats.get(c.key, NO_STAT).mean
         records.append(rec)

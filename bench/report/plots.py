@@ -1,7 +1,10 @@
 """Report plots, drawn from per-sample predictions read through
 :meth:`bench.catalog.Catalog.predictions` (``results.load_predictions``) with the
 functions the metrics use (``calibration_bins``, ``risk_coverage_curve``), and from the
-severity table for the metric-vs-severity plots.
+analysis files for the numbers the tables show: the AURC of the risk-coverage legends
+(the summary's mean over seeds) and the metric-vs-severity plots (the severity table).
+Every axis, legend and title names the metric it shows as the tables do
+(:func:`bench.report.tables.shown_column`: CoLA's MCC where the accuracy would be).
 
 PNGs are written without a software/date stamp from fixed-size figures on an explicit
 Agg canvas (no pyplot, no global backend).
@@ -20,9 +23,9 @@ from matplotlib.figure import Figure
 
 from bench import progress
 from bench.data import SEVERITIES, is_ood
-from bench.metrics import aurc, calibration_bins, ece, risk_coverage_curve
-from bench.report.rows import ResultsIndex, Stat
-from bench.report.tables import Column, metric_column
+from bench.metrics import calibration_bins, ece, risk_coverage_curve
+from bench.report.rows import NO_STAT, VARIES, ResultsIndex, Stat, sample_count
+from bench.report.tables import Column, shown_column
 
 if TYPE_CHECKING:
     from bench.analysis import AnalysisResults
@@ -30,6 +33,7 @@ if TYPE_CHECKING:
 N_BINS = 15  # reliability diagram, same (lo, hi] bins as the faithful ECE
 HIST_BINS = 40
 FIGSIZE = (4.8, 4.0)
+RELIABILITY_FIGSIZE = (4.8, 5.0)  # the diagram over its bin-count histogram
 DPI = 100
 _PLOT_RC = {"font.size": 9.0, "axes.titlesize": 9.0, "legend.fontsize": 7.5}
 
@@ -39,8 +43,8 @@ def sanitize(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
 
 
-def _new_figure() -> Figure:
-    fig = Figure(figsize=FIGSIZE, dpi=DPI)
+def _new_figure(figsize: tuple[float, float] = FIGSIZE) -> Figure:
+    fig = Figure(figsize=figsize, dpi=DPI)
     FigureCanvasAgg(fig)  # Agg canvas attached explicitly: no pyplot, no global backend
     return fig
 
@@ -53,31 +57,36 @@ def _save(fig: Figure, path: Path) -> None:
 
 
 def _plot_reliability(probs: np.ndarray, labels: np.ndarray, title: str, path: Path) -> None:
+    """Accuracy and the gap to confidence per bin, over a histogram of each bin's image
+    count (as torchmetrics' and netcal's reliability diagrams)."""
     stats = calibration_bins(probs, labels, n_bins=N_BINS)
     edges, width = stats["edges"], 1.0 / N_BINS
     filled = stats["count"] > 0
     left = edges[:-1][filled]
     acc, conf = stats["acc"][filled], stats["conf"][filled]
-    fig = _new_figure()
-    ax = fig.add_subplot()
+    fig = _new_figure(RELIABILITY_FIGSIZE)
+    ax, counts = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     ax.bar(left, acc, width=width, align="edge", color="#4C72B0", edgecolor="black",
            linewidth=0.5, label="accuracy")
     ax.bar(left, conf - acc, bottom=acc, width=width, align="edge", color="#DD8452",
            alpha=0.45, edgecolor="#C44E52", hatch="//", linewidth=0.5, label="gap to confidence")
     ax.plot([0, 1], [0, 1], "--", color="gray", linewidth=1.0, label="perfect calibration")
-    ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="confidence (max probability)", ylabel="accuracy")
+    ax.set(xlim=(0, 1), ylim=(0, 1), ylabel="accuracy")
     ax.set_title(f"{title}\nECE = {100 * ece(probs, labels, n_bins=N_BINS):.2f}% ({N_BINS} bins)")
     ax.legend(loc="upper left")
+    counts.bar(edges[:-1], stats["count"][:N_BINS], width=width, align="edge", color="#8C8C8C",
+               edgecolor="black", linewidth=0.5)
+    counts.set(xlim=(0, 1), xlabel="confidence (max probability)", ylabel=f"samples per bin\n(of {len(labels):,})")
     _save(fig, path)
 
 
-def _plot_risk_coverage(curves: list[tuple[str, np.ndarray, np.ndarray]], title: str,
+def _plot_risk_coverage(curves: list[tuple[str, np.ndarray, np.ndarray, str]], title: str,
                         path: Path) -> None:
+    """One curve per method, ``(method, coverage, risk, legend value)``."""
     fig = _new_figure()
     ax = fig.add_subplot()
-    for method, probs, labels in curves:
-        coverage, risk = risk_coverage_curve(probs, labels)
-        ax.plot(coverage, risk, linewidth=1.2, label=f"{method} (AURC x1000 = {1000 * aurc(probs, labels):.2f})")
+    for method, coverage, risk, value in curves:
+        ax.plot(coverage, risk, linewidth=1.2, label=f"{method} ({value})")
     ax.set(xlim=(0, 1), xlabel="coverage", ylabel="selective risk (error rate)")
     ax.set_ylim(bottom=0)
     ax.set_title(title)
@@ -85,9 +94,9 @@ def _plot_risk_coverage(curves: list[tuple[str, np.ndarray, np.ndarray]], title:
     _save(fig, path)
 
 
-def _plot_severity(lines: list[tuple[str, list[int], dict[int, Stat]]], col: Column, title: str,
+def _plot_severity(lines: list[tuple[str, list[int], dict[int, Stat]]], col: Column, title: str, xlabel: str,
                    path: Path) -> None:
-    """One line per method over severity (0 = clean), shaded band = the 95% CI."""
+    """One line per method over severity (0 = the same samples clean), shaded band = the 95% CI."""
     fig = _new_figure()
     ax = fig.add_subplot()
     for method, sevs, cells in lines:
@@ -97,7 +106,7 @@ def _plot_severity(lines: list[tuple[str, list[int], dict[int, Stat]]], col: Col
         hi = np.array([cells[s].ci_high for s in sevs]) * col.scale
         (line,) = ax.plot(x, mean, marker="o", markersize=3, linewidth=1.2, label=method)
         ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
-    ax.set(xlabel="corruption severity (0 = clean test)", ylabel=col.header, xticks=[0, *SEVERITIES])
+    ax.set(xlabel=xlabel, ylabel=col.header, xticks=[0, *SEVERITIES])
     ax.set_title(title)
     ax.legend(loc="best")
     _save(fig, path)
@@ -129,14 +138,31 @@ def _severity_lines(ix: ResultsIndex, methods: list[str], dataset: str,
     return out
 
 
+def _severity_xlabel(ix: ResultsIndex, methods: list[str], dataset: str) -> str:
+    """The severity axis: what severity 0 is, with the samples per split where one count holds."""
+    counts = {sample_count(n) for m in methods for n in ix.severity_samples.get((dataset, m), {}).values()}
+    each = f"; {next(iter(counts)):,} samples each" if len(counts) == 1 and VARIES not in counts else ""
+    return f"corruption severity (0 = the same samples, clean{each})"
+
+
+def _aurc_legend(ix: ResultsIndex, dataset: str, method: str, col: Column) -> str:
+    """The risk-coverage legend's value: the summary table's AURC (mean over seeds)."""
+    stat = ix.summary.get((dataset, method), {}).get(("test", ""), {}).get(col.key, NO_STAT)
+    n = ix.summary_n.get((dataset, method), {}).get(("test", ""), 0)
+    value = col.text(stat.mean) if np.isfinite(stat.mean) else "n/a"
+    return f"{col.label}{' ' + col.unit if col.unit else ''} = {value}, mean of {n}"
+
+
 def write_plots(
     results: AnalysisResults, methods: list[str], ix: ResultsIndex, severity_metrics: list[str], plot_dir: Path
 ) -> list[tuple[str, str, Path]]:
     """Write every plot; return (dataset, caption, path) in display order.
 
-    Per dataset: the reliability diagrams (methods in order), the risk-coverage plot, the
-    metric-vs-severity plots, then the OOD histograms.  A (dataset, method) without seeds
-    (e.g. every seed failed) is skipped; the first seed is the smallest available one.
+    Per dataset: the reliability diagrams (methods in order, first seed), the risk-coverage
+    plot (per method the mean of its seeds' curves, whose mean is the summary's AURC, shown
+    in the legend), the metric-vs-severity plots, then the OOD histograms (first seed).  A
+    (dataset, method) without seeds (e.g. every seed failed) is skipped; the first seed is
+    the smallest available one.
     """
     plot_dir.mkdir(parents=True, exist_ok=True)
     out: list[tuple[str, str, Path]] = []
@@ -144,6 +170,7 @@ def write_plots(
         for dataset in results.datasets:
             splits = results.splits.get(dataset, [])
             ood_splits = [s for s in splits if is_ood(s)]
+            aurc_col = shown_column("aurc", results.headlines, [dataset])
             reliability, hists, curves = [], [], []
             for method in methods:
                 seeds = results.seeds.get((dataset, method), [])
@@ -155,7 +182,10 @@ def write_plots(
                 path = plot_dir / f"reliability_{sanitize(dataset)}_{sanitize(method)}.png"
                 _plot_reliability(probs, labels, f"Reliability: {name}", path)
                 reliability.append((dataset, f"Reliability diagram: {name}", path))
-                curves.append((method, probs, labels))
+                risks = [risk_coverage_curve(*results.load_predictions(dataset, method, s, "test"))[1]
+                         if s != seed else risk_coverage_curve(probs, labels)[1] for s in seeds]
+                coverage = np.arange(1, len(labels) + 1) / len(labels)
+                curves.append((method, coverage, np.mean(risks, axis=0), _aurc_legend(ix, dataset, method, aurc_col)))
                 if ood_splits:
                     ood = [(s, results.load_predictions(dataset, method, seed, s)[0].max(axis=1))
                            for s in ood_splits]
@@ -165,18 +195,17 @@ def write_plots(
             out += reliability
             if curves:
                 path = plot_dir / f"risk_coverage_{sanitize(dataset)}.png"
-                _plot_risk_coverage(curves, f"Risk-coverage: {dataset} (test, first seed)", path)
+                _plot_risk_coverage(curves, f"Risk-coverage: {dataset} (test; curves and AURC: mean over seeds)", path)
                 out.append((dataset, f"Risk-coverage curves: {dataset}", path))
             for metric in severity_metrics:
                 lines = _severity_lines(ix, methods, dataset, metric)
                 if lines:
-                    col = metric_column(metric)
-                    path = plot_dir / f"severity_{sanitize(dataset)}_{metric}.png"
+                    col = shown_column(metric, results.headlines, [dataset])
+                    shown = results.headlines.get(dataset, {}).get(metric, metric)
+                    path = plot_dir / f"severity_{sanitize(dataset)}_{shown}.png"
                     caption = f"{col.label} vs. corruption severity: {dataset} (mean over corruptions, 95% CI band)"
                     title = f"{col.label} vs. corruption severity: {dataset}\n(mean over corruptions, band = 95% CI)"
-                    _plot_severity(lines, col, title, path)
+                    _plot_severity(lines, col, title, _severity_xlabel(ix, methods, dataset), path)
                     out.append((dataset, caption, path))
             out += hists
     return out
-
-

@@ -14,7 +14,7 @@ from bench.data import is_ood
 from bench.registry import SCORES
 from bench.report.formats import md_escape, to_markdown
 from bench.scores import default_scores, sort_scores
-from bench.report.tables import CI_DECIMALS, NOT_REACHED, TABLES, Column, Table
+from bench.report.tables import CI_DECIMALS, NOT_REACHED, TABLES, Column, Table, dataset_columns
 from bench.stats import SAMPLES_SEEDS_FIXED
 
 if TYPE_CHECKING:
@@ -51,7 +51,8 @@ def _marks_note(significance: str) -> str:
         "cannot be measured; the mark then rests on test-sample noise (and the other side's "
         "seeds) only, and a re-run with new seeds may not repeat it. `[lo, hi]` "
         f"({CI_DECIMALS} decimal) is the 95% interval of the seed-mean built the same way "
-        "(test samples only for a single run). An interval is for the metric's true value: for "
+        "(test samples only for a single run), cut to the metric's range (e.g. [0, 100] for a "
+        "percentage). An interval is for the metric's true value: for "
         "an estimator biased upward, as plug-in ECE is, it can lie below the estimate. "
         "`≈[lo, hi]` marks a metric whose intervals are "
         "only approximate, as *Conventions* says (the calibration errors). The coverage of "
@@ -73,7 +74,9 @@ def _note(reference: str, significance: str) -> str:
         "For ensembles the \"seeds\" are replicates (independent draws of member seeds). "
         + _marks_note(significance) +
         "The severity table averages each metric over the corruptions "
-        "evaluated at a severity; its CI (`ci_low`/`ci_high` in the CSV, the band of the "
+        "evaluated at a severity; its severity 0 is the same samples clean (a corruption split "
+        "holds the first N test samples, corrupted; *Samples* gives N), so every row compares the "
+        "same samples; its CI (`ci_low`/`ci_high` in the CSV, the band of the "
         "severity plots) is the analysis' 95% interval of that seed-mean, built as above. `n/a` means the metric is undefined for every "
         "seed (e.g. failure AUROC when all predictions are correct) and `failed` that no "
         "seed of the method finished (see *Failed cells*). LaTeX (`tables/*.tex`, "
@@ -183,8 +186,8 @@ def readme_text(
             if not table.spec.in_readme:
                 parts += [f"Too long to show here: see `tables/{table.spec.name}.md` / `.csv` / `.tex`.", ""]
                 continue
-            mine = Table(table.spec, table.columns, [r for r in table.rows if r.dataset == dataset],
-                          table.reference)
+            mine = Table(table.spec, dataset_columns(table, results.headlines, dataset),
+                         [r for r in table.rows if r.dataset == dataset], table.reference)
             parts.append(to_markdown(mine, drop_dataset=True))
             if table.spec.source == "ood":
                 parts += _best_scores(results, dataset, methods) + _ood_groups(results, dataset, methods)

@@ -85,6 +85,7 @@ class ResultsIndex:
     summary_n: dict[Key, dict[tuple[str, str], int]] = field(default_factory=dict)
     by_severity: dict[Key, dict[int, dict[str, Stat]]] = field(default_factory=dict)
     severity_n: dict[Key, dict[int, int]] = field(default_factory=dict)
+    severity_samples: dict[Key, dict[int, float]] = field(default_factory=dict)  # samples per split (NaN: they differ)
     ce: dict[Key, dict[str, float]] = field(default_factory=dict)
     efficiency: dict[Key, dict[str, float]] = field(default_factory=dict)
     seeds: dict[Key, int] = field(default_factory=dict)
@@ -108,13 +109,14 @@ class ResultsIndex:
                 ix.summary.setdefault(key, {}).setdefault(rk, {})[col] = _stat(r)
             n = ix.summary_n.setdefault(key, {})
             n[rk] = max(n.get(rk, 0), _int(r["n_seeds"]))
-        for r in _records(results.severity, ["dataset", "method", "severity", "metric", "n_seeds",
+        for r in _records(results.severity, ["dataset", "method", "severity", "metric", "n_seeds", "n_samples",
                                              *SEVERITY_STATS]):
             key, sev = (r["dataset"], r["method"]), int(r["severity"])
             for col in columns(r["dataset"], r["metric"]):
                 ix.by_severity.setdefault(key, {}).setdefault(sev, {})[col] = _stat(r)
             n = ix.severity_n.setdefault(key, {})
             n[sev] = max(n.get(sev, 0), _int(r["n_seeds"]))
+            ix.severity_samples.setdefault(key, {})[sev] = _float(r["n_samples"])
         for r in _records(results.corruption_errors, ["dataset", "method", "corruption", "ce"]):
             ix.ce.setdefault((r["dataset"], r["method"]), {})[r["corruption"]] = _float(r["ce"])
         for r in _records(results.efficiency, EFFICIENCY_COLUMNS):
@@ -188,9 +190,20 @@ def _rows_corruption(ix: ResultsIndex, dataset: str, method: str) -> list[Row]:
 
 
 def _rows_severity(ix: ResultsIndex, dataset: str, method: str) -> list[Row]:
+    """Severities 0..5, then all; keys (severity, samples per split)."""
     cells = ix.by_severity.get((dataset, method), {})
     n = ix.severity_n.get((dataset, method), {})
-    return [Row(dataset, method, (sev,), cells[sev], n[sev]) for sev in sorted(cells, key=lambda s: (s < 0, s))]
+    samples = ix.severity_samples.get((dataset, method), {})
+    return [Row(dataset, method, (sev, sample_count(samples.get(sev, math.nan))), cells[sev], n[sev])
+            for sev in sorted(cells, key=lambda s: (s < 0, s))]
+
+
+VARIES = "varies"  # the samples-per-split key of a severity row whose splits differ in size
+
+
+def sample_count(n: float) -> int | str:
+    """An ``n_samples`` value as a row key: the count, or :data:`VARIES` (NaN)."""
+    return VARIES if math.isnan(n) else int(n)
 
 
 def _rows_efficiency(ix: ResultsIndex, dataset: str, method: str) -> list[Row]:
@@ -211,6 +224,17 @@ SOURCES: dict[str, Callable[[ResultsIndex, str, str], list[Row]]] = {
 }
 
 
+#: the splits each row builder shows (a builder not named here: any data set)
+SOURCE_SPLITS: dict[str, Callable[[str], bool]] = {
+    "test": lambda split: split == "test",
+    "severity": lambda split: corruption_of(split) is not None,
+    "corruption": lambda split: corruption_of(split) is not None,
+    "other_shift": lambda split: is_shift(split) and corruption_of(split) is None,
+    "all_shift": is_shift,
+    "ood": is_ood,
+}
+
+
 def _failure_keys(results: AnalysisResults) -> set[Key]:
     f = results.failures
     return {(str(d), str(m)) for d, m in zip(f["dataset"], f["method"])} if len(f) else set()
@@ -222,14 +246,17 @@ def table_rows(results: AnalysisResults, methods: list[str], source: str, n_keys
     then methods, then the source's own order.
 
     A (dataset, method) with no successful seed and a recorded failure gets one ``failed``
-    row (``n_keys`` empty keys); one that was not run on the dataset gets none.
+    row (``n_keys`` empty keys) in each table whose splits the dataset has (every table
+    when none of its splits was evaluated); one that was not run on the dataset gets none.
     """
     failed_pairs = _failure_keys(results)
     rows: list[Row] = []
     for dataset in results.datasets:
+        splits = results.splits.get(dataset, [])
+        shows = source not in SOURCE_SPLITS or not splits or any(map(SOURCE_SPLITS[source], splits))
         for method in methods:
             mine = SOURCES[source](ix, dataset, method)
-            if not mine and not results.seeds.get((dataset, method)) and (dataset, method) in failed_pairs:
+            if not mine and shows and not results.seeds.get((dataset, method)) and (dataset, method) in failed_pairs:
                 mine = [Row(dataset, method, ("",) * n_keys, {}, 0, failed=True)]
             rows += mine
     return rows

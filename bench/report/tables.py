@@ -46,6 +46,12 @@ class Column:
     decimals: int = 2
     grouping: bool = False  # thousands separators (counts such as parameters)
     interval: str = ""  # where its intervals are only approximate (Metric.interval): shown "≈[lo, hi]"
+    name: str = ""  # what the CSV calls it where that is not ``key`` (another metric shown in its place)
+
+    @property
+    def csv_name(self) -> str:
+        """The column's name in the CSV (``<csv_name>_<stat>``): the metric it shows."""
+        return self.name or self.key
 
     @property
     def header(self) -> str:
@@ -131,8 +137,9 @@ TABLES: tuple[TableSpec, ...] = (
               SUMMARY_STATS, marks=True, empty="No test split was evaluated."),
     TableSpec("seeds_needed", "Seeds needed for the observed differences (test split)", "test", (), False,
               "default", ("seeds_needed",), empty="No test split was evaluated.", cell="seeds_needed"),
-    TableSpec("shift_severity", "Shift: metric vs. corruption severity (0 = clean test, "
-              "all = every corruption split)", "severity", (("Severity", "severity"),),
+    TableSpec("shift_severity", "Shift: metric vs. corruption severity (0 = the corrupted samples before "
+              "corruption, all = every corruption split; Samples = samples per split)", "severity",
+              (("Severity", "severity"), ("Samples", "n_samples")),
               False, "shift", SEVERITY_STATS, empty="No corruption split was evaluated."),
     TableSpec("shift_corruption", "Shift: per corruption at severity {severity}", "corruption",
               (("Corruption", "corruption"),), False, "shift", SUMMARY_STATS,
@@ -171,26 +178,47 @@ def validate_metrics(metrics: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(metrics))
 
 
-def _columns(spec: TableSpec, picked: list[str] | None, headlines: dict[str, dict[str, str]] | None = None) -> list[Column]:
-    """The table's columns; a metric that some dataset shows another metric in place of
-    (``headlines``: CoLA's MCC in the accuracy column) gets the joint label "ACC/MCC"."""
+def shown_column(name: str, headlines: dict[str, dict[str, str]], datasets: Sequence[str]) -> Column:
+    """The display column of metric ``name`` in a table or plot of ``datasets``: the metric's
+    own (:func:`metric_column`) unless a data set shows another metric in its place
+    (``headlines``: CoLA's MCC for accuracy).  Where every one of ``datasets`` shows the
+    same other metric, the column is labelled, scaled, explained and named in the CSV as
+    that metric (its key stays ``name``, under which :class:`~bench.report.rows.ResultsIndex`
+    files it); where only some do, the joint label "ACC/MCC", the CSV name
+    ``accuracy_or_mcc`` and a convention saying which data set shows what."""
+    col = metric_column(name)
+    swaps = {d: headlines[d][name] for d in datasets if name in headlines.get(d, {})}
+    if not swaps:
+        return col
+    shown = sorted(set(swaps.values()))
+    names = ", ".join(sorted(swaps))
+    if len(shown) == 1 and len(swaps) == len(datasets):
+        other = metric_column(shown[0])
+        return replace(other, key=name, name=shown[0],
+                       convention=f"{other.convention} For {names} this column takes the place of {col.label} "
+                                  "(the data set's headline metric).")
+    return replace(col, label="/".join([col.label] + [get_metric(t).label for t in shown]),
+                   name="_or_".join([name, *shown]),
+                   convention=f"{col.convention} For {names} this column shows "
+                              + "; ".join(f"{get_metric(t).label}: {get_metric(t).convention}" for t in shown))
+
+
+def _columns(spec: TableSpec, picked: list[str] | None, headlines: dict[str, dict[str, str]] | None = None,
+             datasets: Sequence[str] = ()) -> list[Column]:
+    """The table's metric columns, as :func:`shown_column` labels them for ``datasets``,
+    then its fixed columns."""
     if spec.on_scores is None:
         names = []
     elif picked is None:
         names = selection(spec.selection, spec.on_scores)
     else:
         names = [m for m in picked if get_metric(m).on_scores == spec.on_scores]
-    columns = []
-    for name in names:
-        col = metric_column(name)
-        shown = sorted({swaps[name] for swaps in (headlines or {}).values() if name in swaps})
-        if shown:
-            datasets = ", ".join(sorted(d for d, swaps in headlines.items() if name in swaps))
-            col = replace(col, label="/".join([col.label] + [get_metric(t).label for t in shown]),
-                          convention=f"{col.convention} For {datasets} this column shows "
-                                     + "; ".join(f"{get_metric(t).label}: {get_metric(t).convention}" for t in shown))
-        columns.append(col)
-    return columns + list(spec.extra)
+    return [shown_column(name, headlines or {}, list(datasets)) for name in names] + list(spec.extra)
+
+
+def dataset_columns(table: Table, headlines: dict[str, dict[str, str]], dataset: str) -> list[Column]:
+    """``table``'s columns as labelled for one of its data sets (a README section)."""
+    return [shown_column(c.key, headlines, [dataset]) for c in table.metric_columns] + list(table.spec.extra)
 
 
 # --------------------------------------------------------------------------------------
@@ -299,7 +327,7 @@ def build_tables(results: AnalysisResults, methods: list[str], picked: list[str]
     selection), rows in display order; ``index`` = ``ResultsIndex.build(results, severity)``."""
     built = []
     for spec in TABLES:
-        columns = _columns(spec, picked, results.headlines)
+        columns = _columns(spec, picked, results.headlines, results.datasets)
         if columns:
             rows = table_rows(results, methods, spec.source, len(spec.keys), index)
             built.append(Table(spec, columns, rows, results.reference))

@@ -6,7 +6,8 @@ bool, True at real tokens.  Checked for every name in the registry (none pinned)
 1. real tokens' outputs do not depend on what sits at padded positions;
 2. layers without a fixed length (no ``n_tokens``): real outputs of the padded sequence
    equal the outputs of the unpadded (shorter) sequence run without a mask, the independent
-   reference (SGPA: posterior mean, covariance, KL and a fixed-noise sample);
+   reference (SGPA and random-feature GP attention: posterior mean, variance, KL and a
+   fixed-noise sample);
 3. ``mask=None`` is the unmasked computation (same as no argument; an all-True mask
    agrees with it);
 4. outputs are finite everywhere, padded positions included;
@@ -59,6 +60,7 @@ OPTIONS: dict[str, list[dict]] = {
              dict(variant="standard", covariance="diag"),
              dict(variant="standard", covariance="full"),
              dict(variant="standard", covariance="full", kernel="exponential")],
+    "rff_gp": [dict(features=3), dict(features=10, kernel="exponential")],  # M/2 = 10 > D = 8: stacked blocks
 }
 
 
@@ -146,7 +148,8 @@ def test_real_outputs_ignore_padded_content_and_all_outputs_are_finite(config):
         assert not torch.allclose(real(call(layer, x)), real(call(layer, repadded(x, 1))), atol=1e-6)
 
 
-VARIABLE_LENGTH = [c for c in CONFIGS if c[0] != "sgpa" and "n_tokens" not in inspect.signature(ATTENTIONS.get(c[0])).parameters]
+VARIABLE_LENGTH = [c for c in CONFIGS if c[0] not in ("sgpa", "rff_gp")
+                   and "n_tokens" not in inspect.signature(ATTENTIONS.get(c[0])).parameters]
 
 
 def tolerance(name: str) -> dict:
@@ -204,6 +207,29 @@ def test_sgpa_posterior_and_fixed_noise_sample_equal_those_of_the_unpadded_seque
         cov = post.cov[b][..., pos][..., pos, :] if full else post.cov[b, :, pos]
         torch.testing.assert_close(cov, alone.cov[0], rtol=1e-9, atol=1e-12)
         torch.testing.assert_close(row.kl, alone.kl, rtol=1e-9, atol=1e-10)
+
+
+RFF_GP_CONFIGS = [c for c in CONFIGS if c[0] == "rff_gp"]
+
+
+@pytest.mark.parametrize("config", RFF_GP_CONFIGS, ids=ids)
+def test_rff_gp_posterior_and_fixed_noise_sample_equal_those_of_the_unpadded_sequence(config):
+    layer = build(*config)
+    x = repadded(inputs(11), 12)
+    eps = torch.randn(len(MASK), HEADS, N, D, generator=torch.Generator().manual_seed(13), dtype=torch.float64)
+    sample = call(layer, x, MASK, eps=eps)
+    with torch.no_grad():
+        mean, var, _, _ = layer.posterior(x, MASK)
+    for b in range(len(MASK)):
+        pos = MASK[b].nonzero().squeeze(1)
+        xb = x[b : b + 1, pos]
+        torch.testing.assert_close(sample[b, pos], call(layer, xb, eps=eps[b : b + 1, :, pos])[0], rtol=1e-9, atol=1e-12)
+        with torch.no_grad():
+            alone_mean, alone_var, alone_kl, _ = layer.posterior(xb)
+            _, _, row_kl, _ = layer.posterior(x[b : b + 1], MASK[b : b + 1])  # the KL averages the batch
+        torch.testing.assert_close(mean[b, :, pos], alone_mean[0], rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(var[b, :, pos], alone_var[0], rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(row_kl, alone_kl, rtol=1e-9, atol=1e-10)
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=ids)

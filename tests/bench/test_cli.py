@@ -5,14 +5,19 @@ bad input before any work starts.  For bad input the contract is: exit status 2,
 message starting ``error:`` that names the key and the alternatives, no traceback, and
 nothing written (neither the results nor the reports directory is created).
 
-Every invocation pays ~2-3 s of torch/scipy import, so all of them are started together,
-in parallel, by one module-scoped fixture (each in its own directory); the tests then
-check one invocation each.  The reports of a store (last section) run in this process on
+All invocations are made by one module-scoped fixture (each in its own directory); the
+tests then check one invocation each.  Those with a plugin on the path (``list`` among
+them: it must show a fresh interpreter's registries) are subprocesses, started together
+in parallel; the bad-input ones run ``bench.cli.main`` in this process (what they check is
+the exit status, the message and that nothing is written, not a fresh interpreter; a
+subprocess each cost ~4 s of torch/scipy import).  The reports of a store (last section) run in this process on
 stores written without training, except where a plugin's registrations must not outlive
 the test (a separate process each).
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
@@ -54,7 +59,8 @@ model = { attention = "my_plugin_attention" }
 @dataclass(frozen=True)
 class Case:
     """One invocation: ``args`` may say ``{dir}`` for the case's own directory, where
-    ``files`` are written first; ``plugin_path`` puts the plugin module on PYTHONPATH."""
+    ``files`` are written first; ``plugin_path`` puts the plugin module on PYTHONPATH (and
+    runs the case as a subprocess, so that no registration outlives it)."""
 
     args: tuple[str, ...]
     files: dict[str, str | bytes] = field(default_factory=dict)
@@ -93,15 +99,34 @@ class Ran:
         return self.proc.stdout + self.proc.stderr
 
 
+def _args(case: Case, case_dir: Path) -> list[str]:
+    return [*(a.replace("{dir}", str(case_dir)) for a in case.args),
+            "--results", str(case_dir / "results"), "--reports", str(case_dir / "reports")]
+
+
 def _run(case: Case, case_dir: Path, plugin_dir: Path) -> Ran:
-    args = [a.replace("{dir}", str(case_dir)) for a in case.args]
-    cmd = [sys.executable, str(REPO / "run_suite.py"), *args,
-           "--results", str(case_dir / "results"), "--reports", str(case_dir / "reports")]
+    cmd = [sys.executable, str(REPO / "run_suite.py"), *_args(case, case_dir)]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     if case.plugin_path:
         env["PYTHONPATH"] = str(plugin_dir)
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     return Ran(proc, case_dir)
+
+
+def _run_in_process(case: Case, case_dir: Path) -> Ran:
+    """``run_suite.py ARGS`` as its ``sys.exit(main())``, from the repository root, in this
+    process: an argparse error's SystemExit gives the status, an exception escapes (the
+    test errors, as a traceback would fail it)."""
+    from bench.cli import main
+
+    args = _args(case, case_dir)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.chdir(REPO), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(args)
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+    return Ran(subprocess.CompletedProcess(["run_suite.py", *args], code, out.getvalue(), err.getvalue()), case_dir)
 
 
 @pytest.fixture(scope="module")
@@ -113,10 +138,11 @@ def ran(tmp_path_factory) -> dict[str, Ran]:
         d = dirs[name] = tmp_path_factory.mktemp(name)
         for fname, content in case.files.items():
             (d / fname).write_bytes(content if isinstance(content, bytes) else content.encode())
-    workers = min(len(CASES), 2 * (os.cpu_count() or 1))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = {name: pool.submit(_run, CASES[name], dirs[name], plugin_dir) for name in CASES}
-        return {name: f.result() for name, f in futures.items()}
+    separate = [name for name, case in CASES.items() if case.plugin_path]
+    with ThreadPoolExecutor(max_workers=len(separate)) as pool:
+        futures = {name: pool.submit(_run, CASES[name], dirs[name], plugin_dir) for name in separate}
+        here = {name: _run_in_process(case, dirs[name]) for name, case in CASES.items() if name not in futures}
+        return {**here, **{name: f.result() for name, f in futures.items()}}
 
 
 def assert_bad_input(r: Ran, *needles: str) -> None:

@@ -57,11 +57,12 @@ def _rank(rank: int, size: int, rendezvous: str, name: str, out: str) -> None:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("name", ["msp", "kep_svgp", "sgpa"])
+@pytest.mark.parametrize("name", ["msp", "kep_svgp", "sgpa", "sngp"])
 def test_two_processes_train_like_one(name, tmp_path):
     """The 2-process run's training loss per epoch equals the 1-process run's (relative
     1e-5: the global batch's loss is summed in another order) and so do its final weights;
-    KEP-SVGP's J² is taken of the global batch's mean (not each rank's)."""
+    KEP-SVGP's J² is taken of the global batch's mean (not each rank's), SNGP's precision
+    matrix (in the state) sums the features of the global batch."""
     one = _train(name)
     out = tmp_path / "two.pt"
     mp.spawn(_rank, args=(2, str(tmp_path / "rendezvous"), name, str(out)), nprocs=2, join=True)

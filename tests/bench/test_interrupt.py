@@ -69,3 +69,33 @@ def test_a_second_ctrl_c_stops_at_once(tmp_path):
     assert "Traceback" not in rest, rest
     assert time.monotonic() - started < 30
     assert rest.strip().splitlines()[-1].startswith(("interrupted again: stopped at once", "interrupted: ")), rest
+
+
+WIND_DOWN = """
+import sys, time
+from bench.commands import CtrlC
+with CtrlC():
+    try:
+        print("running", flush=True)
+        time.sleep(120)
+    except KeyboardInterrupt:
+        print("winding down", flush=True)  # a slow wind-down: a second Ctrl-C must not wait for it
+        time.sleep(120)
+        print("wound down", flush=True)
+"""
+
+
+def test_a_second_ctrl_c_during_a_slow_wind_down_stops_at_once():
+    """The run above winds down faster than a second signal can reliably land in it; here the
+    wind-down after the first Ctrl-C lasts two minutes, and the second ends the process at
+    once with exit 130 and its one line."""
+    proc = subprocess.Popen([sys.executable, "-c", WIND_DOWN], cwd=REPO, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "running"
+    proc.send_signal(signal.SIGINT)
+    assert proc.stdout.readline().strip() == "winding down"
+    started = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and time.monotonic() - started < 30, (out, err)
+    assert "wound down" not in out and err.strip().splitlines()[-1] == "interrupted again: stopped at once", err

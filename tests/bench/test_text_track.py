@@ -243,18 +243,21 @@ def test_cola_suite_end_to_end_shows_mcc_and_the_out_of_domain_split(tmp_path):
     assert "md5" in proc.stderr  # fixture files are not the official ones: warned, not refused
     report = tmp_path / "reports" / "cola"
     readme = (report / "README.md").read_text()
-    assert "ACC/MCC (%)" in readme and "For cola this column shows MCC" in readme
+    assert "MCC (x100)" in readme and "ACC" not in readme.split("## cola", 1)[1].split("## Failed cells")[0]
+    assert "For cola this column takes the place of ACC" in readme  # the conventions say what it replaces
+    assert "No OOD split: CoLA has no out-of-distribution set." in readme  # why the OOD table is empty
+    assert (report / "plots" / "severity_cola_mcc.png").is_file()
     summary = pd.read_csv(report / "tables" / "summary.csv")
     assert {"ece_mean", "nll_mean", "aurc_mean"} <= set(summary.columns)
     shift = pd.read_csv(report / "tables" / "shift_other.csv")
     assert "shift/out_of_domain" in set(shift["split"])
-    # the ACC/MCC column holds the whole-split MCC of the stored test predictions
+    # the MCC column holds the whole-split MCC of the stored test predictions
     from bench.catalog import open_store
     catalog = open_store(tmp_path / "results" / "cola")
     for method in ("msp", "kep_svgp"):
         probs, labels = catalog.predictions("cola", method, 0, "test")
         row = summary[summary["method"] == method].iloc[0]
-        assert row["accuracy_mean"] == pytest.approx(matthews_corrcoef(labels, probs.argmax(1)), abs=1e-9)
+        assert row["mcc_mean"] == pytest.approx(matthews_corrcoef(labels, probs.argmax(1)), abs=1e-9)
     cell = next((tmp_path / "results" / "cola").glob("*/tokenizer.json"))
     assert WordTokenizer.from_dict(__import__("json").loads(cell.read_text())).max_len == 100
 

@@ -71,3 +71,9 @@ def tables(report_dir: Path) -> dict[str, bytes]:
     """Every table file, except the efficiency table, whose timings differ between runs."""
     return {f.name: f.read_bytes() for f in sorted((report_dir / "tables").iterdir())
             if not f.name.startswith("efficiency.")}
+
+
+def only_cell(store: Path) -> tuple[Path, dict]:
+    """The one cell of a store holding a single cell: its folder and its ``cell.json``."""
+    (cell,) = [c for c in store.iterdir() if (c / "cell.json").is_file()]
+    return cell, json.loads((cell / "cell.json").read_text())

@@ -3,6 +3,7 @@ computation (scikit-learn, scipy, or arithmetic written out here)."""
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 from scipy.special import log_softmax
 from scipy.stats import entropy as sp_entropy
@@ -110,6 +111,23 @@ def test_summary_mean_std_ci_and_verdicts(analysed):
     assert (sig.p_holm < 0.05).all()
     shift = s[s.table == "shift"]
     assert shift.ci_low.isna().all() and (shift.verdict.isin(["", "ref"])).all()  # no bootstrap on shift splits
+
+
+def test_intervals_stay_inside_the_metrics_range(analysed):
+    """With 2 seeds (t on 1 df) the intervals of 60-sample accuracies are wider than [0, 1]:
+    an interval of a fraction is cut to [0, 1], of NLL to [0, inf), and the rest of the
+    interval is kept (the cut side sits on the bound)."""
+    from bench.metrics import get_metric
+
+    results, _ = analysed
+    rows = pd.concat([results.summary, results.severity], ignore_index=True).dropna(subset=["ci_low"])
+    for metric, group in rows.groupby("metric"):
+        lo, hi = get_metric(metric).bounds
+        assert (group.ci_low >= lo).all() and (group.ci_high <= hi).all(), metric
+    acc = rows[rows.metric == "accuracy"]
+    assert get_metric("accuracy").bounds == (0.0, 1.0) and get_metric("nll").bounds == (0.0, np.inf)
+    assert ((acc.ci_high == 1.0) | (acc.ci_low == 0.0)).any()  # some interval reached past a bound and was cut
+    assert (acc.ci_low < acc["mean"]).all() and (acc["mean"] < acc.ci_high).all()
 
 
 def test_severity_aggregates_and_corruption_errors_by_hand(analysed):

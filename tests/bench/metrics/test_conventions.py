@@ -842,6 +842,10 @@ def test_a_metric_must_state_a_valid_kind_unit_and_convention():
         M.Metric("x", M.accuracy, "classification", "X", "percent", True, "A sentence.")
     with pytest.raises(ValueError, match="convention"):
         M.Metric("x", M.accuracy, "classification", "X", "%", True, "  ")
+    with pytest.raises(ValueError, match="bounds"):
+        M.Metric("x", M.accuracy, "classification", "X", "%", True, "A sentence.", bounds=(1.0, 0.0))
+    with pytest.raises(ValueError, match="bounds"):
+        M.Metric("x", M.accuracy, "classification", "X", "%", True, "A sentence.", bounds=(float("nan"), 1.0))
 
 
 # metrics.md section 8 (KEP-SVGP Table 1): the paper's reporting scale of each default

@@ -47,6 +47,7 @@ SEEDS_NEEDED = {  # (dataset, method, split, metric, score) -> seeds per method;
     ("toy_a", "mc_dropout", "test", "accuracy", ""): 4.0,
     ("toy_a", "mc_dropout", "test", "ece", ""): float("inf"),
 }
+SAMPLES_PER_SPLIT = 50  # the severity table's image count of every split (severity 0: their clean originals)
 CE = {"msp": {"gaussian_noise": 1.0, "contrast": 1.0, "mCE": 1.0},
       "mc_dropout": {"gaussian_noise": 0.8, "contrast": 0.9, "mCE": 0.85},
       "broken": {"gaussian_noise": 1.1, "contrast": 1.3, "mCE": 1.2}}
@@ -139,8 +140,9 @@ def _severity() -> pd.DataFrame:
                 level = 2.5 if sev < 0 else sev
                 for metric in ["accuracy", "ece", "ece_debiased", "nll", "brier", "aurc", "failure_auroc"]:
                     mean = 0.9 - 0.08 * level + bonus if metric == "accuracy" else 0.05 + 0.04 * level
-                    rows.append((dataset, method, sev, metric, 3, mean, 0.02, mean - 0.03, mean + 0.04))
-    cols = ["dataset", "method", "severity", "metric", "n_seeds", "mean", "std", "ci_low", "ci_high"]
+                    rows.append((dataset, method, sev, metric, 3, SAMPLES_PER_SPLIT, mean, 0.02, mean - 0.03,
+                                 mean + 0.04))
+    cols = ["dataset", "method", "severity", "metric", "n_seeds", "n_samples", "mean", "std", "ci_low", "ci_high"]
     return pd.DataFrame(rows[::-1], columns=cols)  # reversed: order must not matter
 
 
@@ -440,9 +442,10 @@ def test_conventions_section_lists_each_shown_metric(report):
 def test_severity_table_rows_and_values(report, results):
     out, _ = report
     rows = md_rows(out / "tables" / "shift_severity.md")
-    assert list(rows[0]) == ["Dataset", "Method", "Severity"] + [h for h, _ in SHIFT_HEADERS]
+    assert list(rows[0]) == ["Dataset", "Method", "Severity", "Samples"] + [h for h, _ in SHIFT_HEADERS]
     mine = [r for r in rows if (r["Dataset"], r["Method"]) == ("toy_a", "mc_dropout")]
     assert [r["Severity"] for r in mine] == ["0", "1", "5", "all"]
+    assert [r["Samples"] for r in mine] == [str(SAMPLES_PER_SPLIT)] * 4  # the clean row counts the same images
     # accuracy at severity 5: 0.9 - 0.4 + 0.05 = 0.55 +- 0.02; ECE at "all": 0.05 + 0.1
     assert mine[2]["ACC (%)"] == "55.00 ± 2.00"
     assert mine[3]["ECE (%)"] == "15.00 ± 2.00"
@@ -451,6 +454,9 @@ def test_severity_table_rows_and_values(report, results):
     row = csv[(csv.dataset == "toy_a") & (csv.method == "mc_dropout") & (csv.severity == 5)].iloc[0]
     assert row["accuracy_ci_low"] == pytest.approx(0.52) and row["accuracy_ci_high"] == pytest.approx(0.59)
     assert -1 in set(csv["severity"])  # raw key in CSV: -1 = every corruption split
+    assert set(csv["n_samples"].dropna()) == {SAMPLES_PER_SPLIT}  # nan: the failed method's row
+    readme = (out / "README.md").read_text(encoding="utf-8")
+    assert "0 = the corrupted samples before corruption" in readme and "Samples = samples per split" in readme
     assert "accuracy_verdict" not in csv  # no test on aggregates
 
 
@@ -461,10 +467,10 @@ def test_severity_plots_have_one_line_and_ci_band_per_method(results, tmp_path, 
     current: list[str] = []
     plot_severity, fill_between = report_mod._plot_severity, Axes.fill_between
 
-    def spy_plot(lines, col, title, path):
+    def spy_plot(lines, col, title, xlabel, path):
         current[:] = [path.name]
         bands[path.name] = []
-        plot_severity(lines, col, title, path)
+        plot_severity(lines, col, title, xlabel, path)
         current.clear()
 
     def spy_fill(self, x, y1, y2, **kw):
@@ -607,11 +613,11 @@ def test_tex_best_is_judged_per_split_score_and_severity_group(report, results):
         # mutual_info: a single method -> nothing to compare, nothing bold
         key = "/".join([tex(dataset), r"mc\_dropout", "ood/svhn", r"mutual\_info"])
         assert not any(c.startswith(r"\textbf{") for c in ood[key])
-    sev = tex_lines(out / "tables" / "shift_severity.tex", 3)
+    sev = tex_lines(out / "tables" / "shift_severity.tex", 4)  # keys: dataset, method, severity, samples
     for level in ("0", "1", "5", "all"):  # accuracy: mc_dropout has the bonus at every severity
-        assert sev[rf"toy\_a/mc\_dropout/{level}"][0].startswith(r"\textbf{")
-        assert not sev[rf"toy\_a/msp/{level}"][0].startswith(r"\textbf{")
-        assert sev[rf"toy\_a/msp/{level}"][1].startswith(r"\textbf{")  # ties in ECE: all bold
+        assert sev[rf"toy\_a/mc\_dropout/{level}/{SAMPLES_PER_SPLIT}"][0].startswith(r"\textbf{")
+        assert not sev[rf"toy\_a/msp/{level}/{SAMPLES_PER_SPLIT}"][0].startswith(r"\textbf{")
+        assert sev[rf"toy\_a/msp/{level}/{SAMPLES_PER_SPLIT}"][1].startswith(r"\textbf{")  # ties in ECE: all bold
     corr = tex_lines(out / "tables" / "shift_corruption.tex", 3)
     assert corr[r"toy b\&c/mc\_dropout/mCE"][-1] == r"\textbf{85.00}"  # lowest mCE
     assert corr[r"toy b\&c/broken/mCE"][-1] == "120.00"

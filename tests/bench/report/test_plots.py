@@ -1,0 +1,138 @@
+"""The report's plots (``bench/report/plots.py``), read back from the matplotlib figures
+they save: each labels the metric it shows (CoLA's MCC where the accuracy would be), the
+risk-coverage legend shows the summary table's AURC (mean over seeds), the reliability
+diagram has each bin's image count under it, and the severity axis says what severity 0
+is and how many samples each split holds."""
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.figure import Figure
+
+from bench.metrics import calibration_bins, risk_coverage_curve
+from bench.report import write_report
+from tests.bench.report.test_report import SAMPLES_PER_SPLIT, SEEDS, make_results, md_rows, readme_section
+
+
+@pytest.fixture
+def figures(monkeypatch) -> dict[str, list[dict]]:
+    """File name -> per axes of the figure saved there: title, axis labels, legend texts,
+    bar heights and line data (nothing is written: the PNG encoding is skipped)."""
+    seen: dict[str, list[dict]] = {}
+
+    def savefig(fig: Figure, fname, *args, **kwargs):
+        seen[Path(fname).name] = [{
+            "title": ax.get_title(), "xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel(),
+            "legend": [t.get_text() for t in ax.get_legend().get_texts()] if ax.get_legend() else [],
+            "bars": [p.get_height() for p in ax.patches if hasattr(p, "get_height")],
+            "lines": [(line.get_label(), line.get_xdata(), line.get_ydata()) for line in ax.get_lines()],
+        } for ax in fig.axes]
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    return seen
+
+
+def _summary_mean(results, dataset: str, method: str, metric: str) -> float:
+    s = results.summary
+    row = s[(s.dataset == dataset) & (s.method == method) & (s.split == "test") & (s.metric == metric)
+            & (s.score == "")]
+    return float(row["mean"].iloc[0])
+
+
+def test_risk_coverage_legend_shows_the_tables_aurc_and_the_mean_curve(tmp_path, figures):
+    results = make_results()
+    write_report(results, tmp_path, formats=("md",))
+    (ax,) = figures["risk_coverage_toy_a.png"]
+    table = {r["Method"].removesuffix(" (ref)"): r["AURC (x1000)"]
+             for r in md_rows(tmp_path / "tables" / "summary.md") if r["Dataset"] == "toy_a"}
+    for method, text in zip(["msp", "mc_dropout"], ax["legend"]):
+        shown = table[method].split(" ± ")[0]
+        assert shown == f"{1000 * _summary_mean(results, 'toy_a', method, 'aurc'):.2f}"
+        assert text == f"{method} (AURC x1000 = {shown}, mean of {len(SEEDS)})"
+    label, coverage, risk = ax["lines"][0]  # msp: the mean of its seeds' curves
+    curves = [risk_coverage_curve(*results.load_predictions("toy_a", "msp", s, "test"))[1] for s in SEEDS]
+    np.testing.assert_allclose(risk, np.mean(curves, axis=0))
+    np.testing.assert_allclose(coverage, np.arange(1, len(risk) + 1) / len(risk))
+    assert "mean over seeds" in ax["title"]
+
+
+def test_reliability_diagram_has_each_bins_count_under_it(tmp_path, figures):
+    results = make_results()
+    write_report(results, tmp_path, formats=("md",))
+    diagram, counts = figures["reliability_toy_a_msp.png"]
+    probs, labels = results.load_predictions("toy_a", "msp", min(SEEDS), "test")
+    expected = calibration_bins(probs, labels, n_bins=15)["count"]
+    np.testing.assert_array_equal(counts["bars"], expected)
+    assert sum(counts["bars"]) == len(labels)
+    assert counts["ylabel"] == f"samples per bin\n(of {len(labels)})"
+    assert counts["xlabel"] == "confidence (max probability)" and diagram["ylabel"] == "accuracy"
+
+
+def test_severity_axis_says_severity_0_is_the_same_images_clean(tmp_path, figures):
+    write_report(make_results(), tmp_path, formats=("md",))
+    (ax,) = figures["severity_toy_a_accuracy.png"]
+    assert ax["xlabel"] == f"corruption severity (0 = the same samples, clean; {SAMPLES_PER_SPLIT} samples each)"
+
+
+def _with_mcc_for_toy_a(results):
+    """The results as a data set with CoLA's headline metrics (``toy_a`` shows MCC in the
+    accuracy column; ``toy b&c`` does not), with MCC values unlike the accuracy's."""
+    severity = results.severity
+    mcc = severity[(severity.dataset == "toy_a") & (severity.metric == "accuracy")].copy()
+    mcc["metric"], mcc["mean"] = "mcc", mcc["mean"] - 0.5
+    summary = results.summary
+    mcc_summary = summary[(summary.dataset == "toy_a") & (summary.metric == "accuracy")].copy()
+    mcc_summary["metric"], mcc_summary["mean"] = "mcc", mcc_summary["mean"] - 0.5
+    return replace(results, headlines={"toy_a": {"accuracy": "mcc"}},
+                   severity=pd.concat([severity, mcc], ignore_index=True),
+                   summary=pd.concat([summary, mcc_summary], ignore_index=True))
+
+
+def test_every_plot_and_table_labels_the_metric_it_shows(tmp_path, figures):
+    results = _with_mcc_for_toy_a(make_results())
+    write_report(results, tmp_path, formats=("md", "csv"))
+    severity = results.severity
+    expected = severity[(severity.dataset == "toy_a") & (severity.method == "msp") & (severity.metric == "mcc")
+                        & (severity.severity >= 0)].sort_values("severity")["mean"].to_numpy() * 100
+    (mcc,) = [axes[0] for name, axes in figures.items() if name.startswith("severity_toy_a_")
+              and np.allclose(axes[0]["lines"][0][2], expected)]  # the plot whose msp line is MCC
+    assert mcc["lines"][0][0] == "msp"
+    assert mcc["ylabel"] == "MCC (x100)" and mcc["title"].startswith("MCC vs. corruption severity: toy_a")
+    assert "severity_toy_a_mcc.png" in figures and "severity_toy_a_accuracy.png" not in figures
+    (acc,) = figures["severity_toy_b_c_accuracy.png"]
+    assert acc["ylabel"] == "ACC (%)" and acc["title"].startswith("ACC vs. corruption severity")
+
+    readme = (tmp_path / "README.md").read_text(encoding="utf-8")
+    mine = readme_section(readme, "## toy_a")
+    assert "MCC (x100)" in mine
+    assert "ACC (%)" not in mine  # toy_a's own tables name MCC only
+    assert "ACC (%)" in readme_section(readme, "## toy b&c") and "MCC" not in readme_section(readme, "## toy b&c")
+    both = md_rows(tmp_path / "tables" / "summary.md")  # both data sets in one table: the joint label
+    assert "ACC/MCC (%)" in both[0]
+    msp = next(r for r in both if r["Dataset"] == "toy_a" and r["Method"].startswith("msp"))
+    assert msp["ACC/MCC (%)"].startswith(f"{100 * _summary_mean(results, 'toy_a', 'msp', 'mcc'):.2f}")
+    csv = pd.read_csv(tmp_path / "tables" / "summary.csv")
+    assert "accuracy_or_mcc_mean" in csv and "accuracy_mean" not in csv  # the CSV names what it holds too
+    alone = tmp_path / "toy_a_alone"  # toy_a on its own: every column of MCC is named MCC
+    write_report(replace(results, datasets=["toy_a"]), alone, formats=("md", "csv"))
+    assert "MCC (x100)" in md_rows(alone / "tables" / "summary.md")[0]
+    assert "mcc_mean" in pd.read_csv(alone / "tables" / "summary.csv")
+
+
+def test_no_failed_rows_in_a_table_of_splits_the_data_set_does_not_have(tmp_path, figures):
+    """A data set without OOD splits (CoLA) has no OOD rows, not even for a method whose
+    every seed failed: its README section says that no OOD split was evaluated."""
+    results = make_results()
+    keep = ~results.summary["split"].str.startswith("ood/")
+    results = replace(results, summary=results.summary[keep].reset_index(drop=True),
+                      splits={d: [s for s in sp if not s.startswith("ood/")] for d, sp in results.splits.items()})
+    write_report(results, tmp_path, formats=("md",))
+    readme = (tmp_path / "README.md").read_text(encoding="utf-8")
+    ood = readme_section(readme, "## toy_a").split("### OOD detection")[1].split("###")[0]
+    assert "failed" not in ood and "No OOD split was evaluated." in ood
+    summary = readme_section(readme, "## toy_a").split("### Summary")[1].split("###")[0]
+    assert "| broken" in summary and "failed" in summary  # the summary still names the failed method
