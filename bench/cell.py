@@ -32,6 +32,7 @@ from bench.data import DataBundle, is_ood
 from bench.errors import ConfigError, NonFiniteLoss
 from bench.plan import Cell
 from bench.registry import DATASETS, METHODS
+from bench.scores import detector_cost
 from bench.spec import DatasetSpec
 from bench.store import CellDir
 from bench.train import fit, optimiser_steps, predict, seed_everything
@@ -200,7 +201,7 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
             cd.write_bytes(TOKENIZER, json.dumps(data.tokenizer.to_dict(), ensure_ascii=False).encode("utf-8"))
 
         model = method.prediction_model(model, cell.method.model, data).to(device)
-        t_pred, n_pred = time.perf_counter(), 0
+        t_pred, n_pred, detectors = time.perf_counter(), 0, None
         test_acc = float("nan")
         for split in data.eval_splits(cell.dataset.splits):
             s = data.get(split)
@@ -224,6 +225,7 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
         pred_secs = time.perf_counter() - t_pred
         if cell.store.features:
             _store_training_features(cell, method, model, data, cd, device)
+            detectors = _detector_cost(cd)
     except NonFiniteLoss as exc:
         return cd.mark_failed(info, str(exc))
     except ConfigError:
@@ -251,6 +253,8 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
             "peak_memory_mb": peak_memory_mb(device),
         }
     )
+    if detectors:
+        info["ood_detectors"] = detectors
     (cd.path / TRAIN_STATE).unlink(missing_ok=True)  # the finished cell needs no resumable state
     cd.seal(info)
     return "complete", f"best epoch {result.best_epoch}, test acc {test_acc:.3f}"
@@ -312,6 +316,15 @@ def _store_training_features(cell: Cell, method, model: torch.nn.Module, data: D
         weight = head.weight.detach().float().cpu().numpy()
         bias = head.bias.detach().float().cpu().numpy() if head.bias is not None else np.zeros(len(weight), np.float32)
         cd.write_training_features(extras["features"], subset.y, weight, bias, len(train))
+
+
+def _detector_cost(cd: CellDir) -> dict[str, dict[str, float]] | None:
+    """:func:`bench.scores.detector_cost` of the cell's stored training features and test
+    split, for ``cell.json`` (None without training features or a test split)."""
+    training = cd.read_training_features()
+    if training is None or "test" not in cd.splits():
+        return None
+    return detector_cost(training, cd.read_arrays("test"))
 
 
 def _fail_cell(cd: CellDir, info: dict, reason: str) -> tuple[str, str]:

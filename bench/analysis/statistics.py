@@ -39,7 +39,8 @@ SEVERITY_COLUMNS = ["dataset", "method", "severity", "metric", "n_seeds", "n_sam
                     "ci_high"]
 CE_COLUMNS = ["dataset", "method", "corruption", "ce"]
 #: the costs of a method (:func:`efficiency`); the report's efficiency table shows them in this order
-EFFICIENCY_FIELDS = ("parameters", "train_seconds", "predict_seconds_per_1000", "peak_memory_mb", "passes")
+EFFICIENCY_FIELDS = ("parameters", "train_seconds", "predict_seconds_per_1000", "peak_memory_mb", "passes",
+                     "detector_fit_seconds", "detector_score_seconds_per_1000")
 EFFICIENCY_COLUMNS = ["dataset", "method", *EFFICIENCY_FIELDS]
 
 
@@ -368,6 +369,7 @@ def efficiency(catalog: Catalog) -> pd.DataFrame:
                     "predict_seconds_per_1000": float(np.mean([i.get("predict_seconds_per_1000", np.nan) for i in infos])),
                     "peak_memory_mb": float(np.max([i.get("peak_memory_mb", np.nan) for i in infos])),
                     "passes": infos[0].get("samples", 1),
+                    **_detector_seconds(infos),
                 }
         for e in catalog.methods:
             if e.name in trained:
@@ -378,5 +380,20 @@ def efficiency(catalog: Catalog) -> pd.DataFrame:
                 rows.append({"dataset": d, "method": e.name, "parameters": base["parameters"] * k,
                              "train_seconds": base["train_seconds"] * k,
                              "predict_seconds_per_1000": base["predict_seconds_per_1000"] * k,
-                             "peak_memory_mb": base["peak_memory_mb"], "passes": base["passes"] * k})
+                             "peak_memory_mb": base["peak_memory_mb"], "passes": base["passes"] * k,
+                             "detector_fit_seconds": np.nan, "detector_score_seconds_per_1000": np.nan})
     return pd.DataFrame(rows, columns=EFFICIENCY_COLUMNS)
+
+
+def _detector_seconds(infos: list[dict]) -> dict[str, float]:
+    """The feature-space OOD detectors' cost of a method (``ood_detectors`` in cell.json,
+    :func:`bench.scores.detector_cost`): fit seconds and scoring seconds per 1,000 images,
+    each summed over the detectors a cell measured and averaged over the seeds; NaN where
+    no cell measured any (no stored features, or a store written before they were)."""
+    measured = [i["ood_detectors"] for i in infos if isinstance(i.get("ood_detectors"), dict) and i["ood_detectors"]]
+
+    def total(field: str) -> float:
+        return float(np.mean([sum(float(d[field]) for d in m.values()) for m in measured])) if measured else np.nan
+
+    return {"detector_fit_seconds": total("fit_seconds"),
+            "detector_score_seconds_per_1000": total("score_seconds_per_1000")}

@@ -22,10 +22,11 @@ from __future__ import annotations
 from bench.scores.features import (fit_gaussians, fit_knn, fit_vim, knn_k, knn_score, mahalanobis_score,
                                    normalise, relative_mahalanobis_score, residual_norm, vim_dim, vim_score)
 from bench.scores.outputs import energy_score, max_logit_score, msp_score
-from bench.scores.record import (NEEDS, TRAINING, Score, TrainingFeatures, default_scores, get_score, ood_score,
+from bench.scores.record import (NEEDS, TRAINING, Score, TrainingFeatures, default_scores, detector_cost, get_score,
+                                 ood_score,
                                  score_key, score_order, sort_scores, validate_scores)
 
-__all__ = ["NEEDS", "TRAINING", "Score", "TrainingFeatures", "default_scores", "get_score", "ood_score",
+__all__ = ["NEEDS", "TRAINING", "Score", "TrainingFeatures", "default_scores", "detector_cost", "get_score", "ood_score",
            "score_key", "score_order", "sort_scores", "validate_scores", "msp_score", "max_logit_score", "energy_score", "fit_gaussians",
            "mahalanobis_score", "relative_mahalanobis_score", "normalise", "fit_knn", "knn_k", "knn_score",
            "fit_vim", "vim_dim", "vim_score", "residual_norm"]

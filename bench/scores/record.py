@@ -16,6 +16,7 @@ deterministic (no random state).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -160,4 +161,32 @@ def validate_scores(names) -> list[str]:
         SCORES.get(name, key="--scores")  # an unknown name raises, with the closest known one
         if name not in out:
             out.append(name)
+    return out
+
+
+def detector_cost(training: Mapping[str, np.ndarray], test: Mapping[str, np.ndarray],
+                  names: list[str] | None = None) -> dict[str, dict[str, float]]:
+    """What each fitted score (every registered score with a ``fit``, or ``names``) costs on
+    this machine: ``{name: {"fit_seconds": s, "score_seconds_per_1000": s}}``, its
+    ``fit`` on ``training`` (the arrays of ``features/train.npz``) and its scoring of the
+    ``test`` split's arrays, wall-clock.  The cell measures it once, where it was trained,
+    and keeps it in ``cell.json`` (the efficiency table reads it there, so two reports of
+    one store agree); analysis fits the same scores again, with the same results (fitting
+    is deterministic).  A score whose inputs the arrays lack, or that raises, is left out."""
+    fitted_on = TrainingFeatures.from_arrays(training)
+    out: dict[str, dict[str, float]] = {}
+    for name in names if names is not None else SCORES.names():
+        score = SCORES.get(name)
+        if score.fit is None or score.lacks(test, True) is not None:
+            continue
+        try:
+            t0 = time.perf_counter()
+            fitted = score.fit(fitted_on)
+            t1 = time.perf_counter()
+            score(test, fitted)
+            t2 = time.perf_counter()
+        except Exception:  # noqa: BLE001  (a plugin's bug is named by analysis, not here)
+            continue
+        out[name] = {"fit_seconds": round(t1 - t0, 6),
+                     "score_seconds_per_1000": round(1000 * (t2 - t1) / max(1, len(test["labels"])), 6)}
     return out

@@ -113,6 +113,31 @@ def test_a_real_run_stores_logits_features_and_the_head_of_its_checkpoint(tiny_s
         assert train["features"].shape[1] == feats.shape[1] and int(train["train_size"]) >= len(train["labels"])
 
 
+def test_a_real_run_keeps_its_detectors_cost_and_the_efficiency_table_sums_it(tiny_store):
+    """Each cell measures the fit and scoring time of every registered score with a fit
+    (``ood_detectors`` in cell.json) and the efficiency table shows their sums, averaged
+    over the seeds, for the trained method (computed here from the cells' json)."""
+    from bench.registry import SCORES
+    from bench.spec import load_suite
+
+    fitted = {n for n in SCORES.names() if SCORES.get(n).fit is not None}
+    assert {"mahalanobis", "relative_mahalanobis", "knn", "vim", "residual"} <= fitted
+    store = Store(tiny_store / "results" / "hard")
+    infos = [store.cell(p.name).read_cell() for p in store.root.iterdir() if (p / "cell.json").is_file()]
+    assert len(infos) == 2
+    for info in infos:
+        assert set(info["ood_detectors"]) == fitted
+        for cost in info["ood_detectors"].values():
+            assert cost["fit_seconds"] >= 0 and cost["score_seconds_per_1000"] > 0
+    suite = load_suite(str(tiny_store / "hard.toml"))
+    results = analyse(open_store(store.root, suite, {i["key"] for i in infos}), resamples=20)
+    row = results.efficiency[results.efficiency.method == "msp"].iloc[0]
+    for field, column in (("fit_seconds", "detector_fit_seconds"),
+                          ("score_seconds_per_1000", "detector_score_seconds_per_1000")):
+        expected = np.mean([sum(c[field] for c in i["ood_detectors"].values()) for i in infos])
+        assert row[column] == pytest.approx(expected, rel=1e-9)
+
+
 def gaussian_cell_arrays(rng, split: str, means: np.ndarray, w: np.ndarray, b: np.ndarray):
     """A split whose features are drawn around the class means (ID) or far from them (OOD);
     logits = head(features), as a trained cell stores them."""
