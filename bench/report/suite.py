@@ -184,9 +184,13 @@ def write_suite_report(suite: Suite | None, store_root: Path, out_dir: Path, opt
     damaged = [m for m in results.damaged["method"] if m in mine or not m]  # "": a directory naming no cell
     cells = {(c.dataset, c.method, c.seed) for c in left_out}
     failures = [f"failed: {d} / {m} / seed {s}: {why}" for d, m, s, why in failed if (d, m, s) not in cells]
-    unscored = [f"OOD score {score!r} not computed for {d} / {m}: {why}" for d, m, score, why in
-                results.unscored[["dataset", "method", "score", "reason"]].itertuples(index=False, name=None)
-                if m in mine]
+    grouped: dict[tuple[str, str, str], list[str]] = {}  # one line per method and reason
+    for d, m, score, why in results.unscored[["dataset", "method", "score", "reason"]].itertuples(index=False,
+                                                                                                    name=None):
+        if m in mine:
+            grouped.setdefault((d, m, why), []).append(repr(score))
+    unscored = [f"OOD score{'s' if len(names) > 1 else ''} {', '.join(names)} not computed for {d} / {m}: {why}"
+                for (d, m, why), names in grouped.items()]
     return Reported(Path(out_dir) / "README.md", reused, len(failed) + len(damaged), tuple(left_out), command,
                     tuple(failures), tuple(unscored))
 

@@ -220,8 +220,11 @@ def test_a_store_without_logits_or_features_reports_and_names_what_it_cannot_sco
     status = report_suite(load_suite(str(suite_file)), tmp_path / "results" / "old", tmp_path / "reports", options)
     err = capsys.readouterr().err
     assert status == 0, err
-    assert "OOD score 'knn' not computed for mnist5k / msp: needs features: rerun with `[store] features = true`" in err
-    assert "OOD score 'energy' not computed for mnist5k / msp: needs logits: rerun the suite" in err
+    lines = err.splitlines()  # one line per method and reason, naming every score it left out
+    assert ("report: OOD scores 'mahalanobis', 'knn', 'vim' not computed for mnist5k / msp: needs features: "
+            "rerun with `[store] features = true` (this cell stored none)") in lines
+    assert ("report: OOD scores 'max_logit', 'energy' not computed for mnist5k / msp: needs logits: rerun the suite "
+            "(this cell was stored before the store kept logits)") in lines
     readme = (tmp_path / "reports" / "README.md").read_text()
     assert "Scores not computed" in readme and "needs features: rerun with `[store] features = true`" in readme
     ood = (tmp_path / "reports" / "tables" / "ood.md").read_text()
