@@ -45,7 +45,7 @@ from bench.registry import METHODS
 from bench.store import (CELL, CHECKPOINT, DAMAGED_MARK, MANIFEST, READ_ERRORS, STORE_SUITE, CellDir,
                          atomic_write_json)
 
-Preds = dict[str, dict[str, np.ndarray]]  # split -> {"log_probs", "labels", optional decomposition terms}
+Preds = dict[str, dict[str, np.ndarray]]  # split -> {"log_probs", "labels", optional logits, features, ...}
 
 
 @dataclass(frozen=True)
@@ -184,6 +184,13 @@ class Catalog:
                 self.left[key] = (cd.key, "damaged", why)
                 return None
         return self._preds[key]
+
+    def training_features(self, dataset: str, method: str, seed: int) -> dict[str, np.ndarray] | None:
+        """The stored training features and classifier head of a trained cell
+        (:meth:`bench.store.CellDir.read_training_features`), or None when it has none
+        (stored without features or before the store kept them) or is not used."""
+        cd = self.cells.get((dataset, method, seed))
+        return cd.read_training_features() if cd is not None else None
 
     def replicates(self, dataset: str, entry: MethodEntry) -> list[tuple[int, tuple[int, ...]]]:
         """``(seed or replicate id, member seeds)`` of a method on a dataset."""

@@ -28,10 +28,11 @@ import numpy as np
 import torch
 
 from bench import distributed, progress
-from bench.data import DataBundle
+from bench.data import DataBundle, is_ood
 from bench.errors import ConfigError, NonFiniteLoss
 from bench.plan import Cell
 from bench.registry import DATASETS, METHODS
+from bench.scores import detector_cost
 from bench.spec import DatasetSpec
 from bench.store import CellDir
 from bench.train import fit, optimiser_steps, predict, seed_everything
@@ -204,17 +205,21 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
             cd.write_bytes(TOKENIZER, json.dumps(data.tokenizer.to_dict(), ensure_ascii=False).encode("utf-8"))
 
         model = method.prediction_model(model, cell.method.model, data).to(device)
-        t_pred, n_pred = time.perf_counter(), 0
+        t_pred, n_pred, detectors = time.perf_counter(), 0, None
         test_acc = float("nan")
         for split in data.eval_splits(cell.dataset.splits):
             s = data.get(split)
             extras: dict[str, np.ndarray] = {}
             train = cell.method.train
+            scored = scored_split(split)
             passes = f"{method.samples} passes" if method.samples > 1 else "1 pass"
             with progress.task(f"{cell.label}: predict {split}", total=len(s) * method.samples, unit="img",
                                done=f"{len(s)} images x {passes}") as task:
                 lp = predict(method, model, s, data, device, train.eval_batch_size, extras,
-                             precision=train.precision, batch_passes=train.batch_passes, on_pass=task.advance)
+                             precision=train.precision, batch_passes=train.batch_passes,
+                             features=cell.store.features and scored, on_pass=task.advance)
+            if not scored:
+                extras.pop("logits", None)
             cd.write_preds(split, lp, s.y, **extras)
             n_pred += len(s)
             if split == "test":
@@ -222,6 +227,9 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
             if split not in ("train", "val", "test"):
                 data.release(split)
         pred_secs = time.perf_counter() - t_pred
+        if cell.store.features:
+            _store_training_features(cell, method, model, data, cd, device)
+            detectors = _detector_cost(cd)
     except NonFiniteLoss as exc:
         return cd.mark_failed(info, str(exc))
     except ConfigError:
@@ -249,6 +257,8 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
             "peak_memory_mb": peak_memory_mb(device),
         }
     )
+    if detectors:
+        info["ood_detectors"] = detectors
     (cd.path / TRAIN_STATE).unlink(missing_ok=True)  # the finished cell needs no resumable state
     cd.seal(info)
     return "complete", f"best epoch {result.best_epoch}, test acc {test_acc:.3f}"
@@ -296,6 +306,54 @@ def _train(cell: Cell, method, model: torch.nn.Module, data: DataBundle, cd: Cel
 
         return fit(method, model, data, train, device, cell.seed, on_epoch=on_epoch, resume=resume,
                    on_checkpoint=lambda state: _save_state(cd, state), on_step=task.advance)
+
+
+def scored_split(split: str) -> bool:
+    """Whether a split's logits and features are stored: ``val``, ``test`` and ``ood/...``,
+    the splits OOD scores read (the corruption grid would multiply a cell's size: 75 x
+    10,000 CIFAR images of 384 features)."""
+    return split in ("val", "test") or is_ood(split)
+
+
+def training_subset(n: int, limit: int) -> np.ndarray:
+    """The training images whose features a cell stores: all ``n`` when ``n <= limit``,
+    else ``limit`` of them drawn without replacement by a generator seeded 0 (the same
+    images for every method and seed of a dataset), in ascending order."""
+    if n <= limit:
+        return np.arange(n)
+    return np.sort(np.random.default_rng(0).choice(n, size=limit, replace=False))
+
+
+def _store_training_features(cell: Cell, method, model: torch.nn.Module, data: DataBundle, cd: CellDir,
+                             device: torch.device) -> None:
+    """The features of :func:`training_subset` of the training split (predicted as a test
+    split: no augmentation, the method's passes) and the classifier head, for the OOD
+    scores that fit on in-distribution data; nothing for a model without a Linear head."""
+    head = getattr(model, "head", None)
+    if not isinstance(head, torch.nn.Linear):
+        return
+    train = data.get("train")
+    index = training_subset(len(train), cell.store.train_features)
+    subset = type(train)(np.ascontiguousarray(train.x[index]), np.ascontiguousarray(train.y[index]))
+    extras: dict[str, np.ndarray] = {}
+    t = cell.method.train
+    with progress.task(f"{cell.label}: predict training features", total=len(subset) * method.samples, unit="img",
+                       done=f"{len(subset)} images") as task:
+        predict(method, model, subset, data, device, t.eval_batch_size, extras, precision=t.precision,
+                batch_passes=t.batch_passes, features=True, on_pass=task.advance)
+    if "features" in extras:
+        weight = head.weight.detach().float().cpu().numpy()
+        bias = head.bias.detach().float().cpu().numpy() if head.bias is not None else np.zeros(len(weight), np.float32)
+        cd.write_training_features(extras["features"], subset.y, weight, bias, len(train))
+
+
+def _detector_cost(cd: CellDir) -> dict[str, dict[str, float]] | None:
+    """:func:`bench.scores.detector_cost` of the cell's stored training features and test
+    split, for ``cell.json`` (None without training features or a test split)."""
+    training = cd.read_training_features()
+    if training is None or "test" not in cd.splits():
+        return None
+    return detector_cost(training, cd.read_arrays("test"))
 
 
 def _fail_cell(cd: CellDir, info: dict, reason: str) -> tuple[str, str]:

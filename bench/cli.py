@@ -13,7 +13,7 @@
   reported on its own.
 * ``status [NAME]``, ``verify [NAME]``: a run's cells (by name, or by ``--suite`` and the
   flags it ran with); ``runs``: the runs of a store root.
-* ``list``: the registered methods, datasets, attention layers, metrics and suites.
+* ``list``: the registered methods, datasets, attention layers, metrics, OOD scores and suites.
 
 Exit status: 0 success, 1 some cells failed (the report marks them; with ``--strict``
 also when a report leaves out any cell) or the report could not be written (the previous
@@ -104,7 +104,7 @@ COMMANDS = {
     "status": "done / failed / running / missing cells of a run and the time left",
     "verify": "check every cell of a run's store against its manifest",
     "runs": "list the runs of a store root: name, suite, overrides, cells done/failed/missing, last change",
-    "list": "the registered methods, datasets, attention layers, metrics and suites",
+    "list": "the registered methods, datasets, attention layers, metrics, OOD scores and suites",
 }
 
 
@@ -163,6 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
     shown.add_argument("--metrics", type=_csv("metrics"),
                        help="metric names to show in the report (default: the KEP-SVGP paper's set and the "
                             "debiased ECE; any name from `list`)")
+    shown.add_argument("--scores", type=_csv("OOD scores"),
+                       help="OOD scores the OOD table ranks images by (default: msp, entropy, mutual_info, max_logit, "
+                            "energy, mahalanobis, knn, vim; any name from `list`)")
     shown.add_argument("--significance", default=SIGNIFICANCE, choices=SIGNIFICANCE_TESTS,
                        help="the test behind the report's marks and intervals: seeds_and_samples (default: "
                             "seed-level and test-sample variation) or samples_seeds_fixed (paired bootstrap over "
@@ -265,7 +268,7 @@ def _with_command(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]
 
 
 def cmd_list() -> int:
-    from bench.registry import ATTENTIONS, DATASETS, METHODS, METRICS
+    from bench.registry import ATTENTIONS, DATASETS, METHODS, METRICS, SCORES
     from bench.spec import available_suites
 
     def first_line(obj) -> str:
@@ -288,6 +291,11 @@ def cmd_list() -> int:
         unit = f" ({m.unit})" if m.unit else ""
         star = "*" if "default" in m.selections else " "
         print(f"  {name:<28}{star} [{m.kind}] {m.label}{unit}, {'higher' if m.higher_is_better else 'lower'} is better")
+    print("OOD scores (name, label, needs; * = a default score; higher = more in-distribution):")
+    for name in SCORES.names():
+        sc = SCORES.get(name)
+        star = "*" if sc.default is not None else " "
+        print(f"  {name:<28}{star} {sc.label}, needs {', '.join(sc.needs)}")
     print("suites:")
     print("  " + ", ".join(available_suites()))
     return 0
@@ -556,6 +564,7 @@ def _report_options(args: argparse.Namespace):
 
     return ReportOptions(suite=args.suite, results=args.results, data_root=args.data_root,
                          methods=args.methods if args.command == "report" else None, datasets=args.datasets,
-                         seeds=args.seeds, epochs=args.epochs, metrics=args.metrics, formats=args.format or FORMATS,
+                         seeds=args.seeds, epochs=args.epochs, metrics=args.metrics, scores=args.scores,
+                         formats=args.format or FORMATS,
                          severity=args.severity, significance=args.significance, strict=args.strict,
                          quiet=args.quiet, debug=args.debug)

@@ -2,8 +2,10 @@
 
 A registered dataset is a class with a frozen ``Options`` dataclass (its TOML options)
 and a static ``load(options) -> DataBundle``; it may set ``headline_metrics = {"accuracy":
-"mcc"}`` to have the report show a metric in another's column for it (CoLA's MCC), and
-``report_note`` (text) for what the report must say about its protocol.  A bundle names its splits:
+"mcc"}`` to have the report show a metric in another's column for it (CoLA's MCC),
+``report_note`` (text) for what the report must say about its protocol, and
+``ood_groups = {"near": (names...), "far": (names...)}`` to have the report average its
+OOD sets ``ood/<name>`` by group (OpenOOD v1.5's near and far OOD).  A bundle names its splits:
 
 * ``train``, ``val``, ``test``: in-distribution;
 * ``shift/<name>``, among them ``shift/<corruption>/<severity>`` (:func:`corruption_split`):

@@ -222,7 +222,9 @@ class DerivedMethod:
         """One replicate's stored-format predictions from its members' (each ``split ->
         {"log_probs", "labels", ...}``): :meth:`combine` on the splits every member has,
         plus the decomposition terms ``entropy_of_mean``/``mean_entropy`` of the members'
-        predictive distributions when there are several members."""
+        predictive distributions and their spread ``prob_variance`` (sum over classes of the
+        members' population variance) when there are several members.  Logits and
+        features are not combined: the members' feature spaces differ."""
         from bench.metrics import decompose
 
         common = sorted(set.intersection(*(set(m) for m in members)))
@@ -231,8 +233,10 @@ class DerivedMethod:
         preds = {sp: {"log_probs": combined[sp], "labels": labels[sp]} for sp in combined}
         if len(members) > 1:
             for sp in combined:
-                terms = decompose(np.stack([np.exp(m[sp]["log_probs"].astype(np.float64)) for m in members]))
-                preds[sp].update(entropy_of_mean=terms["total"], mean_entropy=terms["aleatoric"])
+                probs = np.stack([np.exp(m[sp]["log_probs"].astype(np.float64)) for m in members])
+                terms = decompose(probs)
+                preds[sp].update(entropy_of_mean=terms["total"], mean_entropy=terms["aleatoric"],
+                                 prob_variance=probs.var(axis=0).sum(axis=-1))
         return preds
 
 

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 
 from bench.options import to_dict
-from bench.spec import DatasetSpec, MethodSpec, Suite, stage1_of
+from bench.spec import DatasetSpec, MethodSpec, StoreConfig, Suite, stage1_of
 from bench.store import STORE_SCHEMA
 
 
@@ -22,6 +22,7 @@ class Cell:
     seed: int
     key: str
     config: dict  # the resolved config the key hashes (also stored in cell.json)
+    store: StoreConfig = StoreConfig()  # what the cell keeps besides its predictions ([store])
     stage1: "Cell | None" = None  # the cell a two-stage method starts from (its key is in config)
 
     @property
@@ -36,11 +37,12 @@ class Cell:
 NOT_IN_KEY = ("checkpoint_every", "compile", "batch_passes")
 
 
-def cell_config(dataset: DatasetSpec, method: MethodSpec, seed: int) -> dict:
-    """Everything that determines a cell's predictions (suite-level names and
-    :data:`NOT_IN_KEY` excluded, so two suites with the same settings share keys)."""
+def cell_config(dataset: DatasetSpec, method: MethodSpec, seed: int, store: StoreConfig = StoreConfig()) -> dict:
+    """Everything that determines a cell's predictions and what it stores (suite-level
+    names and :data:`NOT_IN_KEY` excluded, so two suites with the same settings share keys)."""
     return {
         "schema": STORE_SCHEMA,
+        "store": to_dict(store),
         "dataset": {"type": dataset.type, "options": to_dict(dataset.options), "splits": list(dataset.splits)},
         "method": {
             "type": method.type,
@@ -77,10 +79,10 @@ def make_plan(suite: Suite) -> Plan:
         for m in sorted(trained, key=lambda m: bool(stage1_of(m))):  # stable: single-stage methods first
             for seed in suite.seeds:
                 first = None
-                config = cell_config(d, m, seed)
+                config = cell_config(d, m, seed, suite.store)
                 if base := stage1_of(m):
-                    base_config = cell_config(d, by_name[base], seed)
-                    first = Cell(d, by_name[base], seed, config_key(base_config), base_config)
+                    base_config = cell_config(d, by_name[base], seed, suite.store)
+                    first = Cell(d, by_name[base], seed, config_key(base_config), base_config, suite.store)
                     config["stage1"] = first.key
-                cells.append(Cell(d, m, seed, config_key(config), config, first))
+                cells.append(Cell(d, m, seed, config_key(config), config, suite.store, first))
     return Plan(suite, tuple(cells))

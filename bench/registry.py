@@ -1,5 +1,5 @@
-"""One small generic registry, used for methods, datasets, attention layers and metrics,
-and the loading of the modules that fill them (:func:`import_plugins`).
+"""One small generic registry, used for methods, datasets, attention layers, metrics and
+OOD scores, and the loading of the modules that fill them (:func:`import_plugins`).
 
 ``bench`` never names a concrete method or dataset: modules in ``methods/`` and
 ``datasets/`` register themselves with a decorator and the core looks them up by name.
@@ -114,6 +114,8 @@ DATASETS: Registry = Registry("dataset", builtins=("datasets",))
 # attention layers: the ViT's own (softmax), and each other one with the method that introduces it
 ATTENTIONS: Registry = Registry("attention", builtins=("bench.vit", "methods"))
 METRICS: Registry = Registry("metric", builtins=("bench.metrics",))
+# post-hoc OOD scores (bench.scores): what OOD metrics rank the in-distribution and OOD images by
+SCORES: Registry = Registry("OOD score", builtins=("bench.scores",))
 
 
 def import_plugins(names: list[str]) -> None:
@@ -123,7 +125,7 @@ def import_plugins(names: list[str]) -> None:
     registered name is a one-line ConfigError naming it."""
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    for registry in (ATTENTIONS, METRICS, METHODS, DATASETS):
+    for registry in (ATTENTIONS, METRICS, SCORES, METHODS, DATASETS):
         registry.complete()
     for name in names:
         try:
@@ -142,4 +144,4 @@ def import_plugins(names: list[str]) -> None:
         except (Exception, SystemExit, KeyboardInterrupt) as exc:  # noqa: BLE001  (a plugin's own error, in one line)
             what = f"called sys.exit({exc.code!r})" if isinstance(exc, SystemExit) else f"raised {one_line(exc)}"
             raise ConfigError(f"--plugin {name}: importing it {what}; a plugin module should only define and "
-                              "register (methods, datasets, attention layers, metrics)") from None
+                              "register (methods, datasets, attention layers, metrics, OOD scores)") from None

@@ -111,6 +111,18 @@ class ModelConfig:
             raise ValueError(f"dim ({self.dim}) must be divisible by heads ({self.heads})")
 
 
+@dataclass(frozen=True)
+class StoreConfig:
+    """What the store keeps besides the predictions (``[store]``; part of every cell's key,
+    so changing it re-runs the cells).  ``features``: the penultimate features (the pooled
+    token the classifier head reads, float16) of every evaluation split and of at most
+    ``train_features`` training images, which the feature-space OOD scores (Mahalanobis,
+    KNN, ViM, ...) need; the bytes per cell are in the README."""
+
+    features: bool = True
+    train_features: int = field(default=10_000, metadata={"min": 1, "soft_max": 10_000_000})
+
+
 # Backbone presets: ``[model] preset = "vit_cifar_paper"``.
 MODEL_PRESETS: dict[str, dict] = {
     # KEP-SVGP's CIFAR ViT (reference kep_svgp_and_sgpa.md section 1.1): 4x4 patches -> 64
@@ -173,6 +185,7 @@ class Suite:
     reference: str = ""  # the method significance tests and corruption errors compare against
     # where the cells run ([executor]); in no cell key and not in the store
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)  # what the store keeps ([store]); in every cell key
 
     @property
     def reference_method(self) -> str:
@@ -199,6 +212,7 @@ class _Top:
     datasets: dict = field(default_factory=dict)
     methods: dict = field(default_factory=dict)
     executor: dict = field(default_factory=dict)
+    store: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -319,6 +333,7 @@ def build_suite(raw: dict, overrides: Overrides = Overrides()) -> Suite:
     parse(TrainConfig, base_train, "train", problems)
     parse(ModelConfig, _apply_preset(dict(top.model), "model", problems), "model", problems)
     executor = parse_executor(dict(top.executor), "executor", problems)
+    store = parse(StoreConfig, dict(top.store), "store", problems)
 
     method_tables = dict(top.methods)
     if overrides.methods is not None:
@@ -347,7 +362,7 @@ def build_suite(raw: dict, overrides: Overrides = Overrides()) -> Suite:
     if top.reference and top.reference not in by_name:
         problems.add("reference", f"names no method of this suite; known: {', '.join(by_name)}")
     problems.raise_if_any()
-    return Suite(top.name, top.seeds, datasets, methods, top.description, top.reference, executor)
+    return Suite(top.name, top.seeds, datasets, methods, top.description, top.reference, executor, store)
 
 
 def _parse_dataset(name: str, table: Any, problems: Problems) -> DatasetSpec | None:

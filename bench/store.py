@@ -7,9 +7,18 @@
 * ``train_log.csv``: one row per epoch;
 * ``checkpoint.pt``: the best-on-validation weights (``torch.load(weights_only=True)``);
 * ``preds/<split>.npz``: ``log_probs`` float32 [N, C] and ``labels`` int64 [N]
-  (``-1`` on OOD splits), plus, for methods with several passes, the per-image
-  decomposition terms ``entropy_of_mean`` and ``mean_entropy`` (float32 [N]); split
-  names map to paths (``shift/x/3`` -> ``preds/shift/x/3.npz``);
+  (``-1`` on OOD splits); for methods with several passes the per-image terms
+  ``entropy_of_mean``, ``mean_entropy`` and ``prob_variance`` (float32 [N]); on the
+  ``val``, ``test`` and ``ood/...`` splits (those OOD scores read) also ``logits`` float32
+  [N, C] (the mean logit over the method's passes) and, where the suite stores features
+  (``[store] features``), ``features`` float16 [N, D] (the pooled token the classifier
+  head reads, averaged over the passes).  Split names map to paths (``shift/x/3`` ->
+  ``preds/shift/x/3.npz``);
+* ``features/train.npz`` (where the suite stores features): ``features`` float16 [n, D]
+  and ``labels`` int64 [n] of a fixed subset of the training images (at most
+  ``[store] train_features``, predicted like a test split), ``train_size`` (int64, how
+  many training images there are) and the classifier head, ``head_weight`` float32
+  [C, D] and ``head_bias`` float32 [C] (logits = features @ head_weight.T + head_bias);
 * ``manifest.json``: sha256 of every other file and the shape ``[N, C]`` of every
   prediction file, written last.
 
@@ -39,7 +48,10 @@ import zipfile
 
 import numpy as np
 
-STORE_SCHEMA = 2  # 2: decomposition terms stored for multi-pass methods
+STORE_SCHEMA = 3  # 2: decomposition terms stored for multi-pass methods; 3: logits, features, training features
+TRAIN_FEATURES = "features/train.npz"  # the training features and classifier head of a cell (module docstring)
+#: arrays of a prediction file besides ``log_probs`` and ``labels`` that are not float32 [N]
+MATRICES = {"logits": (np.float32,), "features": (np.float16, np.float32)}
 MANIFEST = "manifest.json"
 CELL = "cell.json"
 CHECKPOINT = "checkpoint.pt"
@@ -107,7 +119,8 @@ def read_json_object(path: Path) -> dict | None:
 def arrays_problem(arrays: dict[str, np.ndarray], shape: tuple[int, int] | None = None) -> str | None:
     """Why a split's arrays are not what :meth:`CellDir.write_preds` writes, or None:
     ``log_probs`` float32 [N, C] (C >= 2), finite, each row's probabilities summing to 1;
-    ``labels`` int64 [N] in [-1, C); every other array float32 [N] and finite; and, when
+    ``labels`` int64 [N] in [-1, C); ``logits`` float32 [N, C] and ``features`` float16
+    (or float32) [N, D], finite; every other array float32 [N] and finite; and, when
     ``shape`` is given (the manifest's record), [N, C] equal to it."""
     lp, labels = arrays.get("log_probs"), arrays.get("labels")
     if lp is None or labels is None:
@@ -129,10 +142,39 @@ def arrays_problem(arrays: dict[str, np.ndarray], shape: tuple[int, int] | None 
     for name, a in sorted(arrays.items()):
         if name in ("log_probs", "labels"):
             continue
+        if name in MATRICES:
+            if a.dtype not in MATRICES[name] or a.ndim != 2 or a.shape[0] != n or a.shape[1] < 1 \
+                    or (name == "logits" and a.shape[1] != c):
+                want = "[N, C]" if name == "logits" else "[N, D]"
+                return f"{name} is {a.dtype}{list(a.shape)}, not {'/'.join(np.dtype(t).name for t in MATRICES[name])} {want}"
+            if not np.isfinite(a).all():
+                return f"{name} holds non-finite values"
+            continue
         if a.dtype != np.float32 or a.shape != (n,):
             return f"{name} is {a.dtype}{list(a.shape)}, not float32 [{n}]"
         if not np.isfinite(a).all():
             return f"{name} holds non-finite values"
+    return None
+
+
+def training_features_problem(arrays: dict[str, np.ndarray]) -> str | None:
+    """Why the arrays of :data:`TRAIN_FEATURES` are not what
+    :meth:`CellDir.write_training_features` writes, or None."""
+    need = ("features", "labels", "head_weight", "head_bias", "train_size")
+    if missing := [k for k in need if k not in arrays]:
+        return f"it lacks {', '.join(missing)}"
+    f, y, w, b = (arrays[k] for k in need[:4])
+    if f.dtype not in (np.float16, np.float32) or f.ndim != 2 or 0 in f.shape:
+        return f"features is {f.dtype}{list(f.shape)}, not float16 [n, D] with n, D >= 1"
+    if y.dtype != np.int64 or y.shape != (f.shape[0],):
+        return f"labels is {y.dtype}{list(y.shape)}, not int64 [{f.shape[0]}]"
+    if w.dtype != np.float32 or w.ndim != 2 or w.shape[1] != f.shape[1] or b.dtype != np.float32 or b.shape != (w.shape[0],):
+        return (f"the head is weight {w.dtype}{list(w.shape)}, bias {b.dtype}{list(b.shape)}, not float32 "
+                f"[C, {f.shape[1]}] and [C]")
+    if y.min() < 0 or y.max() >= w.shape[0]:
+        return f"labels holds values outside [0, {w.shape[0]})"
+    if not all(np.isfinite(a).all() for a in (f, w, b)):
+        return "it holds non-finite values"
     return None
 
 
@@ -245,6 +287,13 @@ class CellDir:
         (every file of one cell has the same number of classes), or None."""
         shapes = shapes if isinstance(shapes, dict) else {}
         classes: dict[int, str] = {}
+        if TRAIN_FEATURES in rels:
+            try:
+                why = training_features_problem(_load_arrays(self.path / TRAIN_FEATURES))
+            except READ_ERRORS as exc:
+                why = f"cannot be read as plain arrays ({type(exc).__name__}: {exc})"
+            if why is not None:
+                return f"{TRAIN_FEATURES}: {why}"
         for rel in rels:
             if not (rel.startswith("preds/") and rel.endswith(".npz")):
                 continue
@@ -314,17 +363,44 @@ class CellDir:
         return "failed", reason
 
     def write_preds(self, split: str, log_probs: np.ndarray, labels: np.ndarray, **extras: np.ndarray) -> None:
-        """Store one split's predictions; ``extras`` are further per-image float32 arrays.
-        Raises ValueError, writing nothing, for arrays a verified cell may not hold
+        """Store one split's predictions; ``extras`` are further per-image arrays, stored
+        as float32 (``features`` as float16: half the bytes, ample for distances in feature
+        space).  Raises ValueError, writing nothing, for arrays a verified cell may not hold
         (:func:`arrays_problem`: e.g. non-finite log-probabilities)."""
         rel = split_relpath(split)
         arrays = {"log_probs": np.asarray(log_probs, dtype=np.float32), "labels": np.asarray(labels, dtype=np.int64),
-                  **{k: np.asarray(v, dtype=np.float32) for k, v in extras.items()}}
+                  **{k: np.asarray(v, dtype=np.float16 if k == "features" else np.float32) for k, v in extras.items()}}
         if (why := arrays_problem(arrays)) is not None:
             raise ValueError(f"predictions of split {split!r} not stored: {why}")
         buf = io.BytesIO()
         np.savez(buf, **arrays)
         atomic_write_bytes(self.path / rel, buf.getvalue())
+
+    def write_training_features(self, features: np.ndarray, labels: np.ndarray, head_weight: np.ndarray,
+                                head_bias: np.ndarray, train_size: int) -> None:
+        """Store the training features :data:`TRAIN_FEATURES` (features as float16) with the
+        classifier head; ValueError, writing nothing, for arrays that fail
+        :func:`training_features_problem`."""
+        arrays = {"features": np.asarray(features, dtype=np.float16), "labels": np.asarray(labels, dtype=np.int64),
+                  "head_weight": np.asarray(head_weight, dtype=np.float32),
+                  "head_bias": np.asarray(head_bias, dtype=np.float32), "train_size": np.int64(train_size)}
+        if (why := training_features_problem(arrays)) is not None:
+            raise ValueError(f"training features not stored: {why}")
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        atomic_write_bytes(self.path / TRAIN_FEATURES, buf.getvalue())
+
+    def read_training_features(self) -> dict[str, np.ndarray] | None:
+        """The arrays of :data:`TRAIN_FEATURES`, or None when the cell has none (stored
+        without features, or before the store kept them); ValueError when they are not
+        what :meth:`write_training_features` writes."""
+        path = self.path / TRAIN_FEATURES
+        if not path.is_file():
+            return None
+        arrays = _load_arrays(path)
+        if (why := training_features_problem(arrays)) is not None:
+            raise ValueError(f"{TRAIN_FEATURES}: {why}")
+        return arrays
 
     def write_checkpoint(self, data: bytes) -> None:
         atomic_write_bytes(self.path / CHECKPOINT, data)

@@ -35,7 +35,7 @@ from bench.data import DataBundle, Split, TokenSplit
 from bench.errors import ConfigError, NonFiniteLoss
 from bench.method import LossTerm, TrainedMethod
 from bench.spec import TrainConfig
-from bench.vit import Backbone
+from bench.vit import Backbone, HeadInputs
 
 
 def resolve_device(name: str) -> torch.device:
@@ -209,16 +209,18 @@ def decomposition_terms(sample_lp: torch.Tensor, mean_lp: torch.Tensor) -> tuple
 def predict(
     method: TrainedMethod, model: torch.nn.Module, split: Split | TokenSplit, data: DataBundle, device: torch.device,
     batch_size: int, extras: dict[str, np.ndarray] | None = None, precision: str = "auto",
-    batch_passes: bool | str = "auto", on_pass: Callable[[int], None] | None = None,
+    batch_passes: bool | str = "auto", features: bool = False, on_pass: Callable[[int], None] | None = None,
 ) -> np.ndarray:
     """Log predictive probabilities ``[N, C]`` (float32) with the method's S passes and
     averaging rule (``logits``: softmax of the mean logit; ``probs``: mean probability).
 
-    With S > 1 and an ``extras`` dict, also fills the per-image terms of the uncertainty
-    decomposition (float32 [N], nats, :func:`decomposition_terms`): ``entropy_of_mean`` =
-    H[(1/S) sum_s p_s] (total) and ``mean_entropy`` = (1/S) sum_s H[p_s] (aleatoric); their
-    difference is the mutual information (epistemic).  Two numbers per image instead of
-    all S x C probabilities.
+    With an ``extras`` dict, also fills what OOD scores read (float32): ``logits`` [N, C],
+    the mean logit over the S passes; for S > 1 three numbers per image instead of all
+    S x C probabilities: ``entropy_of_mean`` = H[(1/S) sum_s p_s] (total) and
+    ``mean_entropy`` = (1/S) sum_s H[p_s] (aleatoric; :func:`decomposition_terms`, nats)
+    and ``prob_variance`` = sum_c Var_s[p_s,c]; with ``features``, ``features`` [N, D] =
+    the head's input averaged over the passes (:class:`~bench.vit.HeadInputs`; the head is
+    linear, so ``logits`` = head(features)).
 
     With ``batch_passes`` (``[train] batch_passes``; "auto" = on CUDA) and a method whose
     noise is drawn per input (:attr:`TrainedMethod.batched_samples`), the S passes run as
@@ -235,22 +237,31 @@ def predict(
     samples = method.samples
     batched = samples > 1 and method.batched_samples and switched_on(batch_passes, device)
     chunk = max(1, batch_size // samples) if batched else batch_size
-    out, total, aleatoric = [], [], []
-    for i in range(0, len(x_all), chunk):
-        x = norm(x_all[i : i + chunk])
-        with autocast(device, precision):
-            logits = passes(model, x, samples, batched, on_pass)
-        sample_lp = F.log_softmax(logits, dim=-1)
-        mean_lp = torch.logsumexp(sample_lp, dim=0) - math.log(samples)  # log of the mean probability
-        lp = F.log_softmax(logits.mean(0), dim=-1) if method.average == "logits" else mean_lp
-        out.append(lp)
-        if extras is not None and samples > 1:
-            h_mean, mean_h = decomposition_terms(sample_lp, mean_lp)
-            total.append(h_mean)
-            aleatoric.append(mean_h)
-    if total:
-        extras["entropy_of_mean"] = torch.cat(total).cpu().numpy().astype(np.float32)
-        extras["mean_entropy"] = torch.cat(aleatoric).cpu().numpy().astype(np.float32)
+    kept: dict[str, list[torch.Tensor]] = {}
+    out = []
+    with HeadInputs(model, on=extras is not None and features) as head_inputs:
+        for i in range(0, len(x_all), chunk):
+            x = norm(x_all[i : i + chunk])
+            with autocast(device, precision):
+                logits = passes(model, x, samples, batched, on_pass)
+            sample_lp = F.log_softmax(logits, dim=-1)
+            mean_lp = torch.logsumexp(sample_lp, dim=0) - math.log(samples)  # log of the mean probability
+            lp = F.log_softmax(logits.mean(0), dim=-1) if method.average == "logits" else mean_lp
+            out.append(lp)
+            if extras is None:
+                continue
+            kept.setdefault("logits", []).append(logits.mean(0))
+            if samples > 1:
+                h_mean, mean_h = decomposition_terms(sample_lp, mean_lp)
+                kept.setdefault("entropy_of_mean", []).append(h_mean)
+                kept.setdefault("mean_entropy", []).append(mean_h)
+                kept.setdefault("prob_variance", []).append(sample_lp.exp().var(0, correction=0).sum(-1))
+            if (feats := head_inputs.take(samples, len(x))) is not None:
+                kept.setdefault("features", []).append(feats)
+            elif features:
+                kept.pop("features", None)  # a model without a Linear head, or one read otherwise: none
+    for name, parts in kept.items():
+        extras[name] = torch.cat(parts).cpu().numpy().astype(np.float32)
     return torch.cat(out).cpu().numpy().astype(np.float32)
 
 

@@ -295,6 +295,41 @@ class TextTransformer(Backbone):
         return self.positioned(self.tokens(ids))
 
 
+class HeadInputs:
+    """The penultimate features of a model: what its Linear ``head`` reads (a
+    :class:`Backbone`'s pooled, normalised token), collected by a forward pre-hook while
+    the context is open (nothing for a model without such a head, or when ``on`` is
+    False).  :meth:`take` returns the mean over the S passes of the rows read since the
+    last call, or None (and stops collecting) when the head did not read S x B rows."""
+
+    def __init__(self, model: nn.Module, on: bool = True) -> None:
+        head = getattr(model, "head", None)
+        self.rows: list[torch.Tensor] = []
+        self.hook = (head.register_forward_pre_hook(lambda _m, args: self.rows.append(args[0].float()))
+                     if on and isinstance(head, nn.Linear) else None)
+
+    def take(self, samples: int, batch: int) -> torch.Tensor | None:
+        """``[B, D]``: the mean over passes (one call of S*B rows, pass-major, or S calls of B)."""
+        rows, self.rows = self.rows, []
+        if self.hook is None:
+            return None
+        if not rows or sum(len(r) for r in rows) != samples * batch:
+            self.close()
+            return None
+        return torch.cat(rows).unflatten(0, (samples, batch)).mean(0)
+
+    def close(self) -> None:
+        if self.hook is not None:
+            self.hook.remove()
+            self.hook = None
+
+    def __enter__(self) -> "HeadInputs":
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.close()
+
+
 def backbone(data: DataBundle, cfg: ModelConfig, attention_layers: Mapping[int, AttentionChoice] | None = None) -> Backbone:
     """The backbone for ``data``: a :class:`TextTransformer` for token data (vocabulary and
     length from its tokenizer), else a :class:`ViT` for its image shape."""

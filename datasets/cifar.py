@@ -154,11 +154,19 @@ class Cifar100Options(CifarOptions):
     ood: tuple[str, ...] = ("svhn", "cifar10")
 
 
+#: OpenOOD v1.5's groups for the CIFAR benchmarks (near: the other CIFAR, TinyImageNet; far:
+#: MNIST, SVHN, Textures, Places365), by OOD set name (folders under <data root>/ood/ by
+#: their usual names); uniform noise is far.  The report averages each group's sets.
+_FAR = ("svhn", "mnist", "textures", "texture", "dtd", "places365", "places", NOISE_OOD)
+_NEAR = ("tin", "tinyimagenet", "tiny_imagenet", "tiny-imagenet")
+
+
 @DATASETS.register("cifar10")
 class Cifar10:
     """CIFAR-10 (official files); OOD SVHN, CIFAR-100 and image folders; shift CIFAR-10-C."""
 
     Options = Cifar10Options
+    ood_groups = {"near": ("cifar100", *_NEAR), "far": _FAR}
 
     @staticmethod
     def load(options: Cifar10Options) -> DataBundle:
@@ -170,6 +178,7 @@ class Cifar100:
     """CIFAR-100 (official files, fine labels); OOD SVHN, CIFAR-10 and image folders; shift CIFAR-100-C."""
 
     Options = Cifar100Options
+    ood_groups = {"near": ("cifar10", *_NEAR), "far": _FAR}
 
     @staticmethod
     def load(options: Cifar100Options) -> DataBundle:

@@ -6,8 +6,8 @@ Three steps, one module each, below :func:`analyse` (:mod:`bench.analysis.result
   :class:`~bench.catalog.Catalog` (derived methods combined from their members' stored
   predictions): labelled-split metrics (kinds other than ``ood``) on ``test`` and
   ``shift/...`` splits, OOD metrics on ``ood/...`` splits with the ``test`` split as the
-  in-distribution side, once per OOD score (MSP; predictive entropy; mutual information
-  where the decomposition exists);
+  in-distribution side, once per registered OOD score (:mod:`bench.scores`) the store
+  holds what it needs for (features fitted on the cell's stored training features);
 * :mod:`bench.analysis.statistics` -- mean and std over seeds, paired bootstrap intervals
   and significance against the reference method (``test`` and OOD splits), corruption
   aggregates per severity, corruption errors and the efficiency of every method;
@@ -17,8 +17,9 @@ Three steps, one module each, below :func:`analyse` (:mod:`bench.analysis.result
 
 Everything is seeded: the same store gives the same numbers.
 """
-from bench.analysis.evaluate import (DAMAGED_COLUMNS, FAILURE_COLUMNS, METRIC_COLUMNS, SCORES, analysed_metrics,
-                                     evaluate, evaluate_catalog, ood_scores, split_order, table_of)
+from bench.analysis.evaluate import (DAMAGED_COLUMNS, FAILURE_COLUMNS, METRIC_COLUMNS, UNSCORED_COLUMNS,
+                                     analysed_metrics, analysed_scores, evaluate, evaluate_catalog, ood_scores,
+                                     split_order, table_of)
 from bench.analysis.files import ANALYSIS_DIR, ANALYSIS_SCHEMA, FILES, analyse_store, fingerprint, load, read_manifest, save
 from bench.analysis.results import AnalysisResults, analyse
 from bench.analysis.statistics import (ALPHA, BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CE_COLUMNS, EFFICIENCY_COLUMNS,
@@ -27,7 +28,7 @@ from bench.analysis.statistics import (ALPHA, BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEE
 
 __all__ = ["AnalysisResults", "analyse", "analyse_store", "analysed_metrics", "save", "load", "fingerprint",
            "read_manifest", "evaluate", "evaluate_catalog", "ood_scores", "check_significance", "split_order",
-           "table_of", "ANALYSIS_DIR", "ANALYSIS_SCHEMA", "FILES", "SCORES", "TESTS", "SIGNIFICANCE", "ALPHA",
+           "table_of", "analysed_scores", "ANALYSIS_DIR", "ANALYSIS_SCHEMA", "FILES", "UNSCORED_COLUMNS", "TESTS", "SIGNIFICANCE", "ALPHA",
            "BOOTSTRAP_RESAMPLES", "BOOTSTRAP_SEED", "SEVERITY_RESAMPLES", "METRIC_COLUMNS", "SUMMARY_COLUMNS",
            "SEVERITY_COLUMNS", "CE_COLUMNS", "EFFICIENCY_COLUMNS", "EFFICIENCY_FIELDS", "FAILURE_COLUMNS",
            "DAMAGED_COLUMNS"]

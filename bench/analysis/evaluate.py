@@ -3,14 +3,17 @@
 :func:`evaluate` computes, for one prediction set, labelled-split metrics (kinds other
 than ``ood``) on the ``test`` and ``shift/...`` splits and OOD metrics on the ``ood/...``
 splits with the ``test`` split as the in-distribution side, once per OOD score
-(:func:`ood_scores`).  :func:`evaluate_catalog` does so for every cell of a
+(registered in ``bench.registry.SCORES``, :mod:`bench.scores`; computed by
+:func:`ood_scores`, fitted on the cell's stored training features where a score needs
+them).  :func:`evaluate_catalog` does so for every cell of a
 :class:`~bench.catalog.Catalog` (derived methods combined from their members' stored
 predictions) and collects what could not be evaluated: failed, damaged and unnamed
-cells, replicates that could not be formed, metrics that raised.
+cells, replicates that could not be formed, metrics that raised, and the scores that
+could not be computed with the reason (:data:`UNSCORED_COLUMNS`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -19,13 +22,23 @@ from bench import progress
 from bench.catalog import Catalog, Preds
 from bench.data import is_ood
 from bench.errors import one_line
-from bench.metrics import entropy, get_metric, mutual_information, selection
+from bench.store import READ_ERRORS
+from bench.metrics import get_metric, selection
+from bench.scores import NEEDS, TRAINING, TrainingFeatures, default_scores, get_score
 
-#: the OOD scores of :func:`ood_scores` (higher = more in-distribution), in display order
-SCORES = ("msp", "entropy", "mutual_info")
 METRIC_COLUMNS = ["dataset", "method", "seed", "split", "metric", "score", "value"]
 FAILURE_COLUMNS = ["dataset", "method", "seed", "reason"]
 DAMAGED_COLUMNS = ["cell", "dataset", "method", "seed", "reason"]
+#: a selected OOD score that could not be computed for a method on a dataset, and why
+UNSCORED_COLUMNS = ["dataset", "method", "score", "reason"]
+#: what to do when a trained cell lacks what a score needs (stored before this code, or without features)
+RERUN = {
+    "logits": "needs logits: rerun the suite (this cell was stored before the store kept logits)",
+    "features": "needs features: rerun with `[store] features = true` (this cell stored none)",
+    TRAINING: "needs training features: rerun with `[store] features = true` (this cell stored none)",
+}
+#: what ``ood_scores`` maps split -> score -> per-image score, for the ``test`` and ``ood/...`` splits
+CellScores = dict[str, dict[str, np.ndarray]]
 
 
 def split_order(split: str) -> tuple:
@@ -43,13 +56,52 @@ def analysed_metrics(picked: list[str] | None = None) -> list[str]:
     return list(dict.fromkeys(selection("default") + list(picked or [])))
 
 
-def ood_scores(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Per-image OOD scores (higher = more in-distribution) of one prediction set."""
-    probs = np.exp(arrays["log_probs"].astype(np.float64))
-    out = {"msp": probs.max(axis=1), "entropy": -entropy(probs)}
-    if "entropy_of_mean" in arrays and "mean_entropy" in arrays:
-        out["mutual_info"] = -mutual_information(arrays["entropy_of_mean"], arrays["mean_entropy"])
-    return out
+def analysed_scores(picked: list[str] | None = None) -> list[str]:
+    """The OOD scores analysis computes: ``picked`` (``--scores``, registered names checked
+    where they entered) or else the default selection (:func:`bench.scores.default_scores`)."""
+    return list(dict.fromkeys(picked)) if picked else default_scores()
+
+
+def ood_scores(preds: Preds, names: list[str], training: dict[str, np.ndarray] | None = None,
+               ) -> tuple[CellScores, dict[str, str]]:
+    """The OOD scores ``names`` of one prediction set on its ``test`` and ``ood/...``
+    splits: ``(split -> score -> [N] float64, score -> why it was not computed)``.
+
+    A score is computed where every array it reads is stored on ``test`` and every
+    ``ood/...`` split; one that fits does so once, on ``training`` (the arrays of
+    ``features/train.npz``).  Why not: the need it lacks (``"features"``, ``"logits"``,
+    ``"samples"``, ``"training features"``: :data:`bench.scores.NEEDS`), ``raised ...``
+    when its fit or function raised (a plugin's bug), or ``gave ...`` when it did not give
+    one finite value per image."""
+    if "test" not in preds:
+        return {sp: {} for sp in preds if is_ood(sp)}, {}
+    splits = ["test", *sorted(sp for sp in preds if is_ood(sp))]
+    fitted_on = TrainingFeatures.from_arrays(training) if training is not None else None
+    out: CellScores = {sp: {} for sp in splits}
+    why: dict[str, str] = {}
+    for name in names:
+        score = get_score(name)
+        lacks = next((need for sp in splits if (need := score.lacks(preds[sp], fitted_on is not None))), None)
+        if lacks is not None:
+            why[name] = lacks
+            continue
+        try:
+            fitted = score.fit(fitted_on) if score.fit is not None else None
+            for sp in splits:
+                values, n = score(preds[sp], fitted), len(preds[sp]["labels"])
+                if values.shape != (n,):
+                    why[name] = f"gave shape {list(values.shape)} on {sp}, not [{n}]"
+                elif not np.isfinite(values).all():
+                    why[name] = f"gave non-finite values on {sp}"
+                if name in why:
+                    break
+                out[sp][name] = values
+        except Exception as exc:  # noqa: BLE001  (any error of a score's own code)
+            why[name] = f"raised {one_line(exc)}"
+        if name in why:
+            for sp in splits:
+                out[sp].pop(name, None)
+    return out, why
 
 
 def labelled_and_ood(names: list[str]) -> tuple[list[str], list[str]]:
@@ -71,8 +123,11 @@ def metric_value(name: str, inputs: tuple, errors: dict | None = None, where: tu
 
 
 def evaluate(preds: Preds, names: list[str],
-             errors: dict[tuple[str, str, str], str] | None = None) -> list[tuple[str, str, str, float]]:
-    """``(split, metric, score, value)`` for every evaluation split of one prediction set.
+             errors: dict[tuple[str, str, str], str] | None = None,
+             scores: CellScores | None = None) -> list[tuple[str, str, str, float]]:
+    """``(split, metric, score, value)`` for every evaluation split of one prediction set;
+    OOD metrics once per score of ``scores`` (:func:`ood_scores`; default: the default
+    scores that need no training features).
 
     With ``errors``, a metric that raises (a plugin's bug) gives NaN and its error is
     recorded under ``(split, metric, score)``; the other metrics go on.  Without it the
@@ -83,7 +138,9 @@ def evaluate(preds: Preds, names: list[str],
         return metric_value(name, inputs, errors, (split, name, score))
 
     rows = []
-    test_scores = ood_scores(preds["test"]) if "test" in preds else None
+    if scores is None:
+        scores = ood_scores(preds, analysed_scores())[0]
+    test_scores = scores.get("test")
     for split in sorted(preds, key=split_order):
         if split == "val":
             continue
@@ -91,11 +148,10 @@ def evaluate(preds: Preds, names: list[str],
         if is_ood(split):
             if test_scores is None:
                 continue
-            scores = ood_scores(arrays)
-            for score in SCORES:
-                if score in scores and score in test_scores:
+            for score, ood in scores.get(split, {}).items():
+                if score in test_scores:
                     for name in on_scores:
-                        rows.append((split, name, score, value(name, split, score, test_scores[score], scores[score])))
+                        rows.append((split, name, score, value(name, split, score, test_scores[score], ood)))
         else:
             probs = np.exp(arrays["log_probs"].astype(np.float64))
             for name in labelled:
@@ -109,7 +165,10 @@ class Evaluation:
 
     ``predictions``: (dataset, method, seed or replicate) -> its predictions, for every
     cell and replicate that could be read or formed, in catalog order.  ``metrics``:
-    :data:`METRIC_COLUMNS` rows of every one of them.  ``raised``: (dataset, method, seed,
+    :data:`METRIC_COLUMNS` rows of every one of them.  ``scores``: their OOD scores
+    (:func:`ood_scores`); ``unscored``: :data:`UNSCORED_COLUMNS` rows, one per dataset,
+    method and selected score that could not be computed (a need that is expected to be
+    missing, several passes for a single-pass method, is left out).  ``raised``: (dataset, method, seed,
     split, metric, score) -> the error of a metric that raised there (its value is NaN).
     ``failures`` (:data:`FAILURE_COLUMNS`) and ``damaged`` (:data:`DAMAGED_COLUMNS`): rows
     for the cells and replicates left out and the metrics that raised."""
@@ -117,21 +176,29 @@ class Evaluation:
     names: list[str]  # the metrics evaluated: the requested ones and the datasets' headline metrics
     headlines: dict[str, dict[str, str]]  # dataset -> {metric shown in the tables: metric shown in its place}
     notes: dict[str, str]  # dataset -> its protocol note (report_note)
+    ood_groups: dict[str, dict[str, list[str]]]  # dataset -> group (near, far) -> OOD set names (ood_groups)
     predictions: dict[tuple[str, str, int], Preds]
     metrics: pd.DataFrame
     raised: dict[tuple[str, str, int, str, str, str], str]
     failures: list[dict]
     damaged: list[dict]
+    # (dataset, method, seed) -> split -> OOD score -> per-image scores (:func:`ood_scores`)
+    scores: dict[tuple[str, str, int], CellScores] = field(default_factory=dict)
+    unscored: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=UNSCORED_COLUMNS))
 
 
-def evaluate_catalog(catalog: Catalog, names: list[str]) -> Evaluation:
+def evaluate_catalog(catalog: Catalog, names: list[str], scores: list[str] | None = None) -> Evaluation:
     """Every metric of ``names`` (and the datasets' headline metrics) on every cell of
-    ``catalog`` and every replicate of its derived methods.  A metric that raises is named
+    ``catalog`` and every replicate of its derived methods, OOD metrics once per OOD score
+    of ``scores`` (default :func:`analysed_scores`).  A metric that raises is named
     once among the failures (where it first raised, with its error); its values where it
     raised are NaN, and every other metric is computed as usual."""
+    scores = analysed_scores(scores)
     classes = {d: catalog.dataset_class(d) for d in catalog.datasets}
     headlines = {d: dict(swaps) for d, c in classes.items() if (swaps := getattr(c, "headline_metrics", None))}
     notes = {d: str(note) for d, c in classes.items() if (note := getattr(c, "report_note", None))}
+    groups = {d: {str(g): [str(n) for n in names] for g, names in dict(declared).items()}
+              for d, c in classes.items() if (declared := getattr(c, "ood_groups", None))}
     names = list(names) + [t for swaps in headlines.values() for t in swaps.values() if t not in names]
     cache: dict[tuple[str, str, int], Preds] = {}
     for d, m, s in list(catalog.cells):
@@ -157,10 +224,28 @@ def evaluate_catalog(catalog: Catalog, names: list[str]) -> Evaluation:
                          for s in members):
                     failures.append({"dataset": d, "method": entry.name, "seed": rid, "reason": preds})
 
-    rows, raised = [], {}
+    rows, raised, per_cell, unscored = [], {}, {}, {}
+    kinds = {e.name: e.kind for e in catalog.methods}
     for (d, m, s), preds in progress.tracked(cache.items(), "analysis", len(cache), "cell", "{count} cells"):
+        trained, unreadable = kinds.get(m) == "trained", None
+        try:
+            training = catalog.training_features(d, m, s) if trained else None
+        except READ_ERRORS as exc:
+            training, unreadable = None, f"its stored training features are unreadable ({one_line(exc)})"
+        per_cell[(d, m, s)], lacking = ood_scores(preds, scores, training)
+        for score, need in lacking.items():
+            if need == "samples":
+                continue  # several passes or members: a single-pass method has none, as expected
+            if need not in NEEDS and need != TRAINING:
+                reason = need  # it raised
+            elif not trained:
+                reason = f"needs {need}, which a method combined from its members' stored probabilities does not have"
+            else:
+                reason = unreadable if need == TRAINING and unreadable else RERUN.get(need, f"needs {need}")
+            unscored.setdefault((d, m, score), reason)
         errors: dict[tuple[str, str, str], str] = {}
-        rows += [(d, m, s, split, metric, score, value) for split, metric, score, value in evaluate(preds, names, errors)]
+        rows += [(d, m, s, split, metric, score, value)
+                 for split, metric, score, value in evaluate(preds, names, errors, per_cell[(d, m, s)])]
         raised.update({(d, m, s, *where): why for where, why in errors.items()})
     first: dict[str, tuple] = {}  # metric -> (dataset, method, seed, split, score, error) where it first raised
     for (d, m, s, split, metric, score), why in raised.items():
@@ -169,6 +254,7 @@ def evaluate_catalog(catalog: Catalog, names: list[str]) -> Evaluation:
                   "reason": f"metric {metric!r} raised {why} (first on split {split}{f', score {score}' if score else ''}); "
                             "its cells show 'error' where it raised, every other metric is computed"}
                  for metric, (d, m, s, split, score, why) in first.items()]
-    return Evaluation(names=names, headlines=headlines, notes=notes, predictions=cache,
+    unscored_df = pd.DataFrame([(d, m, score, why) for (d, m, score), why in unscored.items()], columns=UNSCORED_COLUMNS)
+    return Evaluation(names=names, headlines=headlines, notes=notes, ood_groups=groups, predictions=cache,
                       metrics=pd.DataFrame(rows, columns=METRIC_COLUMNS), raised=raised, failures=failures,
-                      damaged=damaged)
+                      damaged=damaged, scores=per_cell, unscored=unscored_df)

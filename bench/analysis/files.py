@@ -31,12 +31,14 @@ from typing import Callable
 
 import pandas as pd
 
-from bench.analysis.evaluate import DAMAGED_COLUMNS, FAILURE_COLUMNS, METRIC_COLUMNS, analysed_metrics
+from bench.analysis.evaluate import (DAMAGED_COLUMNS, FAILURE_COLUMNS, METRIC_COLUMNS, UNSCORED_COLUMNS,
+                                     analysed_metrics, analysed_scores)
 from bench.analysis.results import AnalysisResults, analyse
 from bench.analysis.statistics import (BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CE_COLUMNS, EFFICIENCY_COLUMNS,
                                        SEVERITY_COLUMNS, SIGNIFICANCE, SUMMARY_COLUMNS, check_significance)
 from bench.catalog import Catalog
 from bench.metrics import get_metric
+from bench.scores import get_score
 from bench.store import atomic_write_bytes, atomic_write_json
 
 ANALYSIS_SCHEMA = 4  # bump when the files' columns or meaning change
@@ -53,19 +55,23 @@ FILES: dict[str, tuple[str, list[str], tuple[str, ...]]] = {
     "efficiency.csv": ("efficiency", EFFICIENCY_COLUMNS, ("dataset", "method")),
     "failures.csv": ("failures", FAILURE_COLUMNS, ("dataset", "method", "reason")),
     "damaged.csv": ("damaged", DAMAGED_COLUMNS, ("cell", "dataset", "method", "reason")),
+    "unscored.csv": ("unscored", UNSCORED_COLUMNS, ("dataset", "method", "score", "reason")),
 }
 #: The code the analysis files depend on, as paths under ``bench/`` (a folder stands for
 #: every ``.py`` file below it); their text is in the fingerprint.
-_CODE = ("metrics", "stats.py", "analysis", "catalog.py", "method.py")
+_CODE = ("metrics", "scores", "stats.py", "analysis", "catalog.py", "method.py")
 
 
 def fingerprint(catalog: Catalog, metrics: list[str], resamples: int, seed: int,
-                significance: str = SIGNIFICANCE) -> str:
+                significance: str = SIGNIFICANCE, scores: list[str] | None = None) -> str:
     """sha256 of everything the analysis files depend on (see the module docstring)."""
     code = {name: hashlib.sha256(path.read_bytes()).hexdigest() for name, path in _code_files().items()}
     fns = {name: hashlib.sha256(_source(get_metric(name).fn).encode()).hexdigest() for name in metrics}
+    scores = analysed_scores(scores)
+    fns.update({f"score:{name}": hashlib.sha256((_source(get_score(name).fn) + _source(get_score(name).fit)).encode())
+               .hexdigest() for name in scores})
     deviations = {m.name: catalog.method_deviations(m.name) for m in catalog.methods}  # the methods' code decides
-    blob = json.dumps({"schema": ANALYSIS_SCHEMA, "metrics": metrics, "resamples": resamples, "seed": seed,
+    blob = json.dumps({"schema": ANALYSIS_SCHEMA, "metrics": metrics, "scores": scores, "resamples": resamples, "seed": seed,
                        "significance": significance, "code": code, "functions": fns, "store": catalog.fingerprint(),
                        "deviations": deviations}, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()
@@ -113,8 +119,10 @@ def save(results: AnalysisResults, out: Path, key: str, options: dict) -> None:
         "datasets": results.datasets,
         "methods": results.methods,
         "metrics": results.analysed_metrics,
+        "scores": results.scores,
         "headlines": results.headlines,
         "notes": results.notes,
+        "ood_groups": results.ood_groups,
         "deviations": results.deviations,
         "splits": results.splits,
         "seeds": [[d, m, s] for (d, m), s in sorted(results.seeds.items())],
@@ -164,9 +172,11 @@ def load(out: Path, load_predictions: Callable | None = None) -> AnalysisResults
         load_predictions=load_predictions or missing,
         reference=meta["reference"],
         analysed_metrics=list(meta["metrics"]),
+        scores=list(meta.get("scores", [])),
         significance=str(meta["options"].get("significance", SIGNIFICANCE)),
         headlines={d: dict(v) for d, v in meta.get("headlines", {}).items()},
         notes=dict(meta.get("notes", {})),
+        ood_groups={d: {g: list(n) for g, n in v.items()} for d, v in meta.get("ood_groups", {}).items()},
         deviations={m: list(lines) for m, lines in meta.get("deviations", {}).items()},
         **frames,
     )
@@ -174,15 +184,16 @@ def load(out: Path, load_predictions: Callable | None = None) -> AnalysisResults
 
 def analyse_store(catalog: Catalog, out: Path, metrics: list[str] | None = None,
                   resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED,
-                  significance: str = SIGNIFICANCE) -> tuple[AnalysisResults, bool]:
+                  significance: str = SIGNIFICANCE, scores: list[str] | None = None) -> tuple[AnalysisResults, bool]:
     """The analysis of ``catalog`` as written under ``out``: reused when its key matches
     the files there or a set kept under ``out/cache/`` (which then comes back to ``out``),
     else recomputed and written; the set it replaces is kept under ``out/cache/``.
     ``metrics``: registered metric names computed on top of the default selection (checked
-    where they entered: :func:`bench.report.validate_metrics`).  Returns ``(results read
-    from the files, reused)``."""
+    where they entered: :func:`bench.report.validate_metrics`); ``scores``: the OOD scores
+    (``--scores``, checked where they entered: :func:`bench.scores.validate_scores`;
+    default: the default scores).  Returns ``(results read from the files, reused)``."""
     names = analysed_metrics(metrics)
-    key = fingerprint(catalog, names, resamples, seed, check_significance(significance))
+    key = fingerprint(catalog, names, resamples, seed, check_significance(significance), scores)
     out = Path(out)
     meta = read_manifest(out)
     reused = meta is not None and meta.get("key") == key
@@ -196,7 +207,7 @@ def analyse_store(catalog: Catalog, out: Path, metrics: list[str] | None = None,
             _move_set(kept, out, kept_meta)
             shutil.rmtree(kept, ignore_errors=True)
         else:
-            save(analyse(catalog, names, resamples, seed, significance), out, key,
+            save(analyse(catalog, names, resamples, seed, significance, scores), out, key,
                  {"resamples": resamples, "seed": seed, "significance": significance})
         _prune(out / CACHE_DIR)
     return load(out, catalog.predictions), reused

@@ -15,7 +15,8 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from bench.analysis.evaluate import DAMAGED_COLUMNS, FAILURE_COLUMNS, analysed_metrics, evaluate_catalog, split_order
+from bench.analysis.evaluate import (DAMAGED_COLUMNS, FAILURE_COLUMNS, UNSCORED_COLUMNS, analysed_metrics, analysed_scores,
+                                     evaluate_catalog, split_order)
 from bench.analysis.statistics import (BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, SIGNIFICANCE, check_significance,
                                        corruption_errors, efficiency, severity_table, summarise)
 from bench.catalog import Catalog
@@ -30,10 +31,10 @@ class AnalysisResults:
     are raw (unscaled: accuracy in [0, 1], NLL in nats, ...).  Labelled-split metrics are
     rows for ``test`` and ``shift/...`` splits with ``score == ""``; OOD metrics are rows
     for ``ood/...`` splits, computed with the ``test`` split as the in-distribution side,
-    once per OOD score: ``"msp"`` (max probability, every method), ``"entropy"``
-    (negative predictive entropy H[p-bar]) and ``"mutual_info"`` (negative mutual
-    information, only for methods with several samples or members).  ``seed`` is the training seed, or the replicate
-    index for methods combined from several seeds (ensembles).
+    once per OOD score of ``scores`` (registered in ``bench.registry.SCORES``; a score is
+    computed where the store holds what it needs, and ``unscored`` names where it could
+    not be).  ``seed`` is the training seed, or the replicate index for methods combined
+    from several seeds (ensembles).
 
     ``summary`` (one row per dataset, method, split, metric, score): ``table``
     (``in_distribution`` for ``test``, ``shift``, ``ood``), ``n_seeds``, ``mean``, ``std``
@@ -83,22 +84,29 @@ class AnalysisResults:
     # accuracy column shows MCC, as the paper's Table 1): the data set's headline_metrics
     headlines: dict[str, dict[str, str]] = field(default_factory=dict)
     notes: dict[str, str] = field(default_factory=dict)  # dataset -> its protocol note (report_note)
+    # dataset -> OOD group (near, far) -> the OOD set names in it (the data set's ood_groups)
+    ood_groups: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     # method -> how it differs from its authors' code, one line each (Catalog.method_deviations)
     deviations: dict[str, list[str]] = field(default_factory=dict)
     damaged: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=DAMAGED_COLUMNS))
+    scores: list[str] = field(default_factory=list)  # the OOD scores analysed, in display order
+    # the selected OOD scores a method could not get on a dataset, and why (UNSCORED_COLUMNS)
+    unscored: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=UNSCORED_COLUMNS))
 
 
 
 def analyse(catalog: Catalog, metrics: list[str] | None = None, resamples: int = BOOTSTRAP_RESAMPLES,
-            seed: int = BOOTSTRAP_SEED, significance: str = SIGNIFICANCE) -> AnalysisResults:
+            seed: int = BOOTSTRAP_SEED, significance: str = SIGNIFICANCE,
+            scores: list[str] | None = None) -> AnalysisResults:
     """Every table of the report, computed from the catalog's stored predictions.
     ``metrics``: the metrics to compute (default :func:`~bench.analysis.evaluate.analysed_metrics`);
+    ``scores``: the OOD scores (default :func:`~bench.analysis.evaluate.analysed_scores`);
     ``significance``: the test behind marks and intervals (:data:`bench.stats.SIGNIFICANCE_TESTS`).
     A metric that raises is named once among the failures (where it first raised, with its
     error); its summary rows where it raised have the verdict ``error`` and it gets no
     bootstrap, while every other metric is computed as usual."""
     check_significance(significance)
-    evaluated = evaluate_catalog(catalog, list(metrics) if metrics is not None else analysed_metrics())
+    evaluated = evaluate_catalog(catalog, list(metrics) if metrics is not None else analysed_metrics(), scores)
     cache, metrics_df, raised = evaluated.predictions, evaluated.metrics, evaluated.raised
     failed = {metric for _, _, _, _, metric, _ in raised}
     computed = [n for n in evaluated.names if n not in failed]  # bootstrapped: a metric that raised would raise again
@@ -112,7 +120,7 @@ def analyse(catalog: Catalog, metrics: list[str] | None = None, resamples: int =
     by_seed = {e.name for e in catalog.methods if e.kind == "trained" or e.method.members_per_replicate() == 1}
     in_bootstrap: dict[str, tuple] = {}  # metric -> (dataset, method, seed, error) where its bootstrap first raised
     summary = summarise(metrics_df, cache, seeds, catalog.reference, computed, resamples, seed, evaluated.headlines,
-                        by_seed, significance, in_bootstrap)
+                        by_seed, significance, in_bootstrap, evaluated.scores)
     severity = severity_table(metrics_df, cache, seeds, computed, seed, significance, in_bootstrap)
     if raised:
         at = {(d, m, split, metric, score) for d, m, _, split, metric, score in raised}
@@ -145,5 +153,8 @@ def analyse(catalog: Catalog, metrics: list[str] | None = None, resamples: int =
         significance=significance,
         headlines=evaluated.headlines,
         notes=evaluated.notes,
+        ood_groups=evaluated.ood_groups,
         deviations={e.name: lines for e in catalog.methods if (lines := catalog.method_deviations(e.name))},
+        scores=analysed_scores(scores),
+        unscored=evaluated.unscored,
     )

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from bench import stats
-from bench.analysis.evaluate import METRIC_COLUMNS, SCORES, labelled_and_ood, metric_value, ood_scores, table_of
+from bench.analysis.evaluate import METRIC_COLUMNS, CellScores, labelled_and_ood, metric_value, table_of
 from bench.catalog import Catalog
 from bench.data import corruption_of, is_ood
 from bench.errors import ConfigError, one_line
@@ -39,7 +39,8 @@ SEVERITY_COLUMNS = ["dataset", "method", "severity", "metric", "n_seeds", "n_sam
                     "ci_high"]
 CE_COLUMNS = ["dataset", "method", "corruption", "ce"]
 #: the costs of a method (:func:`efficiency`); the report's efficiency table shows them in this order
-EFFICIENCY_FIELDS = ("parameters", "train_seconds", "predict_seconds_per_1000", "peak_memory_mb", "passes")
+EFFICIENCY_FIELDS = ("parameters", "train_seconds", "predict_seconds_per_1000", "peak_memory_mb", "passes",
+                     "detector_fit_seconds", "detector_score_seconds_per_1000")
 EFFICIENCY_COLUMNS = ["dataset", "method", *EFFICIENCY_FIELDS]
 
 
@@ -74,14 +75,17 @@ def _resampled(errors: dict[str, tuple], where: tuple, name: str, boot, *inputs)
 def summarise(metrics_df: pd.DataFrame, cache: dict, seeds: dict, reference: str, names: list[str],
               resamples: int, seed: int, headlines: dict[str, dict[str, str]] | None = None,
               by_seed: set[str] | frozenset[str] = frozenset(), significance: str = SIGNIFICANCE,
-              errors: dict[str, tuple] | None = None) -> pd.DataFrame:
+              errors: dict[str, tuple] | None = None,
+              scores: dict[tuple[str, str, int], CellScores] | None = None) -> pd.DataFrame:
     """Mean/std over seeds for every (dataset, method, split, metric, score); on ``test``
     and OOD splits also the CI of the seed-mean and the test against the reference method
     (``significance``; methods in ``by_seed`` are keyed by training seed and compared seed
     by seed when both sides have the same seeds), Holm-corrected per (dataset, table)
     within the paper selection (with a dataset's ``headlines`` swapped in: CoLA's MCC for
     accuracy), and separately among any further metrics.  A metric whose bootstrap raises
-    (recorded in ``errors``, :func:`_resampled`) keeps its mean and std, without CI or test."""
+    (recorded in ``errors``, :func:`_resampled`) keeps its mean and std, without CI or test.
+    ``scores``: the OOD scores of every prediction set (``bench.analysis.evaluate.ood_scores``),
+    which the OOD metrics are bootstrapped on."""
     errors = {} if errors is None else errors
     if metrics_df.empty:
         return pd.DataFrame(columns=SUMMARY_COLUMNS)
@@ -111,16 +115,16 @@ def summarise(metrics_df: pd.DataFrame, cache: dict, seeds: dict, reference: str
                                       probs, preds["test"]["labels"], weights["test"])
                     if boot is not None:
                         boots.setdefault((dataset, method, "test", name, ""), {})[s] = boot
-                test_scores = ood_scores(preds["test"])
+                cell_scores = (scores or {}).get((dataset, method, s), {})
+                test_scores = cell_scores.get("test", {})
                 for split in preds:
                     if not is_ood(split):
                         continue
-                    scores = ood_scores(preds[split])
-                    for score in SCORES:
-                        if score in scores and score in test_scores:
+                    for score, ood in cell_scores.get(split, {}).items():
+                        if score in test_scores:
                             for name in on_scores:
                                 boot = _resampled(errors, (dataset, method, s), name, stats.boot_ood_metric,
-                                                  test_scores[score], scores[score], weights["test"], weights[split])
+                                                  test_scores[score], ood, weights["test"], weights[split])
                                 if boot is not None:
                                     boots.setdefault((dataset, method, split, name, score), {})[s] = boot
     boots = {k: per_seed for k, per_seed in boots.items() if k[3] not in errors}
@@ -365,6 +369,7 @@ def efficiency(catalog: Catalog) -> pd.DataFrame:
                     "predict_seconds_per_1000": float(np.mean([i.get("predict_seconds_per_1000", np.nan) for i in infos])),
                     "peak_memory_mb": float(np.max([i.get("peak_memory_mb", np.nan) for i in infos])),
                     "passes": infos[0].get("samples", 1),
+                    **_detector_seconds(infos),
                 }
         for e in catalog.methods:
             if e.name in trained:
@@ -375,5 +380,20 @@ def efficiency(catalog: Catalog) -> pd.DataFrame:
                 rows.append({"dataset": d, "method": e.name, "parameters": base["parameters"] * k,
                              "train_seconds": base["train_seconds"] * k,
                              "predict_seconds_per_1000": base["predict_seconds_per_1000"] * k,
-                             "peak_memory_mb": base["peak_memory_mb"], "passes": base["passes"] * k})
+                             "peak_memory_mb": base["peak_memory_mb"], "passes": base["passes"] * k,
+                             "detector_fit_seconds": np.nan, "detector_score_seconds_per_1000": np.nan})
     return pd.DataFrame(rows, columns=EFFICIENCY_COLUMNS)
+
+
+def _detector_seconds(infos: list[dict]) -> dict[str, float]:
+    """The feature-space OOD detectors' cost of a method (``ood_detectors`` in cell.json,
+    :func:`bench.scores.detector_cost`): fit seconds and scoring seconds per 1,000 images,
+    each summed over the detectors a cell measured and averaged over the seeds; NaN where
+    no cell measured any (no stored features, or a store written before they were)."""
+    measured = [i["ood_detectors"] for i in infos if isinstance(i.get("ood_detectors"), dict) and i["ood_detectors"]]
+
+    def total(field: str) -> float:
+        return float(np.mean([sum(float(d[field]) for d in m.values()) for m in measured])) if measured else np.nan
+
+    return {"detector_fit_seconds": total("fit_seconds"),
+            "detector_score_seconds_per_1000": total("score_seconds_per_1000")}

@@ -10,7 +10,10 @@ from typing import TYPE_CHECKING, Sequence
 import pandas as pd
 from tabulate import tabulate
 
+from bench.data import is_ood
+from bench.registry import SCORES
 from bench.report.formats import md_escape, to_markdown
+from bench.scores import default_scores, sort_scores
 from bench.report.tables import CI_DECIMALS, NOT_REACHED, TABLES, Column, Table, dataset_columns
 from bench.stats import SAMPLES_SEEDS_FIXED
 
@@ -89,12 +92,30 @@ def _note(reference: str, significance: str) -> str:
     )
 
 
-_SCORES_NOTE = (
-    "OOD scores (column *Score*; higher = more in-distribution): `msp` = maximum "
-    "predictive probability; `entropy` = negative predictive entropy H[p̄]; `mutual_info` "
-    "= negative mutual information between prediction and model (epistemic part of the "
-    "entropy decomposition), only for methods with several samples or members."
-)
+def _scores_note(results: AnalysisResults, methods: list[str]) -> list[str]:
+    """The OOD scores of the *Score* column (the analysed ones, from the registry), and the
+    selected scores a shown method could not get, with the reason."""
+    names = sort_scores(results.scores)
+    parts = ["OOD scores (column *Score*; higher = more in-distribution; `--scores` picks them, "
+             f"default: {', '.join(f'`{n}`' for n in default_scores())}):", ""]
+    body = []
+    for name in names:
+        score = SCORES.get(name) if name in SCORES else None
+        if score is None:
+            body.append([f"`{name}`", "", "(not registered in this code)", ""])
+            continue
+        body.append([f"`{name}`", ", ".join(score.needs), md_escape(score.convention), md_escape(score.reference)])
+    parts.append(tabulate(body, headers=["Score", "Needs", "Convention", "Reference"], tablefmt="pipe",
+                          disable_numparse=True) + "\n")
+    shown = set(methods)
+    missing = results.unscored.loc[results.unscored["method"].isin(shown)] if len(results.unscored) else results.unscored
+    if len(missing):
+        parts += ["Scores not computed (the store lacks what they need):", ""]
+        rows = [[md_escape(str(v)) for v in row] for row in missing[["dataset", "method", "score", "reason"]]
+                .itertuples(index=False)]
+        parts.append(tabulate(rows, headers=["dataset", "method", "score", "reason"], tablefmt="pipe",
+                              disable_numparse=True) + "\n")
+    return parts
 
 
 DEGENERATE_NOTE = (
@@ -113,7 +134,7 @@ DEGENERATE_NOTE = (
 )
 
 
-def _conventions(tables: list[Table]) -> list[str]:
+def _conventions(tables: list[Table], results: AnalysisResults, methods: list[str]) -> list[str]:
     """One line per shown column (metrics first seen order), with its convention."""
     seen: dict[str, tuple[Column, list[str]]] = {}
     for table in tables:
@@ -127,7 +148,7 @@ def _conventions(tables: list[Table]) -> list[str]:
         parts.append(tabulate(body, headers=["Column", "Name", "Tables", "Convention"],
                               tablefmt="pipe", disable_numparse=True) + "\n")
     if any(t.spec.source == "ood" for t in tables):
-        parts += [_SCORES_NOTE, ""]
+        parts += _scores_note(results, methods)
     if any(t.metric_columns for t in tables):
         parts += [DEGENERATE_NOTE, ""]
     return parts
@@ -155,7 +176,7 @@ def readme_text(
     skipped = [s.name for s in TABLES if s.name not in shown]
     if skipped:
         parts += [f"Not shown (none of the selected metrics belongs to them): {', '.join(skipped)}.", ""]
-    parts += _conventions(tables)
+    parts += _conventions(tables, results, methods)
     for dataset in results.datasets:
         parts += [f"## {dataset}", ""]
         if results.notes.get(dataset):  # the data set's protocol (registered class's report_note)
@@ -168,6 +189,8 @@ def readme_text(
             mine = Table(table.spec, dataset_columns(table, results.headlines, dataset),
                          [r for r in table.rows if r.dataset == dataset], table.reference)
             parts.append(to_markdown(mine, drop_dataset=True))
+            if table.spec.source == "ood":
+                parts += _best_scores(results, dataset, methods) + _ood_groups(results, dataset, methods)
 
     parts += ["## Failed cells", ""]
     failures = _failures_in_order(results, methods)
@@ -203,6 +226,74 @@ def readme_text(
             parts += [f"![{caption}]({path.relative_to(out_dir).as_posix()})", ""]
     parts += footnotes
     return "\n".join(parts).rstrip("\n") + "\n"
+
+
+def _best_scores(results: AnalysisResults, dataset: str, methods: list[str]) -> list[str]:
+    """Which OOD score detects each OOD set best for each method: the highest seed-mean
+    AUROC (ties: every tied score), with its value; nothing without OOD AUROC rows."""
+    summary = results.summary
+    if not len(summary):
+        return []
+    rows = summary[(summary["dataset"] == dataset) & (summary["table"] == "ood") & (summary["metric"] == "ood_auroc")]
+    splits = [sp for sp in results.splits.get(dataset, []) if is_ood(sp) and sp in set(rows["split"])]
+    body = []
+    for method in methods:
+        cells = []
+        for split in splits:
+            mine = rows[(rows["method"] == method) & (rows["split"] == split)].dropna(subset=["mean"])
+            if not len(mine):
+                cells.append("")
+                continue
+            best = mine["mean"].max()
+            cells.append(", ".join(f"`{sc}`" for sc in sort_scores(mine.loc[mine["mean"] == best, "score"]))
+                         + f" ({100 * best:.1f})")
+        if any(cells):
+            body.append([md_escape(method), *cells])
+    if not body:
+        return []
+    return ["Best OOD score per method and OOD set (highest seed-mean AUROC, %):", "",
+            tabulate(body, headers=["Method", *[f"`{sp}`" for sp in splits]], tablefmt="pipe",
+                     disable_numparse=True) + "\n"]
+
+
+GROUP_METRICS = ("ood_auroc", "ood_fpr95")  # the columns of the near/far OOD table
+
+
+def _ood_groups(results: AnalysisResults, dataset: str, methods: list[str]) -> list[str]:
+    """The data set's OOD groups (``ood_groups``: OpenOOD v1.5's near and far OOD): per
+    method and score, the mean over the group's OOD sets of the seed-mean AUROC and FPR95;
+    a cell is shown only where every set of the group has a value.  Nothing when the data
+    set declares no groups or none of its OOD sets belongs to one."""
+    groups = results.ood_groups.get(dataset)
+    splits = [sp for sp in results.splits.get(dataset, []) if is_ood(sp)]
+    order = sorted(groups or {}, key=lambda g: (g != "near", g != "far", g))  # near, far, then any other
+    present = {g: [sp for sp in splits if sp.split("/", 1)[1] in groups[g]] for g in order}
+    present = {g: sps for g, sps in present.items() if sps}
+    summary = results.summary
+    if not present or not len(summary):
+        return []
+    ood = summary[(summary["dataset"] == dataset) & (summary["table"] == "ood")]
+    means = {(r.method, r.split, r.metric, r.score): r.mean for r in ood.itertuples(index=False)}
+    shown = [m for m in GROUP_METRICS if m in set(ood["metric"])]
+    columns = [(g, m) for m in shown for g in present]
+    body = []
+    for method in methods:
+        for score in sort_scores(results.scores or set(ood["score"])):
+            cells = []
+            for g, m in columns:
+                values = [means.get((method, sp, m, score)) for sp in present[g]]
+                ok = all(v is not None and v == v for v in values)
+                cells.append(f"{100 * sum(values) / len(values):.1f}" if ok else "")
+            if any(cells):
+                body.append([md_escape(method), f"`{score}`", *cells])
+    if not body:
+        return []
+    labels = {"ood_auroc": "AUROC (%)", "ood_fpr95": "FPR95 (%)"}
+    sets = "; ".join(f"{g}: {', '.join(f'`{sp}`' for sp in sps)}" for g, sps in present.items())
+    return [f"OOD groups (OpenOOD v1.5's near and far OOD; the mean of the seed-means over each group's sets: "
+            f"{sets}):", "",
+            tabulate(body, headers=["Method", "Score", *[f"{g.capitalize()} {labels[m]}" for g, m in columns]],
+                     tablefmt="pipe", disable_numparse=True, colalign=("left", "left", *["right"] * len(columns))) + "\n"]
 
 
 def _fidelity(results: AnalysisResults, methods: list[str]) -> tuple[list[str], list[str]]:

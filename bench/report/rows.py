@@ -3,7 +3,7 @@ builder per table source (:data:`SOURCES`), each giving a (dataset, method)'s ro
 their raw statistics (:class:`Stat`).
 
 Rows follow the results' display orders (datasets, methods, splits, OOD scores in the
-order of :data:`bench.analysis.SCORES`, severities); nothing depends on the row order of
+order of :func:`bench.scores.score_key`, severities); nothing depends on the row order of
 the input frames.  Which table takes which source is :data:`bench.report.tables.TABLES`.
 """
 from __future__ import annotations
@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 import pandas as pd
 
-from bench.analysis import EFFICIENCY_COLUMNS, EFFICIENCY_FIELDS, SCORES
+from bench.analysis import EFFICIENCY_COLUMNS, EFFICIENCY_FIELDS
 from bench.data import corruption_of, corruption_split, is_ood, is_shift
+from bench.scores import score_key
 
 if TYPE_CHECKING:
     from bench.analysis import AnalysisResults
@@ -137,18 +138,13 @@ def _stat(record: dict) -> Stat:
                  seeds_needed=_float(record.get("seeds_needed")))
 
 
-def _score_key(score: str) -> tuple:
-    """OOD scores in the analysis' order (:data:`bench.analysis.SCORES`), any other after them, sorted."""
-    return (SCORES.index(score) if score in SCORES else len(SCORES), score)
-
-
 def _summary_rows(ix: ResultsIndex, dataset: str, method: str,
                   select: Callable[[str, str], tuple | None]) -> list[Row]:
     """Rows from ``results.summary``: ``select(split, score)`` gives the row keys or None."""
     cells = ix.summary.get((dataset, method), {})
     picked = [((split, score), select(split, score)) for split, score in cells]
     picked = [(rk, keys) for rk, keys in picked if keys is not None]
-    picked.sort(key=lambda p: (ix.split_key(dataset, p[0][0]), _score_key(p[0][1])))
+    picked.sort(key=lambda p: (ix.split_key(dataset, p[0][0]), score_key(p[0][1])))
     return [Row(dataset, method, keys, cells[rk], ix.summary_n[(dataset, method)][rk])
             for rk, keys in picked]
 

@@ -24,6 +24,7 @@ from bench.report.formats import FORMATS, validate_formats
 from bench.report.readme import left_out_summary
 from bench.report.tables import validate_metrics
 from bench.runs import implied, resume_flags, write_record
+from bench.scores import validate_scores
 from bench.spec import Suite, select
 from bench.store import STORE_SUITE
 
@@ -36,11 +37,12 @@ class ReportOptions:
     ``methods``: the methods shown (``report --methods``; ``None``: every method of the
     suite or store); ``datasets``: the datasets analysed and shown (``None``: all);
     ``metrics``: the metric columns and the metrics analysed on top of the default
-    selection (``None``: each table's selection); ``formats``, ``severity``,
+    selection (``None``: each table's selection); ``scores``: the OOD scores analysed and
+    shown (``None``: :func:`bench.scores.default_scores`); ``formats``, ``severity``,
     ``significance``: as :func:`bench.report.write_report` and
     :func:`bench.analysis.analyse_store` take them.  The metrics, formats and severity are
     checked when the options are made (:func:`~bench.report.tables.validate_metrics`,
-    :func:`~bench.report.formats.validate_formats`, :func:`bench.data.check_severity`): a bad
+    :func:`~bench.scores.validate_scores`, :func:`~bench.report.formats.validate_formats`, :func:`bench.data.check_severity`): a bad
     one is a ConfigError before any work.  ``strict``: exit 1 when any cell is
     left out; ``quiet``: no line on success; ``debug``: an error that keeps the report
     from being written propagates instead of being told in one line.  ``suite`` (the name
@@ -55,6 +57,7 @@ class ReportOptions:
     seeds: tuple[int, ...] | None = None
     epochs: int | None = None
     metrics: tuple[str, ...] | None = None
+    scores: tuple[str, ...] | None = None
     formats: tuple[str, ...] = FORMATS
     severity: int = SEVERITIES[-1]
     significance: str = SIGNIFICANCE
@@ -66,6 +69,8 @@ class ReportOptions:
     def __post_init__(self) -> None:  # where the choices enter the report: checked once, then passed on
         if self.metrics is not None:
             object.__setattr__(self, "metrics", tuple(validate_metrics(self.metrics)))
+        if self.scores is not None:
+            object.__setattr__(self, "scores", tuple(validate_scores(self.scores)))
         object.__setattr__(self, "formats", validate_formats(self.formats))
         object.__setattr__(self, "severity", check_severity(self.severity, "--severity", ConfigError))
 
@@ -83,6 +88,7 @@ class Reported:
     left_out: tuple = ()
     complete_with: str = ""
     failures: tuple[str, ...] = ()
+    unscored: tuple[str, ...] = ()  # the selected OOD scores a shown method could not get, one line each
 
     def left_out_lines(self) -> list[str]:
         """The left-out cells for stderr: a count, one line per cell, the command."""
@@ -114,7 +120,7 @@ def report_suite(suite: Suite | None, store_root: Path, out_dir: Path, options: 
     if not options.quiet:
         how = "reused the analysis files" if outcome.reused else "analysed the store"
         print(f"report: {outcome.readme} ({how}; {time.perf_counter() - started:.1f} s)", file=sys.stderr)
-    for line in [*outcome.left_out_lines(), *outcome.failures]:
+    for line in [*outcome.left_out_lines(), *outcome.failures, *outcome.unscored]:
         print(f"report: {line}", file=sys.stderr)
     if outcome.troubles:
         print(f"report: {outcome.troubles} failed, interrupted or damaged cell(s) or replicate(s) left out, "
@@ -160,7 +166,8 @@ def write_suite_report(suite: Suite | None, store_root: Path, out_dir: Path, opt
     picked = list(options.metrics) if options.metrics else None
     rows = catalog.rows(methods) if methods else None
     with staged(out_dir) as stage:
-        results, reused = analyse_store(catalog, stage / ANALYSIS_DIR, picked, significance=options.significance)
+        results, reused = analyse_store(catalog, stage / ANALYSIS_DIR, picked, significance=options.significance,
+                                        scores=list(options.scores) if options.scores else None)
         damaged = dict(zip(results.damaged["cell"], results.damaged["reason"]))
         left_out = catalog.left_out(wanted, damaged)
         if wanted is None and methods:
@@ -177,8 +184,15 @@ def write_suite_report(suite: Suite | None, store_root: Path, out_dir: Path, opt
     damaged = [m for m in results.damaged["method"] if m in mine or not m]  # "": a directory naming no cell
     cells = {(c.dataset, c.method, c.seed) for c in left_out}
     failures = [f"failed: {d} / {m} / seed {s}: {why}" for d, m, s, why in failed if (d, m, s) not in cells]
+    grouped: dict[tuple[str, str, str], list[str]] = {}  # one line per method and reason
+    for d, m, score, why in results.unscored[["dataset", "method", "score", "reason"]].itertuples(index=False,
+                                                                                                    name=None):
+        if m in mine:
+            grouped.setdefault((d, m, why), []).append(repr(score))
+    unscored = [f"OOD score{'s' if len(names) > 1 else ''} {', '.join(names)} not computed for {d} / {m}: {why}"
+                for (d, m, why), names in grouped.items()]
     return Reported(Path(out_dir) / "README.md", reused, len(failed) + len(damaged), tuple(left_out), command,
-                    tuple(failures))
+                    tuple(failures), tuple(unscored))
 
 
 def _completing_command(options: ReportOptions, store_only: bool) -> str:

@@ -95,6 +95,17 @@ _EFFICIENCY_LOOK: dict[str, dict] = {  # a field of bench.analysis.EFFICIENCY_FI
     "passes": dict(label="Passes", unit="", higher_is_better=None, decimals=0,
                    convention="Forward passes per prediction (Monte-Carlo samples; a combinator adds up its "
                               "members')."),
+    "detector_fit_seconds": dict(label="OOD detector fit", unit="s", higher_is_better=False, decimals=3,
+                                 convention="Wall-clock time to fit the feature-space OOD scores (every registered "
+                                            "score with a fit: Mahalanobis, relative Mahalanobis, KNN, ViM, residual) "
+                                            "on the cell's stored training features, summed over them, mean over "
+                                            "seeds; measured once by the cell after prediction and kept in "
+                                            "cell.json. n/a for methods without stored features."),
+    "detector_score_seconds_per_1000": dict(label="OOD detector scoring / 1,000 images", unit="s",
+                                            higher_is_better=False, decimals=3,
+                                            convention="Wall-clock time of those fitted scores on the test split "
+                                                       "per 1,000 images, summed over them, mean over seeds (KNN's "
+                                                       "cost is here: its fit only normalises)."),
 }
 EFFICIENCY_TABLE_COLUMNS: tuple[Column, ...] = tuple(Column(field, scale=1.0, **_EFFICIENCY_LOOK[field])
                                                      for field in EFFICIENCY_FIELDS)

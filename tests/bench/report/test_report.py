@@ -51,10 +51,10 @@ SAMPLES_PER_SPLIT = 50  # the severity table's image count of every split (sever
 CE = {"msp": {"gaussian_noise": 1.0, "contrast": 1.0, "mCE": 1.0},
       "mc_dropout": {"gaussian_noise": 0.8, "contrast": 0.9, "mCE": 0.85},
       "broken": {"gaussian_noise": 1.1, "contrast": 1.3, "mCE": 1.2}}
-EFFICIENCY = {  # parameters, train_seconds, predict_seconds_per_1000, peak_memory_mb, passes
-    "msp": (1234567, 12.34, 0.4567, 512.0, 1),
-    "mc_dropout": (1234567, 15.0, 4.5678, 600.25, 10),
-    "broken": (99, 1.0, 0.001, 10.0, 1),
+EFFICIENCY = {  # parameters, train_seconds, predict_seconds_per_1000, peak_memory_mb, passes, detector fit, scoring
+    "msp": (1234567, 12.34, 0.4567, 512.0, 1, 0.01234, 2.5),
+    "mc_dropout": (1234567, 15.0, 4.5678, 600.25, 10, float("nan"), float("nan")),
+    "broken": (99, 1.0, 0.001, 10.0, 1, float("nan"), float("nan")),
 }
 
 # scales of KEP-SVGP Table 1, written out here independently of bench.report
@@ -154,7 +154,8 @@ def _corruption_errors() -> pd.DataFrame:
 def _efficiency() -> pd.DataFrame:
     rows = [(d, m, *EFFICIENCY[m]) for d in DATASETS for m in METHODS if ran(d, m)]
     return pd.DataFrame(rows, columns=["dataset", "method", "parameters", "train_seconds",
-                                       "predict_seconds_per_1000", "peak_memory_mb", "passes"])
+                                       "predict_seconds_per_1000", "peak_memory_mb", "passes",
+                                       "detector_fit_seconds", "detector_score_seconds_per_1000"])
 
 
 def _load_predictions(dataset: str, method: str, seed: int, split: str):
@@ -561,11 +562,13 @@ def test_efficiency_numbers_are_formatted_from_the_input(report):
     out, _ = report
     rows = md_rows(out / "tables" / "efficiency.md")
     assert list(rows[0]) == ["Dataset", "Method", "Parameters", "Train time (s)",
-                             "Predict time / 1,000 images (s)", "Peak memory (MiB)", "Passes"]
+                             "Predict time / 1,000 images (s)", "Peak memory (MiB)", "Passes",
+                             "OOD detector fit (s)", "OOD detector scoring / 1,000 images (s)"]
     msp = find(rows, Dataset="toy_a", Method="msp")
-    assert list(msp.values())[2:] == ["1,234,567", "12.3", "0.457", "512.0", "1"]
-    mc = find(rows, Dataset="toy b&c", Method="mc_dropout")
-    assert list(mc.values())[2:] == ["1,234,567", "15.0", "4.568", "600.2", "10"]
+    assert list(msp.values())[2:] == ["1,234,567", "12.3", "0.457", "512.0", "1", "0.012", "2.500"]
+    mc = find(rows, Dataset="toy b&c", Method="mc_dropout")  # no detector measured: n/a, not 0
+    assert list(mc.values())[2:7] == ["1,234,567", "15.0", "4.568", "600.2", "10"]
+    assert list(mc.values())[7:] == ["n/a", "n/a"]
     csv = pd.read_csv(out / "tables" / "efficiency.csv")
     row = csv[(csv.dataset == "toy_a") & (csv.method == "mc_dropout")].iloc[0]
     assert row["predict_seconds_per_1000"] == pytest.approx(4.5678) and row["parameters"] == 1234567
