@@ -1,5 +1,6 @@
 """Methods, one file each; importing this package registers them all."""
 from methods import (  # noqa: F401
+    ddu,
     deep_ensemble,
     kdeformer,
     kep_svgp,
