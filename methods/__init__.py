@@ -1,6 +1,7 @@
 """Methods, one file each; importing this package registers them all."""
 from methods import (  # noqa: F401
     cgpt,
+    ddu,
     deep_ensemble,
     kdeformer,
     kep_svgp,

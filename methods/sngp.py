@@ -19,7 +19,7 @@ Equations (B batch, d = model width, M = ``random_features``, C classes)
   estimates σ̂ = uᵀ W v, and the layer uses
         W_sn = W · min(1, c / σ̂),       c = ``spectral_norm_bound``
   (edward2 ``SpectralNormalization``: W is rescaled only when σ̂ exceeds c).  In eval mode
-  u and v stay as they are.
+  u and v stay as they are.  (The mechanism is shared with DDU: ``bench/spectral_norm.py``.)
 * **GP layer** (replaces the readout's Linear; its input is the pooled, LayerNormed token
   ``h ∈ R^d``):
         h̃ = LN₀(h)                              (parameter-free LayerNorm, ``normalize_input``)
@@ -73,67 +73,13 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.utils import parametrize
 
 from bench import distributed
 from bench.data import DataBundle
-from bench.errors import ConfigError
 from bench.method import TrainedMethod
 from bench.registry import METHODS
 from bench.spec import ModelConfig
-
-
-class SpectralNormBound(nn.Module):
-    """Parametrization W -> W · min(1, bound / σ̂), σ̂ = uᵀ W v from power iteration.
-
-    ``iterations`` power-iteration steps per training-mode call update the buffers u
-    (left singular vector, [out]) and v (right, [in]); eval mode uses them as they are.
-    Gradients pass through W and σ̂ with u, v held fixed (torch's ``spectral_norm``)."""
-
-    def __init__(self, weight: torch.Tensor, bound: float, iterations: int = 1) -> None:
-        super().__init__()
-        if weight.ndim != 2:
-            raise ValueError(f"spectral normalisation wraps a matrix, got shape {tuple(weight.shape)}")
-        self.bound, self.iterations = float(bound), int(iterations)
-        out_f, in_f = weight.shape
-        self.register_buffer("u", F.normalize(weight.new_empty(out_f).normal_(), dim=0, eps=1e-12))
-        self.register_buffer("v", F.normalize(weight.new_empty(in_f).normal_(), dim=0, eps=1e-12))
-        self.power_iteration(weight.detach(), 15)  # a converged start, as torch's spectral_norm
-
-    @torch.no_grad()
-    def power_iteration(self, weight: torch.Tensor, steps: int) -> None:
-        for _ in range(steps):
-            self.v.copy_(F.normalize(weight.t() @ self.u, dim=0, eps=1e-12))
-            self.u.copy_(F.normalize(weight @ self.v, dim=0, eps=1e-12))
-
-    def sigma(self, weight: torch.Tensor) -> torch.Tensor:
-        """σ̂ = uᵀ W v (a 0-d tensor, differentiable in W)."""
-        return torch.dot(self.u, weight @ self.v)
-
-    def forward(self, weight: torch.Tensor) -> torch.Tensor:
-        with torch.autocast(device_type=weight.device.type, enabled=False):  # σ̂ in the weight's precision
-            if self.training:
-                self.power_iteration(weight.detach(), self.iterations)
-            sigma = self.sigma(weight)
-            return weight * torch.clamp(self.bound / sigma, max=1.0)
-
-
-def spectral_normalise(linear: nn.Linear, bound: float, iterations: int) -> None:
-    """Wrap ``linear.weight`` in :class:`SpectralNormBound` (in place)."""
-    parametrize.register_parametrization(linear, "weight", SpectralNormBound(linear.weight, bound, iterations))
-
-
-def residual_linears(model: nn.Module) -> list[tuple[str, nn.Linear]]:
-    """The dense layers SNGP wraps in every block: ``attn.proj`` (the attention's output
-    projection) and the MLP's ``mlp.0`` and ``mlp.3``, with their names in ``model``."""
-    out = []
-    for i, block in enumerate(model.blocks):
-        proj = getattr(block.attn, "proj", None)
-        if not isinstance(proj, nn.Linear):
-            raise ConfigError(f"sngp: the attention of block {i} ({type(block.attn).__name__}) has no Linear output "
-                              "projection `proj` to normalise; use model.attention = \"softmax\" or spectral_norm = false")
-        out += [(f"blocks.{i}.attn.proj", proj), (f"blocks.{i}.mlp.0", block.mlp[0]), (f"blocks.{i}.mlp.3", block.mlp[3])]
-    return out
+from bench.spectral_norm import spectral_normalise_residuals
 
 
 class RandomFeatureGP(nn.Module):
@@ -226,14 +172,14 @@ class SNGP(TrainedMethod):
 
     def build_model(self, cfg: ModelConfig, data: DataBundle, attention_layers: dict | None = None):
         """The backbone with its readout Linear replaced by :class:`RandomFeatureGP` and, with
-        ``spectral_norm``, the residual branches' dense layers wrapped (:func:`residual_linears`)."""
+        ``spectral_norm``, the residual branches' dense layers wrapped
+        (:func:`bench.spectral_norm.residual_linears`)."""
         o = self.options
         model = super().build_model(cfg, data, attention_layers)
         model.head = RandomFeatureGP(cfg.dim, data.num_classes, o.random_features, o.kernel_scale, o.scale_features,
                                      o.normalize_input, o.ridge, o.mean_field_factor)
         if o.spectral_norm:
-            for _, linear in residual_linears(model):
-                spectral_normalise(linear, o.spectral_norm_bound, o.spectral_norm_iterations)
+            spectral_normalise_residuals(model, o.spectral_norm_bound, o.spectral_norm_iterations, "sngp")
         return model
 
     def on_train_epoch(self, model: nn.Module, epoch: int, epochs: int) -> None:

@@ -10,8 +10,8 @@ reference, place in the default selection); higher = more in-distribution throug
                 the default selection and the checks of ``--scores``
 ``outputs``     MSP, entropy, mutual information, max logit, energy, predictive
                 variance (probabilities, logits, the spread of the passes)
-``features``    Mahalanobis, relative Mahalanobis, KNN, ViM, residual (fitted on
-                the stored training features)
+``features``    Mahalanobis, relative Mahalanobis, KNN, ViM, residual, DDU's feature
+                density (fitted on the stored training features)
 ==============  =================================================================
 
 ``python run_suite.py list`` lists them; a plugin registers a score with the same
@@ -19,8 +19,8 @@ decorator.
 """
 from __future__ import annotations
 
-from bench.scores.features import (fit_gaussians, fit_knn, fit_vim, knn_k, knn_score, mahalanobis_score,
-                                   normalise, relative_mahalanobis_score, residual_norm, vim_dim, vim_score)
+from bench.scores.features import (GDA_JITTERS, fit_gaussians, fit_gda, fit_knn, fit_vim, gda_jitter, gda_log_density,
+                                   knn_k, knn_score, mahalanobis_score, normalise, relative_mahalanobis_score, residual_norm, vim_dim, vim_score)
 from bench.scores.outputs import energy_score, max_logit_score, msp_score
 from bench.scores.record import (NEEDS, TRAINING, Score, TrainingFeatures, default_scores, detector_cost, get_score,
                                  ood_score,
@@ -29,4 +29,5 @@ from bench.scores.record import (NEEDS, TRAINING, Score, TrainingFeatures, defau
 __all__ = ["NEEDS", "TRAINING", "Score", "TrainingFeatures", "default_scores", "detector_cost", "get_score", "ood_score",
            "score_key", "score_order", "sort_scores", "validate_scores", "msp_score", "max_logit_score", "energy_score", "fit_gaussians",
            "mahalanobis_score", "relative_mahalanobis_score", "normalise", "fit_knn", "knn_k", "knn_score",
-           "fit_vim", "vim_dim", "vim_score", "residual_norm"]
+           "fit_vim", "vim_dim", "vim_score", "residual_norm", "GDA_JITTERS", "fit_gda", "gda_jitter",
+           "gda_log_density"]

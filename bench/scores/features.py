@@ -30,13 +30,37 @@ AUROC, FPR95, AUPR) the convention says so.
   ``logsumexp(z) - alpha ||(x - u) R||`` with R the residual (non-principal) eigenvectors
   and z recomputed from the features (as OpenOOD does).
 * Residual (Wang et al. 2022; OpenOOD ``residual``): ``-||(x - u) R||``.
+* DDU feature density (Mukhoti et al. 2023, "Deep Deterministic Uncertainty"; official
+  code omegafragger/DDU f597744): Gaussian discriminant analysis, one Gaussian per class
+  with its *own* mean and covariance (unlike Mahalanobis' shared one), fitted on the stored
+  training features; score = the log density of the mixture with the class proportions,
+  ``log q(x) = logsumexp_c [log N(x; mu_c, Sigma_c + j I) + log pi_c]``, higher = more
+  in-distribution (the paper's epistemic uncertainty is its negative).  Exactly as the
+  official ``utils/gmm_utils.py``: ``mu_c`` the class mean (``gmm_fit``, :87), ``Sigma_c``
+  the class-centred scatter divided by ``n_c - 1`` (``centered_cov_torch``, :9-12,
+  ``gmm_fit`` :88-90), and one jitter ``j`` for every class, the first of
+  ``JITTERS = [0, finfo(double).tiny] + [10^e for e in -308..-1]`` (:5-6) for which every
+  ``Sigma_c + j I`` has a Cholesky factor (``gmm_fit`` :93-107: ``MultivariateNormal``
+  factorises the covariance and the loop moves on when that fails).  The official code
+  multiplies the jitter by ``torch.eye``, which is float32, so the value added is the
+  float32 rounding of ``10^e``: 0 up to ``1e-46``, ``1.4e-45`` for ``1e-45`` (the smallest
+  float32 subnormal); we add the same values (:func:`gda_jitter`).  Class priors: the
+  paper's ``q(z) = sum_y q(z|y) q(y)`` with ``pi_c = n_c / n`` (the proportions of the
+  stored subset); the official evaluation leaves ``log pi_c`` out (``evaluate.py``
+  :211-212 takes ``logsumexp`` of ``gmm.log_prob``, ``gmm_utils.py`` :52), which ranks
+  images the same when the classes are equally frequent and differs by ``log(n_c / n)``
+  per class otherwise.  A class with fewer than 2 stored features has no covariance (the
+  official code would divide by 0): the fit raises and analysis names the reason.  With
+  ``n_c <= D`` (e.g. CIFAR-100's 10,000 stored features, about 100 per class, in width
+  384) every ``Sigma_c`` is singular and the jitter decides its small eigenvalues; the
+  official fit uses all 45,000 training images (450 per class).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.linalg import pinvh
+from scipy.linalg import pinvh, solve_triangular
 from scipy.special import logsumexp
 
 from bench.scores.record import TrainingFeatures, ood_score
@@ -232,3 +256,96 @@ def vim(arrays, fitted: VirtualLogit):
            reads=("features",), fit=_fit_vim, reference="Wang et al., CVPR 2022")
 def residual(arrays, fitted: VirtualLogit):
     return -residual_norm(arrays["features"], fitted)
+
+
+# --- DDU: Gaussian discriminant analysis, feature density ---------------------------------------
+#: omegafragger/DDU ``utils/gmm_utils.py:6``: ``[0, torch.finfo(torch.double).tiny] + [10 ** exp for exp in range(-308, 0, 1)]``
+GDA_JITTERS: tuple[float, ...] = (0.0, float(np.finfo(np.float64).tiny)) + tuple(10.0 ** e for e in range(-308, 0))
+
+
+def gda_jitter(eps: float) -> float:
+    """What the official ``gmm_fit`` adds to the diagonal for jitter ``eps``: ``eps *
+    torch.eye(D)`` is float32 (torch's default dtype), so ``eps`` rounded to float32."""
+    return float(np.float32(eps))
+
+
+@dataclass(frozen=True)
+class ClassGaussians:
+    """DDU's GDA: classes ``classes`` [K], means ``means`` [K, D], the inverse Cholesky
+    factors ``inv_chol`` [K, D, D] of ``Sigma_c + jitter I`` (so that the squared
+    Mahalanobis distance is ``||inv_chol_c (x - mu_c)||^2``), their log-determinants
+    ``log_det`` [K], the log class proportions ``log_prior`` [K], the official jitter
+    ``jitter_eps`` (an entry of :data:`GDA_JITTERS`) and the value ``jitter`` it added."""
+
+    classes: np.ndarray
+    means: np.ndarray
+    inv_chol: np.ndarray
+    log_det: np.ndarray
+    log_prior: np.ndarray
+    jitter_eps: float
+    jitter: float
+
+
+def class_covariances(features: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(classes [K], means [K, D], covariances [K, D, D])`` of training ``features`` [n, D]
+    per class present in ``labels`` [n]: the class mean and the class-centred scatter
+    divided by ``n_c - 1`` (official ``centered_cov_torch``)."""
+    x = np.asarray(features, np.float64)
+    labels = np.asarray(labels)
+    classes, counts = np.unique(labels, return_counts=True)
+    if (few := classes[counts < 2]).size:
+        raise ValueError(f"class(es) {few.tolist()} have fewer than 2 stored training features: no covariance")
+    means = np.stack([x[labels == c].mean(axis=0) for c in classes])
+    covs = np.stack([(x[labels == c] - m).T @ (x[labels == c] - m) / (n - 1) for c, m, n in zip(classes, means, counts)])
+    return classes, means, covs
+
+
+def fit_gda(features: np.ndarray, labels: np.ndarray) -> ClassGaussians:
+    """DDU's Gaussian discriminant analysis of training ``features`` [n, D] with ``labels``
+    [n] (module docstring): per-class means and covariances, one jitter for all classes,
+    the first of :data:`GDA_JITTERS` for which every jittered covariance has a Cholesky
+    factor; raises ``ValueError`` when none has (the official loop would end without a
+    model)."""
+    labels = np.asarray(labels)
+    classes, means, covs = class_covariances(features, labels)
+    counts = np.array([(labels == c).sum() for c in classes])
+    eye = np.eye(covs.shape[1])
+    tried: set[float] = set()
+    for eps in GDA_JITTERS:
+        jitter = gda_jitter(eps)
+        if jitter in tried:  # the same matrices as an earlier entry (float32 rounding to 0)
+            continue
+        tried.add(jitter)
+        try:
+            chol = np.stack([np.linalg.cholesky(cov + jitter * eye) for cov in covs])
+        except np.linalg.LinAlgError:
+            continue
+        inv_chol = np.stack([solve_triangular(lower, eye, lower=True) for lower in chol])
+        log_det = 2.0 * np.log(np.diagonal(chol, axis1=1, axis2=2)).sum(axis=1)
+        return ClassGaussians(classes, means, inv_chol, log_det, np.log(counts / counts.sum()), float(eps), jitter)
+    raise ValueError(f"no jitter up to {GDA_JITTERS[-1]:g} makes every class covariance positive definite")
+
+
+def gda_log_density(features: np.ndarray, fit: ClassGaussians) -> np.ndarray:
+    """``log q(x) = logsumexp_c [log N(x; mu_c, Sigma_c + j I) + log pi_c]`` of
+    ``features`` [N, D] -> [N]."""
+    x = np.asarray(features, np.float64)
+    d = x.shape[1]
+    joint = np.empty((len(x), len(fit.classes)))
+    for k in range(len(fit.classes)):
+        whitened = (x - fit.means[k]) @ fit.inv_chol[k].T
+        joint[:, k] = -0.5 * (d * np.log(2 * np.pi) + fit.log_det[k] + (whitened**2).sum(axis=1)) + fit.log_prior[k]
+    return logsumexp(joint, axis=1)
+
+
+def _fit_gda(training: TrainingFeatures) -> ClassGaussians:
+    return fit_gda(training.features, training.labels)
+
+
+@ood_score("DDU density", "log q(x) = logsumexp_c [log N(x; mu_c, Sigma_c) + log pi_c]: a Gaussian per class, its own "
+           "mean and covariance (/(n_c - 1), plus the official jitter until positive definite), pi_c = n_c / n, fitted "
+           "on the stored training features (Mukhoti et al. 2023, DDU's feature density; the official code leaves out "
+           "log pi_c).",
+           reads=("features",), fit=_fit_gda, reference="Mukhoti et al., CVPR 2023")
+def ddu_density(arrays, fitted: ClassGaussians):
+    return gda_log_density(arrays["features"], fitted)

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from scipy.special import log_softmax
+from scipy.special import log_softmax, logsumexp
 from sklearn.covariance import EmpiricalCovariance
 from sklearn.metrics import roc_auc_score
 from sklearn.neighbors import NearestNeighbors
 
 from bench.errors import ConfigError
 from bench.registry import SCORES
-from bench.scores import (TrainingFeatures, default_scores, fit_knn, get_score, knn_k, knn_score, ood_score,
-                          validate_scores, vim_dim)
+from bench.scores import (GDA_JITTERS, TRAINING, TrainingFeatures, default_scores, fit_gda, fit_knn, gda_log_density,
+                          get_score, knn_k, knn_score, ood_score, validate_scores, vim_dim)
 
 
 def gaussian_features(n_per_class: int = 40, classes: int = 3, width: int = 8, seed: int = 0):
@@ -211,6 +211,119 @@ def test_openood_conformance_energy_max_logit_mahalanobis_vim_values_and_knn_ran
 
 
 # --- the registry --------------------------------------------------------------------------------------
+# --- DDU's feature density (Gaussian discriminant analysis) --------------------------------------
+def ddu_case(seed: int = 5):
+    """Three classes of unequal size (40, 23, 11) and unequal covariances in width 6, and test
+    rows near and far from them: a shared covariance or a missing log prior changes the density."""
+    rng = np.random.default_rng(seed)
+    sizes, width = (40, 23, 11), 6
+    x, y = [], []
+    for c, n in enumerate(sizes):
+        mix = rng.normal(size=(width, width)) * (1.0 + c)  # each class its own covariance
+        x.append(2.0 * c + rng.normal(size=(n, width)) @ mix)
+        y.append(np.full(n, c))
+    x, y = np.concatenate(x), np.concatenate(y)
+    test = np.concatenate([x[::7] + 0.1 * rng.normal(size=x[::7].shape), 30.0 + 10.0 * rng.normal(size=(8, width))])
+    return x, y, test
+
+
+def qda_reference(x, y, test, jitter: float = 0.0):
+    """log sum_c pi_c N(test; mu_c, Sigma_c + jitter I) with the class means and class
+    proportions of scikit-learn's QDA, the per-class covariances by hand (``np.cov``, /(n_c - 1):
+    QDA's ``covariance_`` is /n_c since scikit-learn 1.9, /(n_c - 1) before), the densities
+    from scipy's multivariate_normal and the sum by scipy's logsumexp."""
+    from scipy.stats import multivariate_normal
+    from sklearn.discriminant_analysis import QuadraticDiscriminantAnalysis
+
+    qda = QuadraticDiscriminantAnalysis().fit(x, y)
+    eye = np.eye(x.shape[1])
+    covs = [np.cov(x[y == c], rowvar=False, ddof=1) for c in qda.classes_]
+    per_class = np.stack([multivariate_normal(mu, cov + jitter * eye).logpdf(test) + np.log(prior)
+                          for mu, cov, prior in zip(qda.means_, covs, qda.priors_)], axis=1)
+    return logsumexp(per_class, axis=1)
+
+
+def test_ddu_density_matches_per_class_gaussians_from_sklearn_qda_and_scipy():
+    x, y, test = ddu_case()
+    fitted = fit_gda(x, y)
+    assert fitted.jitter_eps == 0.0 and fitted.jitter == 0.0  # well-conditioned: the official loop stops at 0
+    for c, (mu, cov) in enumerate(zip(fitted.means, fitted.inv_chol)):  # hand computation of each class's Gaussian
+        xc = x[y == c]
+        hand = (xc - xc.mean(axis=0)).T @ (xc - xc.mean(axis=0)) / (len(xc) - 1)
+        np.testing.assert_allclose(mu, xc.mean(axis=0), rtol=1e-12)
+        np.testing.assert_allclose(np.linalg.inv(cov.T @ cov), hand, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(fitted.log_prior, np.log(np.array([40, 23, 11]) / 74), rtol=1e-12)
+    want = qda_reference(x, y, test)
+    got = registered("ddu_density", {"features": test.astype(np.float16)}, training(x, y, np.zeros((3, 6)), np.zeros(3)))
+    np.testing.assert_allclose(got, qda_reference(x, y, test.astype(np.float16).astype(np.float64)), rtol=1e-10)
+    np.testing.assert_allclose(gda_log_density(test, fitted), want, rtol=1e-10)
+    # the test rows far from every class score lower (higher = more in-distribution)
+    assert want[-8:].max() < np.median(want[:-8])
+    score = get_score("ddu_density")
+    assert score.needs == ("features", TRAINING) and score.default is None and "ddu_density" not in default_scores()
+
+
+def official_jitters() -> list[float]:
+    """omegafragger/DDU utils/gmm_utils.py:6, written out: [0, finfo(double).tiny] + [10 ** exp for exp in range(-308, 0)]."""
+    return [0.0, float(np.finfo(np.float64).tiny)] + [10.0**e for e in range(-308, 0)]
+
+
+def first_jitter(covs: np.ndarray) -> float:
+    """The official loop: the first jitter eps whose ``eps * torch.eye`` (float32) makes every
+    covariance Cholesky-factorisable, here with scipy's Cholesky."""
+    from scipy.linalg import LinAlgError, cholesky
+
+    for eps in official_jitters():
+        try:
+            for cov in covs:
+                cholesky(cov + float(np.float32(eps)) * np.eye(len(cov)), lower=True)
+        except LinAlgError:
+            continue
+        return eps
+    raise AssertionError("no jitter")
+
+
+def test_ddu_density_jitter_follows_the_official_sequence_on_singular_covariances():
+    assert list(GDA_JITTERS) == official_jitters() and len(GDA_JITTERS) == 310
+    # (1) a feature constant within one class: its covariance has an exact zero row.  The
+    # official float32 eye rounds every entry below 1e-45 to 0, so 1e-45 (added as 1.4e-45) is
+    # the first that works.
+    x, y, test = ddu_case()
+    x[y == 1, 2] = 0.5
+    fitted = fit_gda(x, y)
+    assert (fitted.jitter_eps, fitted.jitter) == (1e-45, 1.401298464324817e-45)
+    covs = np.stack([np.cov(x[y == c], rowvar=False) for c in range(3)])
+    assert first_jitter(covs) == 1e-45
+    got = gda_log_density(test, fitted)
+    assert np.isfinite(got).all()
+    on_plane = test[:, 2] == 0.5  # none: every test row leaves the plane of class 1, whose density vanishes
+    assert not on_plane.any()
+    without_1 = qda_reference(x[y != 1], y[y != 1], test)  # class 1 contributes exp(-huge) = 0; the others
+    np.testing.assert_allclose(got, without_1 + np.log(51 / 74), rtol=1e-9)  # keep their priors n_c / 74, not / 51
+    # (2) rank-deficient classes (fewer features than dimensions) of very different scales:
+    # one jitter for every class, the first with which all of them factorise.
+    rng = np.random.default_rng(7)
+    big = 1e4 * rng.normal(size=(4, 3)) @ rng.normal(size=(3, 8))  # 4 features of rank 3 in width 8, large
+    small = 1e-3 * rng.normal(size=(30, 8))  # full rank, small: a jitter meant for `big` changes it
+    xs, ys = np.concatenate([big, small]), np.repeat([0, 1], [4, 30])
+    fitted = fit_gda(xs, ys)
+    covs = np.stack([np.cov(xs[ys == c], rowvar=False) for c in (0, 1)])
+    assert fitted.jitter_eps == first_jitter(covs) > 1e-45 and fitted.jitter == float(np.float32(fitted.jitter_eps))
+    probe = 1e-3 * rng.normal(size=(5, 8))
+    want_small = multivariate_logpdf(probe, covs[1] + fitted.jitter * np.eye(8), xs[ys == 1].mean(axis=0))
+    got_small = gda_log_density(probe, fitted)  # class 0's density at these rows is negligible
+    np.testing.assert_allclose(got_small, want_small + np.log(30 / 34), rtol=1e-9)
+    # (3) a class with one stored feature has no covariance (the official code divides by 0)
+    with pytest.raises(ValueError, match="fewer than 2"):
+        fit_gda(np.concatenate([xs, np.ones((1, 8))]), np.append(ys, 2))
+
+
+def multivariate_logpdf(x, cov, mean):
+    from scipy.stats import multivariate_normal
+
+    return multivariate_normal(mean, cov).logpdf(x)
+
+
 def test_unknown_score_names_the_closest_one():
     with pytest.raises(ConfigError, match=r"unknown OOD score 'mahalanobs' \(at --scores\)\. Did you mean 'mahalanobis'\?"):
         validate_scores(["msp", "mahalanobs"])
