@@ -41,7 +41,8 @@ from typing import Any, Literal
 from bench.errors import ConfigError
 from bench.executor_config import ExecutorConfig, parse_executor
 from bench.options import ALLOW_LARGE_HINT, Problems, allow_large, parse
-from bench.registry import ATTENTIONS, DATASETS, METHODS
+from bench.registry import ATTENTIONS, DATASETS, METHODS, SCORES
+from bench import scores as _scores  # noqa: F401  (registers the built-in OOD scores a suite may name)
 
 SUITES_DIR = Path(__file__).resolve().parent / "suites"
 MAX_TOML_DEPTH = 32  # tables and arrays nested in a suite file (a suite needs about 5)
@@ -186,6 +187,9 @@ class Suite:
     # where the cells run ([executor]); in no cell key and not in the store
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
     store: StoreConfig = field(default_factory=StoreConfig)  # what the store keeps ([store]); in every cell key
+    # the OOD scores its report shows (``scores = [...]``; ``--scores`` overrides; () = the
+    # default scores); not in any cell key: analysis computes them from the store
+    scores: tuple[str, ...] = ()
 
     @property
     def reference_method(self) -> str:
@@ -213,6 +217,7 @@ class _Top:
     methods: dict = field(default_factory=dict)
     executor: dict = field(default_factory=dict)
     store: dict = field(default_factory=dict)
+    scores: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -361,8 +366,12 @@ def build_suite(raw: dict, overrides: Overrides = Overrides()) -> Suite:
 
     if top.reference and top.reference not in by_name:
         problems.add("reference", f"names no method of this suite; known: {', '.join(by_name)}")
+    for name in top.scores:
+        if name not in SCORES:
+            problems.add("scores", f"unknown OOD score {name!r}; known: {', '.join(SCORES.names())}")
     problems.raise_if_any()
-    return Suite(top.name, top.seeds, datasets, methods, top.description, top.reference, executor, store)
+    return Suite(top.name, top.seeds, datasets, methods, top.description, top.reference, executor, store,
+                 tuple(dict.fromkeys(top.scores)))
 
 
 def _parse_dataset(name: str, table: Any, problems: Problems) -> DatasetSpec | None:

@@ -167,7 +167,7 @@ def write_suite_report(suite: Suite | None, store_root: Path, out_dir: Path, opt
     rows = catalog.rows(methods) if methods else None
     with staged(out_dir) as stage:
         results, reused = analyse_store(catalog, stage / ANALYSIS_DIR, picked, significance=options.significance,
-                                        scores=list(options.scores) if options.scores else None)
+                                        scores=_scores(options, suite))
         damaged = dict(zip(results.damaged["cell"], results.damaged["reason"]))
         left_out = catalog.left_out(wanted, damaged)
         if wanted is None and methods:
@@ -193,6 +193,14 @@ def write_suite_report(suite: Suite | None, store_root: Path, out_dir: Path, opt
                 for (d, m, why), names in grouped.items()]
     return Reported(Path(out_dir) / "README.md", reused, len(failed) + len(damaged), tuple(left_out), command,
                     tuple(failures), tuple(unscored))
+
+
+def _scores(options: ReportOptions, suite: Suite | None) -> list[str] | None:
+    """The OOD scores to analyse: ``--scores``, else the suite's ``scores``, else None
+    (the default scores)."""
+    if options.scores:
+        return list(options.scores)
+    return list(suite.scores) if suite is not None and suite.scores else None
 
 
 def _completing_command(options: ReportOptions, store_only: bool) -> str:

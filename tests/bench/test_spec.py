@@ -581,3 +581,15 @@ def test_a_bad_executor_table_names_the_key(table, path, needle):
 def test_executor_problems_are_reported_with_the_others():
     lines = problem_lines(config_error(minimal(train={"epochs": 0}, executor={"workers": 0, "kind": "ray"})))
     assert {"train.epochs", "executor.workers", "executor.kind"} <= set(lines)
+
+
+def test_a_suite_names_the_ood_scores_its_report_shows():
+    """``scores = [...]``: the report's OOD scores unless --scores says otherwise (repeats
+    dropped, order kept); an unknown score is a ConfigError naming it and the known ones."""
+    suite = build_suite(minimal(scores=["knn", "ddu_density", "knn"]))
+    assert suite.scores == ("knn", "ddu_density")
+    assert build_suite(minimal()).scores == ()
+    with pytest.raises(ConfigError, match=r"scores: unknown OOD score 'knnn'; known: .*\bknn\b"):
+        build_suite(minimal(scores=["knnn"]))
+    zoo = load_suite("zoo")
+    assert "ddu_density" in zoo.scores and "ddu" in [m.name for m in zoo.methods]
