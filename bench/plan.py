@@ -23,7 +23,7 @@ class Cell:
     key: str
     config: dict  # the resolved config the key hashes (also stored in cell.json)
     store: StoreConfig = StoreConfig()  # what the cell keeps besides its predictions ([store])
-    stage1: "Cell | None" = None  # the cell a two-stage method starts from (its key is in config)
+    stage1: "Cell | None" = None  # the cell a two-stage method starts from (its config, less the seed, is in config)
 
     @property
     def label(self) -> str:
@@ -83,6 +83,9 @@ def make_plan(suite: Suite) -> Plan:
                 if base := stage1_of(m):
                     base_config = cell_config(d, by_name[base], seed, suite.store)
                     first = Cell(d, by_name[base], seed, config_key(base_config), base_config, suite.store)
-                    config["stage1"] = first.key
+                    # what stage 1 is, not which cell: its config without the seed, so that a
+                    # two-stage method's cells of two seeds differ only in their seed (as every
+                    # method's do) and its key still changes with the stage-1 settings
+                    config["stage1"] = {k: v for k, v in base_config.items() if k != "seed"}
                 cells.append(Cell(d, m, seed, config_key(config), config, suite.store, first))
     return Plan(suite, tuple(cells))

@@ -131,3 +131,23 @@ def test_suite_level_train_change_changes_every_trained_key():
 def test_the_executor_table_changes_no_cell_key():
     table = {"kind": "slurm", "workers": 7, "partition": "gpu", "gpus": 4, "options": {"account": "uq"}}
     assert _keys({**copy.deepcopy(BASE), "executor": table}) == _keys(copy.deepcopy(BASE))
+
+
+def test_a_two_stage_methods_cells_differ_only_in_their_seed_and_follow_stage_one():
+    """cgpt with ``base = "msp"``: its cells of two seeds have the same config but for the
+    seed (so a report keeps them in one row, as every method's seeds), each starts from the
+    msp cell of its own seed, and changing msp's settings changes cgpt's keys too."""
+    raw = minimal(methods={"msp": {}, "cgpt": {"base": "msp", "samples": 2}})
+    plan = make_plan(build_suite(raw))
+    cgpt = [c for c in plan.cells if c.method.name == "cgpt"]
+    msp = {c.seed: c for c in plan.cells if c.method.name == "msp"}
+    assert [c.seed for c in cgpt] == [0, 1]
+    drop_seed = [{k: v for k, v in c.config.items() if k != "seed"} for c in cgpt]
+    assert drop_seed[0] == drop_seed[1]
+    assert len({c.key for c in cgpt}) == 2
+    for c in cgpt:
+        assert c.stage1.key == msp[c.seed].key
+    changed = copy.deepcopy(raw)
+    changed["methods"]["msp"] = {"train": {"lr": 1e-4}}
+    other = make_plan(build_suite(changed))
+    assert not {c.key for c in cgpt} & {c.key for c in other.cells if c.method.name == "cgpt"}
