@@ -162,8 +162,8 @@ class _CorrelatedGP(LossTerm, nn.Module):
         """``(mean [B, H, N, D], chol(Σ + jI) [B, H, N, N], reg or None)``."""
         raise NotImplementedError
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, eps: torch.Tensor | None = None,
-                eps0: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, eps: torch.Tensor | None = None, eps0: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
         """``x [B, N, C]`` -> ``[B, N, C]``; ``eps [B, H, N, D]`` fixes the output noise and
         ``eps0`` (same shape) the regulariser's z₀ draw (dense layer); ``mask [B, N]``: True
         at real tokens."""

@@ -160,7 +160,11 @@ def tolerance(name: str) -> dict:
 
 @pytest.mark.parametrize("config", VARIABLE_LENGTH, ids=ids)
 def test_padded_equals_unpadded_for_layers_without_a_fixed_length(config):
+    """A sampling layer (CGPT's) is compared on its mean path: its noise is drawn per token,
+    so a padded and an unpadded call draw different numbers for the same real token."""
     layer = build(*config)
+    if hasattr(layer, "sample"):
+        layer.sample = False
     x = repadded(inputs(3), 4)
     out = call(layer, x, MASK)
     for b in range(len(MASK)):
