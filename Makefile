@@ -9,7 +9,7 @@ suite: $(VENV)/.installed
 	$(PY) run_suite.py
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2
 
 setup: $(VENV)/.installed
 

@@ -4,6 +4,15 @@ from pathlib import Path
 
 import pytest
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest -n N (``make test``: two workers on two cores): each worker, and every process
+    # a test starts, runs torch on one thread; two workers of two threads each would
+    # oversubscribe the cores, and tiny models gain nothing from a second thread.
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+
+    torch.set_num_threads(1)
+
 
 @pytest.fixture(autouse=True, scope="session")
 def isolated_data_root(tmp_path_factory):
