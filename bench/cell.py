@@ -35,7 +35,7 @@ from bench.registry import DATASETS, METHODS
 from bench.scores import detector_cost
 from bench.spec import DatasetSpec
 from bench.store import CellDir
-from bench.train import fit, optimiser_steps, predict, seed_everything
+from bench.train import TrainResult, fit, optimiser_steps, predict, seed_everything
 from bench.train_state import UnusableState, read_training_state, training_state_bytes
 
 
@@ -185,19 +185,25 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
         reset_peak_memory(device)
         if distributed.active():  # the other torchrun ranks train this cell with this one
             distributed.announce({"key": cell.key, "resume": resume})
-        events = Events(tensorboard_folder(cd.path.parent, cell), fresh=resume is None) if tensorboard else None
-        try:
-            result = _train(cell, method, model, data, cd, device, resume, events)
-        finally:
-            if events is not None:
-                events.close()
+        if cell.stage1 is not None and method.post_hoc():  # nothing to train: the stage-1 network as stored
+            first = info["stage1"]
+            result = TrainResult({k: v.detach().clone() for k, v in model.state_dict().items()},
+                                 first["best_epoch"], first["best_val_acc"])
+        else:
+            events = Events(tensorboard_folder(cd.path.parent, cell), fresh=resume is None) if tensorboard else None
+            try:
+                result = _train(cell, method, model, data, cd, device, resume, events)
+            finally:
+                if events is not None:
+                    events.close()
         if result.compile.startswith("failed"):
             console.warn(f"{cell.label}: torch.compile {result.compile}")
-        log_buf = io.StringIO()
-        writer = csv.DictWriter(log_buf, fieldnames=list(result.log[0]))
-        writer.writeheader()
-        writer.writerows(result.log)
-        cd.write_bytes("train_log.csv", log_buf.getvalue().encode())
+        if result.log:
+            log_buf = io.StringIO()
+            writer = csv.DictWriter(log_buf, fieldnames=list(result.log[0]))
+            writer.writeheader()
+            writer.writerows(result.log)
+            cd.write_bytes("train_log.csv", log_buf.getvalue().encode())
         ckpt = io.BytesIO()
         torch.save(result.state_dict, ckpt)
         cd.write_checkpoint(ckpt.getvalue())
@@ -269,7 +275,9 @@ def stage1_state(cell: Cell, store_root: Path, data: DataBundle, device: torch.d
     """The stage-1 weights of a two-stage cell and what was done for them: the stored
     ``checkpoint.pt`` of its stage-1 cell (``cell.stage1``, found by
     :func:`bench.catalog.stored_cell`) when the store holds it complete, else that cell's
-    method trained here with its own settings and seed (not stored as a cell)."""
+    method trained here with its own settings and seed (not stored as a cell).  The record
+    (``stage1`` in cell.json) names the cell and gives stage 1's training seconds, best
+    epoch and best validation accuracy (those of the stored cell when it was reused)."""
     from bench.catalog import stored_cell
     from bench.store import CHECKPOINT
 
@@ -277,7 +285,9 @@ def stage1_state(cell: Cell, store_root: Path, data: DataBundle, device: torch.d
     found = stored_cell(store_root, first.dataset.name, first.method.name, first.seed, first.key)
     if found is not None:
         state = torch.load(found.path / CHECKPOINT, map_location="cpu", weights_only=True)
-        return state, {"method": first.method.name, "key": first.key, "reused": True}
+        stored = found.read_cell() or {}
+        return state, {"method": first.method.name, "key": first.key, "reused": True,
+                       **{k: stored.get(k) for k in ("train_seconds", "best_epoch", "best_val_acc")}}
     console.log(f"{cell.label}: stage 1 ({first.label}, {first.key}) is not in the store: training it in this cell")
     method = METHODS.get(first.method.type)(first.method.options)
     seed_everything(first.seed)
@@ -286,7 +296,8 @@ def stage1_state(cell: Cell, store_root: Path, data: DataBundle, device: torch.d
                        unit="epoch") as task:
         result = fit(method, model, data, first.method.train, device, first.seed, on_epoch=lambda row: task.advance())
     return result.state_dict, {"method": first.method.name, "key": first.key, "reused": False,
-                               "train_seconds": round(result.seconds, 3)}
+                               "train_seconds": round(result.seconds, 3), "best_epoch": result.best_epoch,
+                               "best_val_acc": result.best_val_acc}
 
 
 def _train(cell: Cell, method, model: torch.nn.Module, data: DataBundle, cd: CellDir, device: torch.device,

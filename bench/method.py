@@ -135,6 +135,13 @@ class TrainedMethod:
         :meth:`stage1` names a method implement it."""
         raise NotImplementedError(f"{type(self).__name__} names a stage 1 but does not implement init_from_stage1")
 
+    def post_hoc(self) -> bool:
+        """Whether this method trains nothing after its stage 1 (default False): its cell's
+        network is the stage-1 network as stored, and only its prediction differs (last-layer
+        Laplace fitted on msp's network).  Such a cell trains for 0 seconds, writes no
+        ``train_log.csv``, and takes its best epoch and validation accuracy from stage 1."""
+        return False
+
     def prediction_model(self, model, cfg: ModelConfig, data: DataBundle):
         """The model that predicts, given the trained one (default: itself).  A method that
         swaps an attention at test time (KDEformer into a softmax-trained ViT) builds it

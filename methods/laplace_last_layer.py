@@ -43,10 +43,14 @@ Where it runs, and what the store keeps
 A derived method (temperature scaling) runs in analysis on stored predictions; analysis
 never loads a model.  The Laplace fit needs the trained weights and the training images,
 so it runs where both are at hand: in the cell's prediction stage, through the
-:meth:`~bench.method.TrainedMethod.prediction_model` hook.  The cell trains the MAP
+:meth:`~bench.method.TrainedMethod.prediction_model` hook.  With ``base = "msp"`` (the
+suites' setting) the MAP network is msp's cell of the same dataset and seed: the cell
+loads its stored ``checkpoint.pt`` (or trains msp inside the cell when the store has
+none yet) and trains nothing itself (a post-hoc method:
+:meth:`~bench.method.TrainedMethod.post_hoc`).  Without ``base`` the cell trains the MAP
 network exactly as ``msp`` (same model, recipe and seed, so on a deterministic device its
-``checkpoint.pt`` is msp's), stores those best-on-validation weights as ``checkpoint.pt``
-like every cell, then replaces the head by :class:`LaplaceHead` and fits it before the
+``checkpoint.pt`` is msp's).  Either way it stores those best-on-validation weights as
+``checkpoint.pt`` like every cell, then replaces the head by :class:`LaplaceHead` and fits it before the
 first split is predicted (:meth:`LastLayerLaplace.eval_mode`, so the runner's preflight
 check, which builds every prediction model from an untrained one, fits nothing).  The
 posterior is a deterministic function of ``checkpoint.pt`` and the training split and is
@@ -56,7 +60,7 @@ Cost (the efficiency table): the parameter count is the network's (the posterior
 in buffers, not parameters: KFAC C² + (D+1)² + C + D + 1 numbers, full P² + P); the fit
 (one forward pass over the fitted training images, the curvature, two small
 eigendecompositions or one P × P one) is timed with the predictions, in "Predict time /
-1,000 images"; training time is msp's.
+1,000 images"; training time is msp's (with ``base``, msp's cell's, counted as its stage 1).
 
 Recipe and departures
 ---------------------
@@ -279,10 +283,21 @@ class LastLayerLaplace(TrainedMethod):
         samples: int = field(default=100, metadata={"min": 1, "soft_max": 100_000})  # logit draws with link = "mc"
         fit_images: int | None = field(default=None, metadata={"min": 1})  # None: the whole training split
         fit_batch_size: int = field(default=500, metadata={"min": 1})
+        base: str = ""  # the method whose same-seed cell is the MAP network (e.g. "msp"); "": train it here
 
     @property
     def samples(self) -> int:
         return self.options.samples if self.options.link == "mc" else 1
+
+    def stage1(self) -> str:
+        return self.options.base
+
+    def post_hoc(self) -> bool:
+        return bool(self.options.base)
+
+    def init_from_stage1(self, model: nn.Module, state: dict) -> None:
+        """The MAP network is the stage-1 network, every weight of it (same backbone)."""
+        model.load_state_dict(state)
 
     @property
     def average(self) -> str:

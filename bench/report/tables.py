@@ -82,8 +82,9 @@ _EFFICIENCY_LOOK: dict[str, dict] = {  # a field of bench.analysis.EFFICIENCY_FI
     "parameters": dict(label="Parameters", unit="", higher_is_better=False, decimals=0, grouping=True,
                        convention="Model parameters (cell.json); a combinator counts all its members'."),
     "train_seconds": dict(label="Train time", unit="s", higher_is_better=False, decimals=1,
-                          convention="Wall-clock training time, mean over seeds; a combinator (ensemble) adds up "
-                                     "its members'."),
+                          convention="Wall-clock training time, mean over seeds; a two-stage method (e.g. CGPT "
+                                     "fine-tuned from msp, last-layer Laplace on msp's network) includes its stage 1; "
+                                     "a combinator (ensemble) adds up its members'."),
     "predict_seconds_per_1000": dict(label="Predict time / 1,000 images", unit="s", higher_is_better=False,
                                      decimals=3,
                                      convention="Wall-clock prediction time per 1,000 images over every evaluated "

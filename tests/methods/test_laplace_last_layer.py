@@ -14,6 +14,7 @@ import json
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
@@ -224,7 +225,8 @@ def test_options_defaults_are_laplace_redux_and_validate():
 def test_trains_predicts_and_reports_through_the_cli(tmp_path, capsys):
     suite = tiny_suite("hard", methods="[methods.msp]\n[methods.laplace_last_layer]\n"
                                        "[methods.la_mc]\ntype = \"laplace_last_layer\"\nhessian = \"full\"\n"
-                                       "link = \"mc\"\nsamples = 8\nfit_images = 100\n")
+                                       "link = \"mc\"\nsamples = 8\nfit_images = 100\n"
+                                       "[methods.la_msp]\ntype = \"laplace_last_layer\"\nbase = \"msp\"\n")
     code, err = run_in_process(tmp_path, suite=suite, capsys=capsys)
     assert code == 0, err
     store = tmp_path / "results" / "hard"
@@ -233,7 +235,7 @@ def test_trains_predicts_and_reports_through_the_cli(tmp_path, capsys):
         if (cell / "cell.json").is_file():
             info = json.loads((cell / "cell.json").read_text())
             cells[info["method"]] = (cell, info)
-    assert sorted(cells) == ["la_mc", "laplace_last_layer", "msp"]
+    assert sorted(cells) == ["la_mc", "la_msp", "laplace_last_layer", "msp"]
     lp = {k: np.load(cell / "preds" / "test.npz")["log_probs"] for k, (cell, _) in cells.items()}
     for k, v in lp.items():
         assert v.shape == (64, 10) and np.isfinite(v).all(), k
@@ -245,11 +247,20 @@ def test_trains_predicts_and_reports_through_the_cli(tmp_path, capsys):
     # probit shrinks every logit towards 0: less confident on average than the MAP net
     assert np.exp(lp["laplace_last_layer"]).max(1).mean() < np.exp(lp["msp"]).max(1).mean()
     assert "entropy_of_mean" in np.load(cells["la_mc"][0] / "preds" / "test.npz")  # 8 passes: the decomposition
-    efficiency = (tmp_path / "reports" / "hard" / "tables" / "efficiency.csv").read_text().splitlines()
-    for k in ("laplace_last_layer", "la_mc"):
-        row = next(line for line in efficiency if f",{k}," in line)
-        assert f",{cells[k][1]['parameters']}," in row
-        assert cells[k][1]["parameters"] == cells["msp"][1]["parameters"]
+    # base = "msp": msp's stored network, not retrained, so the same posterior and predictions
+    (la_msp, info), msp_info = cells["la_msp"], cells["msp"][1]
+    assert info["stage1"]["reused"] and info["stage1"]["key"] == msp_info["key"]
+    assert info["train_seconds"] == 0 and not (la_msp / "train_log.csv").exists()
+    assert (info["best_epoch"], info["best_val_acc"]) == (msp_info["best_epoch"], msp_info["best_val_acc"])
+    assert all(torch.equal(ckpt["la_msp"][n], ckpt["msp"][n]) for n in ckpt["msp"])
+    np.testing.assert_allclose(lp["la_msp"], lp["laplace_last_layer"], rtol=0, atol=1e-6)
+    efficiency = pd.read_csv(tmp_path / "reports" / "hard" / "tables" / "efficiency.csv").set_index("method")
+    for k in ("laplace_last_layer", "la_mc", "la_msp"):
+        assert efficiency.loc[k, "parameters"] == cells[k][1]["parameters"] == msp_info["parameters"]
+    # its training time is msp's, counted as its stage 1
+    assert efficiency.loc["la_msp", "train_seconds"] == pytest.approx(
+        np.mean([json.loads((c / "cell.json").read_text())["train_seconds"] for c in store.iterdir()
+                 if (c / "cell.json").is_file() and json.loads((c / "cell.json").read_text())["method"] == "msp"]))
 
 
 def test_cifar_suites_run_it_with_the_laplace_redux_setting():
@@ -258,4 +269,5 @@ def test_cifar_suites_run_it_with_the_laplace_redux_setting():
 
     for name in ("cifar10", "cifar100"):
         (m,) = [m for m in load_suite(name).methods if m.type == "laplace_last_layer"]
-        assert m.options == LastLayerLaplace.Options(), name  # the defaults are that setting, written out
+        # the defaults are that setting, written out, on msp's network of the same seed
+        assert m.options == LastLayerLaplace.Options(base="msp"), name
