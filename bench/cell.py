@@ -233,6 +233,8 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
             if split not in ("train", "val", "test"):
                 data.release(split)
         pred_secs = time.perf_counter() - t_pred
+        if cell.store.features and (why := features_absent(model)):
+            info["no_features"] = why  # analysis names it where a feature score is missing
         if cell.store.features:
             _store_training_features(cell, method, model, data, cd, device)
             detectors = _detector_cost(cd)
@@ -335,14 +337,24 @@ def training_subset(n: int, limit: int) -> np.ndarray:
     return np.sort(np.random.default_rng(0).choice(n, size=limit, replace=False))
 
 
+def features_absent(model: torch.nn.Module) -> str | None:
+    """Why a model stores no features although the suite keeps them (its readout is not a
+    Linear layer, whose input the features are: SNGP's random-feature GP head, last-layer
+    Laplace's posterior head); None when it stores them."""
+    head = getattr(model, "head", None)
+    if isinstance(head, torch.nn.Linear):
+        return None
+    return f"its model's readout ({type(head).__name__}) is not a Linear layer, whose input the store keeps as features"
+
+
 def _store_training_features(cell: Cell, method, model: torch.nn.Module, data: DataBundle, cd: CellDir,
                              device: torch.device) -> None:
     """The features of :func:`training_subset` of the training split (predicted as a test
     split: no augmentation, the method's passes) and the classifier head, for the OOD
     scores that fit on in-distribution data; nothing for a model without a Linear head."""
-    head = getattr(model, "head", None)
-    if not isinstance(head, torch.nn.Linear):
+    if features_absent(model):
         return
+    head = model.head
     train = data.get("train")
     index = training_subset(len(train), cell.store.train_features)
     subset = type(train)(np.ascontiguousarray(train.x[index]), np.ascontiguousarray(train.y[index]))

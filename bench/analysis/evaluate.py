@@ -104,6 +104,14 @@ def ood_scores(preds: Preds, names: list[str], training: dict[str, np.ndarray] |
     return out, why
 
 
+def _no_features(catalog: Catalog, dataset: str, method: str, seed) -> str | None:
+    """Why a trained cell stored no features although its suite kept them (``no_features``
+    in its cell.json, :func:`bench.cell.features_absent`), or None."""
+    cell = catalog.cells.get((dataset, method, seed))
+    info = (cell.read_cell() or {}) if cell is not None else {}
+    return info.get("no_features") if isinstance(info.get("no_features"), str) else None
+
+
 def labelled_and_ood(names: list[str]) -> tuple[list[str], list[str]]:
     """(labelled-split metrics, OOD metrics) of ``names``, order kept."""
     return [n for n in names if not get_metric(n).on_scores], [n for n in names if get_metric(n).on_scores]
@@ -240,6 +248,8 @@ def evaluate_catalog(catalog: Catalog, names: list[str], scores: list[str] | Non
                 reason = need  # it raised
             elif not trained:
                 reason = f"needs {need}, which a method combined from its members' stored probabilities does not have"
+            elif need in ("features", TRAINING) and (absent := _no_features(catalog, d, m, s)):
+                reason = f"needs {need}: {absent}"
             else:
                 reason = unreadable if need == TRAINING and unreadable else RERUN.get(need, f"needs {need}")
             unscored.setdefault((d, m, score), reason)

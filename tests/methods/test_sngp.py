@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from torch.nn.utils import parametrize
@@ -220,6 +221,10 @@ def test_trains_through_the_cli_with_predictions_and_its_parameter_count(tmp_pat
     efficiency = (tmp_path / "reports" / "hard" / "tables" / "efficiency.csv").read_text().splitlines()
     row = next(line for line in efficiency if ",sngp," in line)
     assert f",{params}," in row
+    # no feature scores: the report says why (its readout is not a Linear), not "rerun with features on"
+    unscored = pd.read_csv(tmp_path / "reports" / "hard" / "analysis" / "unscored.csv")
+    assert set(unscored["score"]) >= {"mahalanobis", "knn", "vim"}
+    assert all("(RandomFeatureGP) is not a Linear layer" in r and "rerun" not in r for r in unscored["reason"]), unscored
     assert main(["list"]) == 0
     assert "sngp" in capsys.readouterr().out
 
