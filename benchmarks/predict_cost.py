@@ -23,6 +23,7 @@ does not depend on content).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -54,18 +55,30 @@ def images(shape: tuple[int, int, int], n: int, seed: int = 0) -> DataBundle:
                       {"train": lambda: split, "val": lambda: split, "test": lambda: split})
 
 
+ROUND_SECONDS = 0.5  # a timed round repeats a call this long at least (short calls vary by 15% here)
+
+
 def best(repeats: int, *fns) -> list[tuple[float, object]]:
-    """(best process CPU seconds, last result) of each of ``fns`` over ``repeats`` rounds.
-    Each is called once untimed first, and the rounds alternate which goes first, so
-    neither pays the warm-up or sits always second (msp's S = 1 row, where both paths do
-    the same work, shows what remains of such a bias)."""
-    times, outs = [[] for _ in fns], [fn() for fn in fns]
+    """(best process CPU seconds per call, last result) of each of ``fns`` over ``repeats``
+    rounds.  Each is called once untimed first, which also sets how many calls a round
+    makes (the same for every fn: enough for ``ROUND_SECONDS`` of the slowest first call's
+    pace, so that a round of a millisecond call is not one clock reading); the rounds
+    alternate which goes first, so neither pays the warm-up or sits always second (msp's
+    S = 1 row, where both paths do the same work, shows what remains of such a bias)."""
+    first = []
+    for fn in fns:
+        start = time.process_time()
+        first.append((fn(), time.process_time() - start))
+    outs = [out for out, _ in first]
+    calls = max(1, math.ceil(ROUND_SECONDS / max(max(t for _, t in first), 1e-6)))
+    times = [[] for _ in fns]
     for r in range(repeats):
         order = range(len(fns)) if r % 2 == 0 else reversed(range(len(fns)))
         for i in order:
             start = time.process_time()
-            outs[i] = fns[i]()
-            times[i].append(time.process_time() - start)
+            for _ in range(calls):
+                outs[i] = fns[i]()
+            times[i].append((time.process_time() - start) / calls)
     return [(min(t), out) for t, out in zip(times, outs)]
 
 
