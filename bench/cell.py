@@ -233,10 +233,11 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
             if split not in ("train", "val", "test"):
                 data.release(split)
         pred_secs = time.perf_counter() - t_pred
-        if cell.store.features and (why := features_absent(model)):
-            info["no_features"] = why  # analysis names it where a feature score is missing
         if cell.store.features:
-            _store_training_features(cell, method, model, data, cd, device)
+            if why := features_absent(model):
+                info["no_features"] = why  # analysis names it where a feature score is missing
+            else:
+                _store_training_features(cell, method, model, data, cd, device)
             detectors = _detector_cost(cd)
     except NonFiniteLoss as exc:
         return cd.mark_failed(info, str(exc))
@@ -351,9 +352,8 @@ def _store_training_features(cell: Cell, method, model: torch.nn.Module, data: D
                              device: torch.device) -> None:
     """The features of :func:`training_subset` of the training split (predicted as a test
     split: no augmentation, the method's passes) and the classifier head, for the OOD
-    scores that fit on in-distribution data; nothing for a model without a Linear head."""
-    if features_absent(model):
-        return
+    scores that fit on in-distribution data (a model whose head is a Linear:
+    :func:`features_absent`)."""
     head = model.head
     train = data.get("train")
     index = training_subset(len(train), cell.store.train_features)

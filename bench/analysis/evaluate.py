@@ -241,6 +241,8 @@ def evaluate_catalog(catalog: Catalog, names: list[str], scores: list[str] | Non
         except READ_ERRORS as exc:
             training, unreadable = None, f"its stored training features are unreadable ({one_line(exc)})"
         per_cell[(d, m, s)], lacking = ood_scores(preds, scores, training)
+        absent = (_no_features(catalog, d, m, s)
+                  if trained and any(need in ("features", TRAINING) for need in lacking.values()) else None)
         for score, need in lacking.items():
             if need == "samples":
                 continue  # several passes or members: a single-pass method has none, as expected
@@ -248,7 +250,7 @@ def evaluate_catalog(catalog: Catalog, names: list[str], scores: list[str] | Non
                 reason = need  # it raised
             elif not trained:
                 reason = f"needs {need}, which a method combined from its members' stored probabilities does not have"
-            elif need in ("features", TRAINING) and (absent := _no_features(catalog, d, m, s)):
+            elif need in ("features", TRAINING) and absent:
                 reason = f"needs {need}: {absent}"
             else:
                 reason = unreadable if need == TRAINING and unreadable else RERUN.get(need, f"needs {need}")
