@@ -480,6 +480,10 @@ def _check_stage1(m: MethodSpec, by_name: dict[str, MethodSpec], problems: Probl
         problems.add(f"methods.{m.name}.base", f"names no method of this suite; known: {', '.join(by_name)}")
     elif by_name[base].kind != "trained" or stage1_of(by_name[base]):
         problems.add(f"methods.{m.name}.base", f"{base!r} must be a single-stage trained method")
+    elif METHODS.get(m.type)(m.options).post_hoc() and m.model != by_name[base].model:
+        problems.add(f"methods.{m.name}.model", f"a post-hoc method uses the network of its base {base!r} as stored, so "
+                                               "its [model] must equal that method's: drop its own model settings or set "
+                                               "them on both")
 
 
 def _closest(name: str, known: list[str]) -> str:

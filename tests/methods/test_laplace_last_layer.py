@@ -271,3 +271,18 @@ def test_cifar_suites_run_it_with_the_laplace_redux_setting():
         (m,) = [m for m in load_suite(name).methods if m.type == "laplace_last_layer"]
         # the defaults are that setting, written out, on msp's network of the same seed
         assert m.options == LastLayerLaplace.Options(base="msp"), name
+
+
+def test_a_post_hoc_laplace_with_another_network_than_its_stage1_is_a_config_error():
+    import tomllib
+
+    from bench.spec import build_suite
+
+    ok = "[methods.msp]\n[methods.laplace_last_layer]\nbase = \"msp\"\n"
+    build_suite(tomllib.loads(tiny_suite("hard", methods=ok)))
+    bad = ok + "[methods.laplace_last_layer.model]\ndim = 32\n"
+    with pytest.raises(ConfigError, match=r"methods\.laplace_last_layer\.model: .*its base 'msp'"):
+        build_suite(tomllib.loads(tiny_suite("hard", methods=bad)))
+    # without base it trains its own network, which may differ from msp's
+    own = "[methods.msp]\n[methods.laplace_last_layer]\n[methods.laplace_last_layer.model]\ndim = 32\n"
+    build_suite(tomllib.loads(tiny_suite("hard", methods=own)))
