@@ -86,20 +86,19 @@ def dense_reference(layer: CGPAttention, x: np.ndarray, eps: np.ndarray, eps0: n
             covar = covar - mean @ mean.T
             assert np.linalg.eigvalsh(covar).min() > 0  # no jitter escalation in either code
             heads.append(mean + chol(covar + J * eye) @ eps[bb, hh])
-            # log joint q
-            mean_q0 = kern(qh, x0h) @ inv(K_0 + J * eye) @ z0
-            vq = solve(chol_K_0, kern(qh, x0h).T)
-            L_q = chol(K_qq - vq.T @ vq + J * eye)
-            Lq = solve(L_q, mean - mean_q0)
-            q_terms[bb] += (Lq.T @ Lq).sum()
-            q_logs.append(np.log(np.diag(L_q)).sum())
-            # log joint k
-            mean_k0 = kern(kh, x0h) @ inv(K_0 + J * eye) @ z0
-            vk = solve(chol_K_0, kern(kh, x0h).T)
-            L_k = chol(K_kk - vk.T @ vk + J * eye)
-            Lk = solve(L_k, f_K - mean_k0)
-            k_terms[bb] += (Lk.T @ Lk).sum()
-            k_logs.append(np.log(np.diag(L_k)).sum())
+
+            def log_joint(xh, f, K_xx):
+                """(quadratic term, log-det half) of f under the GP conditioned on z0 at x0."""
+                mean_0 = kern(xh, x0h) @ inv(K_0 + J * eye) @ z0
+                vx = solve(chol_K_0, kern(xh, x0h).T)
+                L = chol(K_xx - vx.T @ vx + J * eye)
+                Lf = solve(L, f - mean_0)
+                return (Lf.T @ Lf).sum(), np.log(np.diag(L)).sum()
+
+            for terms, logs, (quad, logdet) in ((q_terms, q_logs, log_joint(qh, mean, K_qq)),
+                                                (k_terms, k_logs, log_joint(kh, f_K, K_kk))):
+                terms[bb] += quad
+                logs.append(logdet)
         merged = np.concatenate(heads, axis=1)  # [N, H*D], head-major
         out[bb] = merged @ w["proj.weight"].T + w["proj.bias"]
     reg = (q_terms.mean() + 2 * abs(np.mean(q_logs))) + (k_terms.mean() + 2 * abs(np.mean(k_logs)))
