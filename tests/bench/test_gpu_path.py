@@ -1,5 +1,5 @@
 """The GPU path's numerics and mechanics, checked on the CPU (issue 11), plus the checks
-that need CUDA (marked ``cuda``: skipped where no GPU is visible, run on a GPU machine).
+that need CUDA (marked ``cuda``: skipped where no GPU is visible; ``pytest -m cuda`` on a GPU machine).
 
 - bf16 autocast against float32 for every trained method (``[train] precision``), with a
   stated tolerance; SGPA's full covariance (whose Cholesky failed under bf16) included;
@@ -29,10 +29,9 @@ from bench.train import Normalize, autocast, fit, predict, seed_everything, to_t
 from tests.helpers.synthetic import squares_bundle
 from tests.helpers.suites import run_suite, tiny_suite
 
+from tests.helpers.devices import device_params, needs_cuda
+
 CPU = torch.device("cpu")
-CUDA_OK = torch.cuda.is_available()
-DEVICES = [CPU] + ([torch.device("cuda")] if CUDA_OK else [])
-needs_cuda = pytest.mark.skipif(not CUDA_OK, reason="needs a CUDA device (run on the GPU machine)")
 
 TRAINED = [name for name in METHODS.names() if METHODS.get(name).kind == "trained"]
 #: every trained method with its defaults, SGPA's full-covariance variants and its official preset
@@ -66,7 +65,7 @@ def _model(method, data, device, seed=0):
 # ----------------------------------------------------------------------------- bf16 vs float32
 
 
-@pytest.mark.parametrize("device", DEVICES, ids=str)
+@pytest.mark.parametrize("device", device_params(as_torch=True))
 @pytest.mark.parametrize("name,options", CASES, ids=lambda v: v if isinstance(v, str) else "-".join(map(str, v.values())))
 def test_bf16_autocast_matches_float32(name, options, device, data):
     """The training loss (cross-entropy plus KL/KSVD terms) and the predictive

@@ -21,6 +21,7 @@ from bench.spec import ModelConfig, TrainConfig
 from bench.train import fit, predict, seed_everything
 from bench.vit import ViT
 from methods.sgpa import SGPA, SGPAAttention, kl_anneal_weight, psd_cholesky
+from tests.helpers.devices import device_params
 from tests.helpers.synthetic import squares_bundle
 
 CPU = torch.device("cpu")
@@ -308,7 +309,7 @@ def test_psd_cholesky_escalates_the_jitter_only_when_needed(sync_free):
             psd_cholesky(-torch.eye(2, dtype=torch.float64), 1e-6)
 
 
-@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+@pytest.mark.parametrize("device", device_params())
 def test_psd_cholesky_gradient_when_the_first_jitter_fails(device):
     """The gradient through an escalated jitter is the one of chol(mat + j·I) at that j:
     finite, and equal between the one-by-one and the sync-free paths (on CUDA a failed
