@@ -152,8 +152,11 @@ class Run:
         return max(vals) if vals else float("nan")
 
 
-def read_store(store: Path) -> tuple[list[dict], list[str]]:
-    """``cell.json`` of every complete cell of a store, and one line per other cell."""
+def read_store(store: Path, logs: bool = False) -> tuple[list[dict], list[str]]:
+    """``cell.json`` of every complete cell of a store (``logs``: with its ``train_log.csv``
+    rows under ``"log"``), and one line per other cell."""
+    import csv
+
     from bench.store import DAMAGED_MARK, CellDir
 
     done, problems = [], []
@@ -166,6 +169,9 @@ def read_store(store: Path) -> tuple[list[dict], list[str]]:
         state, reason = cd.condition()
         if state == "complete":
             done.append(cd.read_cell() or {})
+            if logs:
+                log = path / "train_log.csv"
+                done[-1]["log"] = list(csv.DictReader(log.open())) if log.is_file() else []
         else:
             problems.append(f"{path.name}: {state}" + (f" ({reason})" if reason else ""))
     return done, problems
