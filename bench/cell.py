@@ -34,7 +34,7 @@ from bench.plan import Cell
 from bench.registry import DATASETS, METHODS
 from bench.scores import detector_cost
 from bench.spec import DatasetSpec
-from bench.store import CellDir
+from bench.store import TRAIN_LOG, CellDir
 from bench.train import TrainResult, fit, optimiser_steps, predict, seed_everything
 from bench.train_state import UnusableState, read_training_state, training_state_bytes
 
@@ -203,7 +203,7 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
             writer = csv.DictWriter(log_buf, fieldnames=list(result.log[0]))
             writer.writeheader()
             writer.writerows(result.log)
-            cd.write_bytes("train_log.csv", log_buf.getvalue().encode())
+            cd.write_bytes(TRAIN_LOG, log_buf.getvalue().encode())
         ckpt = io.BytesIO()
         torch.save(result.state_dict, ckpt)
         cd.write_checkpoint(ckpt.getvalue())

@@ -55,6 +55,7 @@ MATRICES = {"logits": (np.float32,), "features": (np.float16, np.float32)}
 MANIFEST = "manifest.json"
 CELL = "cell.json"
 CHECKPOINT = "checkpoint.pt"
+TRAIN_LOG = "train_log.csv"  # one row per epoch (bench.train.fit's log); none for a cell that trained nothing
 DAMAGED_MARK = ".damaged-"  # <key>.damaged-<time>/: a damaged cell moved aside by reset()
 STORE_SUITE = "suite.json"  # <results>/<suite>/suite.json: the suite's description (bench.catalog)
 NORMALISED_ATOL = 1e-3  # how far a row's sum of exp(log_probs) may be from 1 (float32 round-off)

@@ -36,12 +36,13 @@ from bench.analysis.evaluate import (DAMAGED_COLUMNS, FAILURE_COLUMNS, METRIC_CO
 from bench.analysis.results import AnalysisResults, analyse
 from bench.analysis.statistics import (BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CE_COLUMNS, EFFICIENCY_COLUMNS,
                                        SEVERITY_COLUMNS, SIGNIFICANCE, SUMMARY_COLUMNS, check_significance)
+from bench.analysis.training import CONVERGENCE_COLUMNS, CONVERGENCE_SUMMARY_COLUMNS, TRAINING_COLUMNS
 from bench.catalog import Catalog
 from bench.metrics import get_metric
 from bench.scores import get_score
 from bench.store import atomic_write_bytes, atomic_write_json
 
-ANALYSIS_SCHEMA = 4  # bump when the files' columns or meaning change
+ANALYSIS_SCHEMA = 5  # bump when the files' columns or meaning change
 ANALYSIS_DIR = "analysis"
 CACHE_DIR = "cache"  # under the analysis folder: the earlier result sets, one folder per key
 CACHE_KEEP = 8  # result sets kept there, the most recently replaced first
@@ -56,6 +57,10 @@ FILES: dict[str, tuple[str, list[str], tuple[str, ...]]] = {
     "failures.csv": ("failures", FAILURE_COLUMNS, ("dataset", "method", "reason")),
     "damaged.csv": ("damaged", DAMAGED_COLUMNS, ("cell", "dataset", "method", "reason")),
     "unscored.csv": ("unscored", UNSCORED_COLUMNS, ("dataset", "method", "score", "reason")),
+    "training.csv": ("training", TRAINING_COLUMNS, ("dataset", "method")),
+    "convergence.csv": ("convergence", CONVERGENCE_COLUMNS, ("dataset", "method", "source", "verdict")),
+    "convergence_summary.csv": ("convergence_summary", CONVERGENCE_SUMMARY_COLUMNS,
+                                ("dataset", "method", "source", "unjudged")),
 }
 #: The code the analysis files depend on, as paths under ``bench/`` (a folder stands for
 #: every ``.py`` file below it); their text is in the fingerprint.

@@ -19,6 +19,8 @@ from bench.analysis.evaluate import (DAMAGED_COLUMNS, FAILURE_COLUMNS, UNSCORED_
                                      evaluate_catalog, split_order)
 from bench.analysis.statistics import (BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, SIGNIFICANCE, check_significance,
                                        corruption_errors, efficiency, severity_table, summarise)
+from bench.analysis.training import (CONVERGENCE_COLUMNS, CONVERGENCE_SUMMARY_COLUMNS, TRAINING_COLUMNS,
+                                     convergence)
 from bench.catalog import Catalog
 
 
@@ -60,6 +62,11 @@ class AnalysisResults:
     failed or were interrupted, and derived replicates that could not be formed.
     ``damaged``: cells whose files no longer match their manifest, hold a stray prediction
     file or unusable arrays, and directories that name no cell (``cell`` = directory).
+    ``training`` (every epoch of every trained cell's log), ``convergence`` (per cell and
+    stage: the last epoch, the best-validation epoch and whether it was still improving)
+    and ``convergence_summary`` (their means over seeds per method and stage, with the
+    seeds still improving; post-hoc and derived methods show their base's logs): see
+    :mod:`bench.analysis.training`.
 
     ``load_predictions(dataset, method, seed, split)`` returns ``(probs [N, C] float64,
     labels [N] int64)`` for plots (:meth:`bench.catalog.Catalog.predictions`).
@@ -92,7 +99,10 @@ class AnalysisResults:
     scores: list[str] = field(default_factory=list)  # the OOD scores analysed, in display order
     # the selected OOD scores a method could not get on a dataset, and why (UNSCORED_COLUMNS)
     unscored: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=UNSCORED_COLUMNS))
-
+    # the training logs and their convergence (bench.analysis.training)
+    training: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=TRAINING_COLUMNS))
+    convergence: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=CONVERGENCE_COLUMNS))
+    convergence_summary: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=CONVERGENCE_SUMMARY_COLUMNS))
 
 
 def analyse(catalog: Catalog, metrics: list[str] | None = None, resamples: int = BOOTSTRAP_RESAMPLES,
@@ -134,6 +144,7 @@ def analyse(catalog: Catalog, metrics: list[str] | None = None, resamples: int =
     failures_df = pd.DataFrame(failures, columns=FAILURE_COLUMNS)
     if len(failures_df):
         failures_df = failures_df.sort_values(["dataset", "method", "seed", "reason"], kind="stable").reset_index(drop=True)
+    trained = convergence(catalog)  # after evaluation: the cells found damaged there have left the catalog
     return AnalysisResults(
         suite=catalog.name,
         metrics=metrics_df,
@@ -157,4 +168,7 @@ def analyse(catalog: Catalog, metrics: list[str] | None = None, resamples: int =
         deviations={e.name: lines for e in catalog.methods if (lines := catalog.method_deviations(e.name))},
         scores=analysed_scores(scores),
         unscored=evaluated.unscored,
+        training=trained.training,
+        convergence=trained.cells,
+        convergence_summary=trained.summary,
     )

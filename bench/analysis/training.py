@@ -1,0 +1,216 @@
+"""Convergence: every trained cell's training log, and whether it was still improving when
+its training ended.
+
+A number from an under-trained model is a finding about the training budget, not about the
+method, so every report shows the evidence that its models had converged.
+:func:`convergence` reads the ``train_log.csv`` of each cell of a
+:class:`~bench.catalog.Catalog` (written by ``bench.cell`` from the log of
+``bench.train.fit``: one row per epoch) and gives three tables (:class:`Convergence`):
+
+* ``training`` (:data:`TRAINING_COLUMNS`): one row per dataset, method, seed and epoch of
+  every cell that trained: the curves.  ``stage`` is 2 for the rows of a two-stage cell
+  (CGPT fine-tuned from msp: its own log is its stage 2), else 1;
+* ``cells`` (:data:`CONVERGENCE_COLUMNS`): one row per trained cell and stage: the last
+  epoch's values, the best-validation epoch (``best_epoch`` of the ``cell.json`` beside
+  the log), the windows :func:`judge` compared and its verdict.  ``source`` names the
+  method row whose cell holds the log: a cell's own; for a post-hoc cell (one whose
+  ``cell.json`` names a stage 1 and that trained nothing itself, so it has no log:
+  last-layer Laplace on msp's network) the stage-1 cell, its base's cell of the same seed;
+  a two-stage cell has two rows, stage 1 from that cell and stage 2 from its own log;
+* ``summary`` (:data:`CONVERGENCE_SUMMARY_COLUMNS`): one row per dataset, method and
+  stage, the means over seeds and how many seeds are still improving (and how many could
+  not be judged, and why); a derived method (temperature scaling, ensembles: combinators
+  over stored cells) has the rows of its base, whose networks it combines.
+
+The rule, :func:`judge` (its thresholds are :data:`WINDOW_FRACTION`,
+:data:`TRAIN_ACC_RISE` and :data:`VAL_NLL_DROP`; :data:`RULE` says it in the report's
+words): with E epochs in a log and k = max(1, round(WINDOW_FRACTION x E)), the mean over the
+last k epochs is compared with the mean over the k epochs before them; the cell is still
+improving when its training accuracy rose by more than TRAIN_ACC_RISE (a fraction: 0.005
+is half a percentage point) or its validation NLL fell by more than VAL_NLL_DROP of the
+earlier mean.  A log of fewer than two epochs cannot be judged (``n/a: 1 epoch``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from bench.catalog import Catalog
+from bench.errors import one_line
+from bench.store import READ_ERRORS, TRAIN_LOG, CellDir
+
+WINDOW_FRACTION = 0.2  # the compared windows: the last k epochs and the k before, k = this share of the epochs
+TRAIN_ACC_RISE = 0.005  # training accuracy (a fraction) rising by more than this: still improving
+VAL_NLL_DROP = 0.05  # validation NLL falling by more than this share of its earlier mean: still improving
+RULE = (f"with E epochs in a cell's training log and k = max(1, round({WINDOW_FRACTION:g} × E)) (k = 1 up to "
+        "7 epochs), the mean over the last k epochs is compared with the mean over the k epochs before them; "
+        f"the cell is still improving when its training accuracy rose by more than {100 * TRAIN_ACC_RISE:g} "
+        f"percentage points or its validation NLL fell by more than {100 * VAL_NLL_DROP:g}% of the earlier mean. "
+        "A log of one epoch cannot be judged (`n/a: 1 epoch`)")
+
+IMPROVING = "improving"  # a verdict: still improving at the end (flagged)
+NOT_IMPROVING = "not improving"
+UNJUDGED = "n/a: "  # a verdict that starts so could not be made; the reason follows
+NO_LOG = "no training log"  # why a cell has no log: it trained nothing (a post-hoc cell)
+
+#: the per-epoch columns of a training log that ``training`` keeps (a method's own columns,
+#: e.g. KEP-SVGP's ``ksvd`` and ``kl``, stay in the cell's ``train_log.csv``)
+LOG_FIELDS = ("lr", "train_loss", "train_acc", "val_acc", "val_nll", "seconds")
+TRAINING_COLUMNS = ["dataset", "method", "seed", "stage", "epoch", *LOG_FIELDS]
+#: what a convergence row gives of a log, in the report's column order (means over seeds in ``summary``)
+CONVERGENCE_FIELDS = ("epochs", "best_epoch", "train_acc", "train_loss", "val_acc", "val_nll")
+CONVERGENCE_COLUMNS = ["dataset", "method", "seed", "stage", "source", *CONVERGENCE_FIELDS, "window",
+                       "train_acc_rise", "val_nll_drop", "verdict"]
+CONVERGENCE_SUMMARY_COLUMNS = ["dataset", "method", "stage", "source", "n_seeds", "n_flagged", "n_unjudged",
+                               "unjudged", *CONVERGENCE_FIELDS]
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """:func:`judge`'s verdict on one log, with what it compared: ``window`` (k epochs),
+    ``train_acc_rise`` (the last window's mean training accuracy less the earlier one's, a
+    fraction) and ``val_nll_drop`` (the earlier window's mean validation NLL less the last
+    one's, over the earlier one's); NaN where the log is too short or a value missing."""
+
+    verdict: str
+    window: int = 0
+    train_acc_rise: float = np.nan
+    val_nll_drop: float = np.nan
+
+    @property
+    def flagged(self) -> bool:
+        return self.verdict == IMPROVING
+
+
+def window(epochs: int) -> int:
+    """k, the epochs of each compared window: max(1, round(:data:`WINDOW_FRACTION` x epochs))."""
+    return max(1, round(WINDOW_FRACTION * epochs))
+
+
+def judge(train_acc: Sequence[float], val_nll: Sequence[float]) -> Judgement:
+    """Whether a training log (per epoch, in order: training accuracy as a fraction,
+    validation NLL in nats) was still improving materially at its end (the module
+    docstring's rule): with E epochs and k = :func:`window` (E), the mean over the last k
+    epochs against the mean over the k before; ``improving`` when the training accuracy
+    rose by more than :data:`TRAIN_ACC_RISE` or the validation NLL fell by more than
+    :data:`VAL_NLL_DROP` of its earlier mean (a comparison with a missing value is not
+    met), else ``not improving``; ``n/a: 1 epoch`` (or ``n/a: no epoch``) below 2 epochs."""
+    acc, nll = np.asarray(train_acc, dtype=float), np.asarray(val_nll, dtype=float)
+    n = len(acc)
+    if n < 2:
+        return Judgement(f"{UNJUDGED}{'1 epoch' if n == 1 else 'no epoch'}")
+    k = window(n)
+    last, before = slice(n - k, n), slice(n - 2 * k, n - k)
+    rise = float(acc[last].mean() - acc[before].mean())
+    earlier = float(nll[before].mean())
+    drop = float((earlier - nll[last].mean()) / earlier) if earlier > 0 else np.nan
+    flagged = rise > TRAIN_ACC_RISE or drop > VAL_NLL_DROP  # NaN compares False
+    return Judgement(IMPROVING if flagged else NOT_IMPROVING, k, rise, drop)
+
+
+@dataclass(frozen=True)
+class Convergence:
+    """What :func:`convergence` gives: ``training``, ``cells`` and ``summary`` (module docstring)."""
+
+    training: pd.DataFrame
+    cells: pd.DataFrame
+    summary: pd.DataFrame
+
+
+def read_log(cd: CellDir) -> tuple[pd.DataFrame | None, str]:
+    """A cell's training log sorted by epoch (every :data:`LOG_FIELDS` column; NaN where the
+    log has none), or None and why not: :data:`NO_LOG` (the cell trained nothing) or the
+    read error."""
+    path = cd.path / TRAIN_LOG
+    if not path.is_file():
+        return None, NO_LOG
+    try:
+        log = pd.read_csv(path)
+        log = log.assign(epoch=log["epoch"].astype(int)).sort_values("epoch", kind="stable").reset_index(drop=True)
+    except READ_ERRORS as exc:
+        return None, f"unreadable training log ({one_line(exc)})"
+    return log.reindex(columns=["epoch", *LOG_FIELDS]), ""
+
+
+def _stage_row(log: pd.DataFrame | None, why: str, cd: CellDir | None) -> dict:
+    """One convergence row's values: from ``log`` (the cell ``cd``'s), or ``n/a: why``."""
+    if log is None:
+        return {f: np.nan for f in CONVERGENCE_FIELDS} | {"window": 0, "train_acc_rise": np.nan,
+                                                            "val_nll_drop": np.nan, "verdict": UNJUDGED + why}
+    best = (cd.read_cell() or {}).get("best_epoch") if cd is not None else None
+    last = log.iloc[-1] if len(log) else pd.Series(dtype=float)
+    judged = judge(log["train_acc"], log["val_nll"])
+    return {"epochs": len(log), "best_epoch": float(best) if isinstance(best, (int, float)) else np.nan,
+            **{f: float(last.get(f, np.nan)) for f in ("train_acc", "train_loss", "val_acc", "val_nll")},
+            "window": judged.window, "train_acc_rise": judged.train_acc_rise, "val_nll_drop": judged.val_nll_drop,
+            "verdict": judged.verdict}
+
+
+def convergence(catalog: Catalog) -> Convergence:
+    """The training logs of the catalog's cells, each judged (module docstring), in catalog
+    order (datasets, methods, seeds, stages)."""
+    by_key = {cd.key: (row, cd) for (_, row, _), cd in catalog.cells.items()}
+    logs: dict[str, tuple[pd.DataFrame | None, str]] = {}
+
+    def log_of(cd: CellDir) -> tuple[pd.DataFrame | None, str]:
+        if cd.key not in logs:
+            logs[cd.key] = read_log(cd)
+        return logs[cd.key]
+
+    epochs, cells = [], []
+    for d in catalog.datasets:
+        for entry in catalog.methods:
+            for s in catalog.seeds:
+                cd = catalog.cells.get((d, entry.name, s)) if entry.kind == "trained" else None
+                if cd is None:
+                    continue
+                first = (cd.read_cell() or {}).get("stage1")
+                own, why = log_of(cd)
+                stages = []  # (stage, source row, log, why not, the cell beside the log)
+                if isinstance(first, dict):
+                    found = by_key.get(str(first.get("key")))
+                    if not first.get("reused", True):
+                        stages.append((1, str(first.get("method", "")), None,
+                                       "stage 1 was trained inside the cell; its log was not kept", None))
+                    elif found is None:
+                        stages.append((1, str(first.get("method", "")), None,
+                                       f"its stage-1 cell {first.get('key')} is not among the cells analysed", None))
+                    else:
+                        stages.append((1, found[0], *log_of(found[1]), found[1]))
+                    if why != NO_LOG:  # a post-hoc cell trained nothing: it has no stage 2
+                        stages.append((2, entry.name, own, why, cd))
+                else:
+                    stages.append((1, entry.name, own, why, cd))
+                for stage, source, log, why_not, beside in stages:
+                    cells.append({"dataset": d, "method": entry.name, "seed": s, "stage": stage, "source": source,
+                                  **_stage_row(log, why_not, beside)})
+                if own is not None:
+                    stage = 2 if isinstance(first, dict) else 1
+                    epochs += [{"dataset": d, "method": entry.name, "seed": s, "stage": stage, **row}
+                               for row in own.to_dict("records")]
+    cells_df = pd.DataFrame(cells, columns=CONVERGENCE_COLUMNS)
+    return Convergence(pd.DataFrame(epochs, columns=TRAINING_COLUMNS), cells_df, _summary(catalog, cells_df))
+
+
+def _summary(catalog: Catalog, cells: pd.DataFrame) -> pd.DataFrame:
+    """Per dataset, method row and stage: the means over seeds of :data:`CONVERGENCE_FIELDS`
+    (over the seeds with a log), the seeds, those still improving and those not judged
+    (with their reasons, ``; ``-joined); a derived row repeats its base row's rows."""
+    rows = []
+    for d in catalog.datasets:
+        for entry in catalog.methods:
+            mine = cells[(cells["dataset"] == d) & (cells["method"] == (entry.base or entry.name))]
+            for stage, group in mine.groupby("stage", sort=True):
+                unjudged = group["verdict"].str.startswith(UNJUDGED)
+                rows.append({
+                    "dataset": d, "method": entry.name, "stage": int(stage),
+                    "source": ", ".join(dict.fromkeys(group["source"])),
+                    "n_seeds": len(group), "n_flagged": int((group["verdict"] == IMPROVING).sum()),
+                    "n_unjudged": int(unjudged.sum()),
+                    "unjudged": "; ".join(dict.fromkeys(v[len(UNJUDGED):] for v in group.loc[unjudged, "verdict"])),
+                    **{f: float(group[f].mean()) for f in CONVERGENCE_FIELDS},  # NaN (no log) skipped
+                })
+    return pd.DataFrame(rows, columns=CONVERGENCE_SUMMARY_COLUMNS)
