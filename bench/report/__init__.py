@@ -11,17 +11,20 @@ One job per module:
 * :mod:`bench.report.tables` — which tables exist (:data:`TABLES`), their columns and
   what each cell shows; :mod:`bench.report.rows` — their rows, from the analysis frames
   indexed once; :mod:`bench.report.formats` — their Markdown / LaTeX / CSV texts;
-* :mod:`bench.report.plots` — reliability diagrams, risk-coverage curves, metric vs.
-  severity with CI bands, OOD score histograms;
-* :mod:`bench.report.readme` — ``README.md`` (hand-written ``NOTES.md`` inlined at the top,
-  conventions from the registered metrics, tables, failures, plots);
+* :mod:`bench.report.plots` — training curves, reliability diagrams, risk-coverage curves,
+  metric vs. severity with CI bands, OOD score histograms;
+* :mod:`bench.report.readme` — ``README.md`` (the cells still improving when their training
+  ended, hand-written ``NOTES.md`` inlined at the top, conventions from the registered
+  metrics, tables, failures, plots);
 * :mod:`bench.report.suite` — the report step of ``run`` and ``report``: the store's
   cells selected, analysed or their analysis files reused (``bench.analysis.analyse_store``),
   the report written, the cells it leaves out and the exit status told.
 
 Layout written under ``out_dir``::
 
-    tables/{summary,shift_severity,shift_corruption,shift_other,shift_splits,ood,efficiency}.{md,tex,csv}
+    tables/{summary,seeds_needed,shift_severity,shift_corruption,shift_other,shift_splits,ood,efficiency,
+            convergence}.{md,tex,csv}
+    plots/training_<dataset>.png               (validation NLL and training accuracy per epoch)
     plots/reliability_<dataset>_<method>.png
     plots/risk_coverage_<dataset>.png
     plots/severity_<dataset>_<metric>.png      (the "severity" selection vs. severity, CI band)

@@ -76,9 +76,10 @@ def tex_header(col: Column) -> str:
 
 
 def tex_escape(text: str) -> str:
-    """Escape LaTeX special characters; ``±`` and ``≈`` become ``$\\pm$`` and ``$\\approx$``."""
+    """Escape LaTeX special characters; ``±``, ``≈`` and ``†`` become ``$\\pm$``,
+    ``$\\approx$`` and ``$^\\dagger$``."""
     out = "".join(_TEX_SPECIAL.get(ch, ch) for ch in text)
-    return out.replace("±", r"$\pm$").replace("≈", r"$\approx$")
+    return out.replace("±", r"$\pm$").replace("≈", r"$\approx$").replace("†", r"$^\dagger$")
 
 
 def to_latex(table: Table) -> str:

@@ -2,7 +2,8 @@
 :meth:`bench.catalog.Catalog.predictions` (``results.load_predictions``) with the
 functions the metrics use (``calibration_bins``, ``risk_coverage_curve``), and from the
 analysis files for the numbers the tables show: the AURC of the risk-coverage legends
-(the summary's mean over seeds) and the metric-vs-severity plots (the severity table).
+(the summary's mean over seeds), the metric-vs-severity plots (the severity table) and
+the training curves (the training logs, ``training``).
 Every axis, legend and title names the metric it shows as the tables do
 (:func:`bench.report.tables.shown_column`: CoLA's MCC where the accuracy would be).
 
@@ -34,6 +35,7 @@ N_BINS = 15  # reliability diagram, same (lo, hi] bins as the faithful ECE
 HIST_BINS = 40
 FIGSIZE = (4.8, 4.0)
 RELIABILITY_FIGSIZE = (4.8, 5.0)  # the diagram over its bin-count histogram
+TRAINING_FIGSIZE = (9.6, 4.0)  # validation NLL and training accuracy side by side
 DPI = 100
 _PLOT_RC = {"font.size": 9.0, "axes.titlesize": 9.0, "legend.fontsize": 7.5}
 
@@ -126,6 +128,41 @@ def _plot_ood_hist(test_conf: np.ndarray, ood: list[tuple[str, np.ndarray]], tit
     _save(fig, path)
 
 
+def _plot_training(lines: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]], title: str, path: Path) -> None:
+    """Two panels against the epoch, one line per ``(label, epochs, val NLL, train accuracy)``:
+    the validation NLL (nats) and the training accuracy (%)."""
+    fig = _new_figure(TRAINING_FIGSIZE)
+    nll, acc = fig.subplots(1, 2)
+    for label, epochs, val_nll, train_acc in lines:
+        nll.plot(epochs, val_nll, marker="o", markersize=3, linewidth=1.2, label=label)
+        acc.plot(epochs, 100 * train_acc, marker="o", markersize=3, linewidth=1.2, label=label)
+    nll.set(xlabel="epoch", ylabel="validation NLL (nats)", title="Validation NLL")
+    acc.set(xlabel="epoch", ylabel="training accuracy (%)", title="Training accuracy")
+    for ax in (nll, acc):
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    acc.legend(loc="best")
+    fig.suptitle(title)
+    _save(fig, path)
+
+
+def _training_lines(results: AnalysisResults, methods: list[str],
+                    dataset: str) -> list[tuple[str, np.ndarray, np.ndarray, np.ndarray]]:
+    """Per shown method with a training log of its own (a two-stage method's: its stage 2),
+    ``(label, epochs, val NLL, train accuracy)``, each the mean over seeds per epoch."""
+    log = results.training
+    if not len(log):
+        return []
+    log = log[log["dataset"] == dataset]
+    out = []
+    for method in methods:
+        mine = log[log["method"] == method]
+        for stage, curve in mine.groupby("stage", sort=True):
+            mean = curve.groupby("epoch", sort=True)[["val_nll", "train_acc"]].mean()
+            label = f"{method} (stage {stage})" if stage > 1 else method
+            out.append((label, mean.index.to_numpy(), mean["val_nll"].to_numpy(), mean["train_acc"].to_numpy()))
+    return out
+
+
 def _severity_lines(ix: ResultsIndex, methods: list[str], dataset: str,
                     metric: str) -> list[tuple[str, list[int], dict[int, Stat]]]:
     """(method, severities 0..5 present, severity -> stat) for methods with >= 2 points."""
@@ -158,7 +195,8 @@ def write_plots(
 ) -> list[tuple[str, str, Path]]:
     """Write every plot; return (dataset, caption, path) in display order.
 
-    Per dataset: the reliability diagrams (methods in order, first seed), the risk-coverage
+    Per dataset: the training curves (each method's own training log, mean over seeds), the
+    reliability diagrams (methods in order, first seed), the risk-coverage
     plot (per method the mean of its seeds' curves, whose mean is the summary's AURC, shown
     in the legend), the metric-vs-severity plots, then the OOD histograms (first seed).  A
     (dataset, method) without seeds (e.g. every seed failed) is skipped; the first seed is
@@ -172,6 +210,12 @@ def write_plots(
             ood_splits = [s for s in splits if is_ood(s)]
             aurc_col = shown_column("aurc", results.headlines, [dataset])
             reliability, hists, curves = [], [], []
+            training = _training_lines(results, methods, dataset)
+            if training:
+                path = plot_dir / f"training_{sanitize(dataset)}.png"
+                _plot_training(training, f"Training: {dataset} (mean over seeds)", path)
+                out.append((dataset, f"Training curves: {dataset} (validation NLL and training accuracy per "
+                                     "epoch, mean over seeds)", path))
             for method in methods:
                 seeds = results.seeds.get((dataset, method), [])
                 if not seeds or "test" not in splits:

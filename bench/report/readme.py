@@ -1,20 +1,23 @@
-"""The report's ``README.md``: the cells it leaves out (only when there are any), notes,
-conventions (from the registered metrics), every table of each dataset, failed cells, the
-plots, and a footnote per method that differs from its authors' code."""
+"""The report's ``README.md``: the cells it leaves out (only when there are any), the cells
+still improving when their training ended, notes, conventions (from the registered
+metrics), every table of each dataset, failed cells, the plots, and a footnote per method
+that differs from its authors' code."""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 import pandas as pd
 from tabulate import tabulate
 
+from bench.analysis import IMPROVING, RULE, UNJUDGED
 from bench.data import is_ood
 from bench.registry import SCORES
 from bench.report.formats import md_escape, to_markdown
 from bench.scores import default_scores, sort_scores
-from bench.report.tables import CI_DECIMALS, NOT_REACHED, TABLES, Column, Table, dataset_columns
+from bench.report.tables import CI_DECIMALS, IMPROVING_MARK, NOT_REACHED, TABLES, Column, Table, dataset_columns
 from bench.stats import SAMPLES_SEEDS_FIXED
 
 if TYPE_CHECKING:
@@ -87,9 +90,74 @@ def _note(reference: str, significance: str) -> str:
         "`_std`, `_ci_low`, `_ci_high`, `_p_holm`, `_verdict`, `_test` per metric (severity `-1` = "
         "every corruption split). Every number of these tables comes from the analysis files "
         "in `analysis/` (tidy CSV: `metrics.csv.gz` per dataset, method, seed, split, metric "
-        "and score; `summary.csv` with mean, std, CI, p-values and seeds needed; `analysis.json` "
-        "with the options and the store fingerprint they were computed from)."
+        "and score; `summary.csv` with mean, std, CI, p-values and seeds needed; `training.csv`, "
+        "`convergence.csv` and `convergence_summary.csv` with the training logs, below; "
+        "`analysis.json` with the options and the store fingerprint they were computed from)."
     )
+
+
+CONVERGENCE_NOTE = (
+    "*Convergence* (a table per data set; the training curves are among the *Plots*): per method and "
+    "training stage, the last epoch of the training logs (mean over seeds), the epoch whose weights the "
+    "cell kept, and in how many seeds the model was still improving when its training ended, by this "
+    f"rule: {RULE}. A method with such a seed, or whose base has one, carries `{IMPROVING_MARK.strip()}` "
+    "after its name in the summary and convergence tables: its numbers come from a model that had not "
+    "converged, and are a finding about the training budget rather than about the method. A post-hoc "
+    "method (last-layer Laplace on msp's network) and a derived one (temperature scaling, ensembles) "
+    "show the logs of their base (`base msp`); a two-stage method (CGPT fine-tuned from msp) has a row "
+    "per stage, stage 1 its base's cell of the same seed and stage 2 its own log. Machine-readable: "
+    "`analysis/training.csv` (one row per dataset, method, seed and epoch of every cell that trained: "
+    "`stage, epoch, lr, train_loss, train_acc, val_acc, val_nll, seconds`; a two-stage cell's rows are its "
+    "stage 2), `analysis/convergence.csv` (one row per cell and stage: `source`, the method whose log it "
+    "is, the last epoch's values, `best_epoch`, the compared windows' `window` (k), `train_acc_rise` and "
+    "`val_nll_drop`, and the `verdict`: `improving`, `not improving` or `n/a: why`) and "
+    "`analysis/convergence_summary.csv` (one row per method and stage: the means over seeds, `n_seeds`, "
+    "`n_flagged`, `n_unjudged` and why)."
+)
+
+
+def _convergence_header(results: AnalysisResults, methods: list[str], flagged: set[tuple[str, str]]) -> list[str]:
+    """The README's opening statement on convergence: the cells whose training log was still
+    improving at its end (each log once, with its seeds: a stage-1 cell that a post-hoc,
+    two-stage or derived method shares with its base is its base's), the method rows marked
+    for it, and the cells that could not be judged (``n/a: 1 epoch``); that none was, when
+    none was; nothing when the shown methods have no training log."""
+    summary = results.convergence_summary
+    mine = summary[summary["method"].isin(methods)] if len(summary) else summary
+    if not len(mine):
+        return []
+    used = set(mine[["dataset", "source", "stage"]].itertuples(index=False, name=None))
+    cells = results.convergence
+    logs = cells[[k in used for k in cells[["dataset", "source", "stage"]].itertuples(index=False, name=None)]]
+    logs = logs.drop_duplicates(["dataset", "source", "stage", "seed"])
+
+    def listed(rows: pd.DataFrame, why: bool = False) -> str:
+        groups: dict[tuple, list[str]] = {}
+        for d, source, stage, seed, verdict in rows[["dataset", "source", "stage", "seed", "verdict"]].itertuples(
+                index=False, name=None):
+            log = f"{d} / {source}{' (stage 2)' if stage > 1 else ''}"
+            groups.setdefault((log, verdict[len(UNJUDGED):] if why else ""), []).append(str(seed))
+        return "; ".join(f"{log}, seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)}{f' ({why})' if why else ''}"
+                         for (log, why), seeds in groups.items())
+
+    improving = logs[logs["verdict"] == IMPROVING]
+    unjudged = logs[logs["verdict"].str.startswith(UNJUDGED)]
+    mark = IMPROVING_MARK.strip()
+    if len(improving):
+        marked = ", ".join(f"{m} ({d})" if len(results.datasets) > 1 else m
+                           for d in results.datasets for m in methods if (d, m) in flagged)
+        parts = [f"**Still improving when training ended** (the rule is under *Convergence* in the note below): "
+                 f"{md_escape(listed(improving))}. Marked `{mark}` in the summary and convergence tables: "
+                 f"{md_escape(marked)}; their numbers come from models that had not converged."]
+    elif len(unjudged) < len(logs):
+        parts = ["**Convergence**: no training log was still improving when training ended (the rule is under "
+                 "*Convergence* in the note below)."]
+    else:
+        return [f"**Convergence** could not be judged for any training log: {md_escape(listed(unjudged, why=True))}.",
+                ""]
+    if len(unjudged):
+        parts[0] += f" Not judged: {md_escape(listed(unjudged, why=True))}."
+    return parts + [""]
 
 
 def _scores_note(results: AnalysisResults, methods: list[str]) -> list[str]:
@@ -164,12 +232,14 @@ def readme_text(
     left_out: Sequence[LeftOut] = (),
     complete_with: str = "",
 ) -> str:
+    flagged = set().union(*(t.flagged for t in tables))  # (dataset, method) rows the tables mark
     parts = [f"# uqbench report: {results.suite}", ""]
     parts += _left_out(left_out, complete_with)
+    parts += _convergence_header(results, methods, flagged)
     notes = out_dir / NOTES
     if notes.is_file():  # the run's hand-written discussion (e.g. a comparison with a paper)
         parts += [notes.read_text(encoding="utf-8").strip(), ""]
-    parts += [_note(results.reference, results.significance), ""]
+    parts += [_note(results.reference, results.significance), "", CONVERGENCE_NOTE, ""]
     fidelity, footnotes = _fidelity(results, methods)
     parts += fidelity
     shown = {t.spec.name for t in tables}
@@ -186,9 +256,12 @@ def readme_text(
             if not table.spec.in_readme:
                 parts += [f"Too long to show here: see `tables/{table.spec.name}.md` / `.csv` / `.tex`.", ""]
                 continue
-            mine = Table(table.spec, dataset_columns(table, results.headlines, dataset),
-                         [r for r in table.rows if r.dataset == dataset], table.reference)
+            mine = replace(table, columns=dataset_columns(table, results.headlines, dataset),
+                           rows=[r for r in table.rows if r.dataset == dataset])
             parts.append(to_markdown(mine, drop_dataset=True))
+            if table.spec.flags and any((dataset, r.method) in table.flagged for r in mine.rows):
+                parts += [f"`{IMPROVING_MARK.strip()}`: still improving when training ended, in at least one seed "
+                          "of the method's own training log or its base's (see *Convergence*).", ""]
             if table.spec.source == "ood":
                 parts += _best_scores(results, dataset, methods) + _ood_groups(results, dataset, methods)
 

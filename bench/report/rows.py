@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 import pandas as pd
 
-from bench.analysis import EFFICIENCY_COLUMNS, EFFICIENCY_FIELDS
+from bench.analysis import CONVERGENCE_FIELDS, CONVERGENCE_SUMMARY_COLUMNS, EFFICIENCY_COLUMNS, EFFICIENCY_FIELDS
 from bench.data import corruption_of, corruption_split, is_ood, is_shift
 from bench.scores import score_key
 
@@ -59,6 +59,30 @@ class Row:
 Key = tuple  # (dataset, method)
 
 
+@dataclass(frozen=True)
+class Stage:
+    """One training stage of a method as the convergence summary gives it (raw means over
+    seeds of :data:`~bench.analysis.CONVERGENCE_FIELDS`, ``values``); ``source`` is the
+    method row whose training log it is (the method's own, or its base's)."""
+
+    stage: int
+    source: str
+    n_seeds: int
+    n_flagged: int  # seeds still improving at the end (bench.analysis.RULE)
+    n_unjudged: int  # seeds whose log could not be judged, ...
+    unjudged: str  # ... and why ("1 epoch", "no training log", "; "-joined)
+    values: dict[str, float]
+
+    def improving_text(self) -> str:
+        """The *Still improving* cell: ``k of n`` seeds judged, and ``n/a: why`` for the seeds
+        that could not be (``n/a for m: why`` beside judged ones)."""
+        judged = self.n_seeds - self.n_unjudged
+        parts = [f"{self.n_flagged} of {judged}"] if judged else []
+        if self.n_unjudged:
+            parts.append(f"n/a{f' for {self.n_unjudged}' if judged else ''}: {self.unjudged}")
+        return "; ".join(parts)
+
+
 def _float(x) -> float:
     return math.nan if x is None or pd.isna(x) else float(x)
 
@@ -89,6 +113,8 @@ class ResultsIndex:
     ce: dict[Key, dict[str, float]] = field(default_factory=dict)
     efficiency: dict[Key, dict[str, float]] = field(default_factory=dict)
     seeds: dict[Key, int] = field(default_factory=dict)
+    convergence: dict[Key, list[Stage]] = field(default_factory=dict)  # stages in order
+    flagged: set[Key] = field(default_factory=set)  # a stage still improving in some seed
 
     @classmethod
     def build(cls, results: AnalysisResults, severity: int) -> ResultsIndex:
@@ -121,6 +147,13 @@ class ResultsIndex:
             ix.ce.setdefault((r["dataset"], r["method"]), {})[r["corruption"]] = _float(r["ce"])
         for r in _records(results.efficiency, EFFICIENCY_COLUMNS):
             ix.efficiency[(r["dataset"], r["method"])] = {k: _float(r[k]) for k in EFFICIENCY_FIELDS}
+        for r in sorted(_records(results.convergence_summary, CONVERGENCE_SUMMARY_COLUMNS), key=lambda r: r["stage"]):
+            key = (r["dataset"], r["method"])
+            ix.convergence.setdefault(key, []).append(Stage(
+                _int(r["stage"]), _text(r["source"]), _int(r["n_seeds"]), _int(r["n_flagged"]), _int(r["n_unjudged"]),
+                _text(r["unjudged"]), {k: _float(r[k]) for k in CONVERGENCE_FIELDS}))
+            if _int(r["n_flagged"]):
+                ix.flagged.add(key)
         return ix
 
     def split_key(self, dataset: str, split: str) -> tuple:
@@ -213,6 +246,15 @@ def _rows_efficiency(ix: ResultsIndex, dataset: str, method: str) -> list[Row]:
     return [Row(dataset, method, (), {k: Stat(v) for k, v in values.items()}, ix.seeds.get((dataset, method), 0))]
 
 
+def _rows_convergence(ix: ResultsIndex, dataset: str, method: str) -> list[Row]:
+    """One row per training stage; keys (stage, whose log, still improving): the stage is
+    shown only for a two-stage method, the log as ``own`` or ``base <method>``."""
+    stages = ix.convergence.get((dataset, method), [])
+    return [Row(dataset, method, (str(st.stage) if len(stages) > 1 else "",
+                                  "own" if st.source == method else f"base {st.source}", st.improving_text()),
+                {k: Stat(v) for k, v in st.values.items()}, st.n_seeds) for st in stages]
+
+
 SOURCES: dict[str, Callable[[ResultsIndex, str, str], list[Row]]] = {
     "test": _rows_test,
     "severity": _rows_severity,
@@ -221,6 +263,7 @@ SOURCES: dict[str, Callable[[ResultsIndex, str, str], list[Row]]] = {
     "all_shift": _rows_all_shift,
     "ood": _rows_ood,
     "efficiency": _rows_efficiency,
+    "convergence": _rows_convergence,
 }
 
 

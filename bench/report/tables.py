@@ -3,8 +3,9 @@ their cells shows (:class:`Table`).
 
 Every number comes from the analysis files (``bench.analysis``): metric cells from
 ``summary`` (mean, std, CI, Holm-corrected verdict against the reference), the severity
-table from ``severity``, corruption errors from ``corruption_errors`` and costs from
-``efficiency``, through the rows of :mod:`bench.report.rows`.  A metric's label, unit,
+table from ``severity``, corruption errors from ``corruption_errors``, costs from
+``efficiency`` and the training logs' last epochs from ``convergence_summary``, through
+the rows of :mod:`bench.report.rows`.  A metric's label, unit,
 scale, direction and convention come from its registered :class:`bench.metrics.Metric`;
 the default columns are named selections of the registry.  The Markdown, LaTeX and CSV
 texts of a table are :mod:`bench.report.formats`.
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from bench.analysis import EFFICIENCY_FIELDS
+from bench.analysis import CONVERGENCE_FIELDS, EFFICIENCY_FIELDS
 from bench.errors import ConfigError
 from bench.metrics import get_metric, selection
 from bench.registry import METRICS
@@ -110,6 +111,27 @@ _EFFICIENCY_LOOK: dict[str, dict] = {  # a field of bench.analysis.EFFICIENCY_FI
 }
 EFFICIENCY_TABLE_COLUMNS: tuple[Column, ...] = tuple(Column(field, scale=1.0, **_EFFICIENCY_LOOK[field])
                                                      for field in EFFICIENCY_FIELDS)
+_LAST = ("the last epoch of the training log (of the stage: a two-stage method's stage 1 is its base's cell "
+         "of the same seed; a post-hoc or derived method shows its base's), mean over seeds")
+_CONVERGENCE_LOOK: dict[str, dict] = {  # a field of bench.analysis.CONVERGENCE_FIELDS -> how its column shows it
+    "epochs": dict(label="Epochs", unit="", scale=1.0, decimals=0,
+                   convention="Epochs in the training log of the stage (train_log.csv of the cell), mean over seeds."),
+    "best_epoch": dict(label="Best val. epoch", unit="", scale=1.0, decimals=1,
+                       convention="The epoch whose weights the cell kept (highest validation accuracy; cell.json's "
+                                  "best_epoch), mean over seeds: out of Epochs."),
+    "train_acc": dict(label="Train accuracy", unit="%", scale=100.0, decimals=2,
+                      convention=f"Training accuracy of {_LAST}: over the epoch's (augmented) training batches in "
+                                 "training mode, as the training loop counts it."),
+    "train_loss": dict(label="Train loss", unit="", scale=1.0, decimals=4,
+                       convention=f"Training objective per sample of {_LAST}: the cross-entropy plus the method's "
+                                  "own terms (KL, KSVD, ...; their scale is the method's)."),
+    "val_acc": dict(label="Val accuracy", unit="%", scale=100.0, decimals=2,
+                    convention=f"Validation accuracy of {_LAST}."),
+    "val_nll": dict(label="Val NLL", unit="nats", scale=1.0, decimals=4,
+                    convention=f"Validation NLL (mean negative log-likelihood, nats) of {_LAST}."),
+}
+CONVERGENCE_TABLE_COLUMNS: tuple[Column, ...] = tuple(Column(field, higher_is_better=None, **_CONVERGENCE_LOOK[field])
+                                                      for field in CONVERGENCE_FIELDS)
 
 
 # --------------------------------------------------------------------------------------
@@ -128,6 +150,8 @@ class TableSpec:
     and the significance mark (and the reference method is tagged).  ``cell`` is what a
     metric cell shows: ``"estimate"`` (mean ± std [CI] mark) or ``"seeds_needed"`` (the
     seeds per method a difference of the observed size to the reference would need).
+    ``flags``: the Markdown/LaTeX method names carry :data:`IMPROVING_MARK` where a seed of
+    the method (or of its base) was still improving when its training ended.
     """
 
     name: str
@@ -142,11 +166,12 @@ class TableSpec:
     empty: str = "No rows."  # what the table says when it has none
     in_readme: bool = True  # False: written to tables/ only (too long to inline), linked from the README
     cell: str = "estimate"
+    flags: bool = False  # a method still improving at the end of its training has IMPROVING_MARK after its name
 
 
 TABLES: tuple[TableSpec, ...] = (
     TableSpec("summary", "Summary (test split)", "test", (), False, "default",
-              SUMMARY_STATS, marks=True, empty="No test split was evaluated."),
+              SUMMARY_STATS, marks=True, empty="No test split was evaluated.", flags=True),
     TableSpec("seeds_needed", "Seeds needed for the observed differences (test split)", "test", (), False,
               "default", ("seeds_needed",), empty="No test split was evaluated.", cell="seeds_needed"),
     TableSpec("shift_severity", "Shift: metric vs. corruption severity (0 = the corrupted samples before "
@@ -167,6 +192,9 @@ TABLES: tuple[TableSpec, ...] = (
               marks=True, empty="No OOD split was evaluated."),
     TableSpec("efficiency", "Efficiency", "efficiency", (), None, "", (),
               extra=EFFICIENCY_TABLE_COLUMNS, empty="No efficiency record (cell.json) was found."),
+    TableSpec("convergence", "Convergence (training logs: last epoch, mean over seeds)", "convergence",
+              (("Stage", "stage"), ("Log", "log"), ("Still improving (seeds)", "still_improving")), None, "", (),
+              extra=CONVERGENCE_TABLE_COLUMNS, empty="No training log was found.", flags=True),
 )
 
 
@@ -174,6 +202,7 @@ NA = "n/a"  # no finite value for any seed
 FAILED = "failed"  # every seed of the (dataset, method) failed
 ERROR = "error"  # the metric raised on this split (analysis verdict "error"; the error is among the failures)
 REF_TAG = " (ref)"
+IMPROVING_MARK = " †"  # after a method's name: still improving at the end of training (TableSpec.flags)
 CI_DECIMALS = 1
 NOT_REACHED = "> 1000"  # seeds_needed: no seed count up to 1,000 reaches significance
 APPROXIMATE = "≈"  # before the interval of a metric whose intervals are only approximate (Column.interval)
@@ -246,6 +275,7 @@ class Table:
     columns: list[Column]
     rows: list[Row]
     reference: str
+    flagged: frozenset[tuple[str, str]] = frozenset()  # (dataset, method) still improving in some seed
 
     @property
     def key_headers(self) -> list[str]:
@@ -257,6 +287,7 @@ class Table:
 
     def key_texts(self, row: Row) -> list[str]:
         method = row.method + (REF_TAG if self.spec.marks and row.method == self.reference else "")
+        method += IMPROVING_MARK if self.spec.flags and (row.dataset, row.method) in self.flagged else ""
         return [row.dataset, method] + [_key_text(k) for k in row.keys]
 
     def value(self, row: Row, col: Column) -> tuple[str, str]:
@@ -342,5 +373,5 @@ def build_tables(results: AnalysisResults, methods: list[str], picked: list[str]
         columns = _columns(spec, picked, results.headlines, results.datasets)
         if columns:
             rows = table_rows(results, methods, spec.source, len(spec.keys), index)
-            built.append(Table(spec, columns, rows, results.reference))
+            built.append(Table(spec, columns, rows, results.reference, frozenset(index.flagged)))
     return built

@@ -1,8 +1,9 @@
 """The report's plots (``bench/report/plots.py``), read back from the matplotlib figures
 they save: each labels the metric it shows (CoLA's MCC where the accuracy would be), the
 risk-coverage legend shows the summary table's AURC (mean over seeds), the reliability
-diagram has each bin's image count under it, and the severity axis says what severity 0
-is and how many samples each split holds."""
+diagram has each bin's image count under it, the severity axis says what severity 0
+is and how many samples each split holds, and the training curves are each method's
+validation NLL and training accuracy per epoch, mean over seeds."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -15,7 +16,8 @@ from matplotlib.figure import Figure
 
 from bench.metrics import calibration_bins, risk_coverage_curve
 from bench.report import write_report
-from tests.bench.report.test_report import SAMPLES_PER_SPLIT, SEEDS, make_results, md_rows, readme_section
+from tests.bench.report.test_report import (SAMPLES_PER_SPLIT, SEEDS, TRAINING_EPOCHS, make_results, md_rows,
+                                            readme_section, training_value)
 
 
 @pytest.fixture
@@ -136,3 +138,23 @@ def test_no_failed_rows_in_a_table_of_splits_the_data_set_does_not_have(tmp_path
     assert "failed" not in ood and "No OOD split was evaluated." in ood
     summary = readme_section(readme, "## toy_a").split("### Summary")[1].split("###")[0]
     assert "| broken" in summary and "failed" in summary  # the summary still names the failed method
+
+
+def test_training_curves_show_validation_nll_and_training_accuracy_mean_over_seeds(tmp_path, figures):
+    write_report(make_results(), tmp_path, formats=("md",))
+    for dataset, labels in (("toy_a", ["msp", "mc_dropout"]), ("toy b&c", ["msp", "mc_dropout (stage 2)"])):
+        nll, acc = figures[f"training_{dataset.replace(' ', '_').replace('&', '_')}.png"]
+        assert (nll["ylabel"], acc["ylabel"]) == ("validation NLL (nats)", "training accuracy (%)")
+        assert nll["xlabel"] == acc["xlabel"] == "epoch" and acc["legend"] == labels
+        epochs = np.arange(1, TRAINING_EPOCHS[dataset] + 1)
+        for i, label in enumerate(labels):
+            method = label.split(" ")[0]
+            values = np.array([[training_value(dataset, method, s, e) for e in epochs] for s in SEEDS])  # [S, E, 2]
+            for ax, column, scale in ((nll, 1, 1.0), (acc, 0, 100.0)):
+                name, x, y = ax["lines"][i]
+                assert name == label
+                np.testing.assert_array_equal(x, epochs)
+                np.testing.assert_allclose(y, scale * values[:, :, column].mean(axis=0))
+    readme = (tmp_path / "README.md").read_text(encoding="utf-8")
+    assert "![Training curves: toy_a (validation NLL and training accuracy per epoch, mean over seeds)]" \
+           "(plots/training_toy_a.png)" in readme

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import zlib
+from dataclasses import replace
 from pathlib import Path
 
 import matplotlib.image as mpimg
@@ -33,7 +34,8 @@ CLASSIFICATION = ["accuracy", "ece", "ece_debiased", "nll", "brier", "aurc", "ea
                   "failure_fpr95", "failure_aupr_success", "failure_aupr_error"]
 OOD = ["ood_auroc", "ood_aupr_in", "ood_aupr_out", "ood_fpr95"]
 FAIL_REASON = "NonFiniteLoss: loss became nan at epoch 3"
-TABLE_NAMES = ["summary", "seeds_needed", "shift_severity", "shift_corruption", "shift_other", "shift_splits", "ood", "efficiency"]
+TABLE_NAMES = ["summary", "seeds_needed", "shift_severity", "shift_corruption", "shift_other", "shift_splits", "ood", "efficiency",
+               "convergence"]
 
 # hand-picked values the assertions check against
 ACC = {("toy_a", "msp"): [0.80, 0.82, 0.84], ("toy_a", "mc_dropout"): [0.85, 0.86, 0.87]}
@@ -56,6 +58,19 @@ EFFICIENCY = {  # parameters, train_seconds, predict_seconds_per_1000, peak_memo
     "mc_dropout": (1234567, 15.0, 4.5678, 600.25, 10, float("nan"), float("nan")),
     "broken": (99, 1.0, 0.001, 10.0, 1, float("nan"), float("nan")),
 }
+# per (dataset, method): each training stage as the convergence summary gives it, (stage, source,
+# n_seeds, n_flagged, n_unjudged, unjudged, epochs, best_epoch, train_acc, train_loss, val_acc, val_nll);
+# the first n_flagged seeds are still improving, the next n_unjudged not judged: only toy b&c's
+# mc_dropout is marked
+CONVERGENCE = {
+    ("toy_a", "msp"): [(1, "msp", 3, 0, 0, "", 4, 3.0, 0.991, 0.05, 0.9, 0.35)],
+    ("toy_a", "mc_dropout"): [(1, "mc_dropout", 3, 0, 0, "", 4, 4.0, 0.95, 0.2, 0.88, 0.41)],
+    ("toy b&c", "msp"): [(1, "msp", 3, 0, 3, "1 epoch", 1, 1.0, 0.5, 1.4, 0.45, 1.6)],
+    ("toy b&c", "mc_dropout"): [(1, "msp", 3, 0, 3, "1 epoch", 1, 1.0, 0.5, 1.4, 0.45, 1.6),  # two stages
+                                (2, "mc_dropout", 3, 1, 1, "no training log", 2, 1.5, 0.6, 1.2, 0.5, 1.5)],
+    ("toy b&c", "broken"): [(1, "msp", 3, 0, 3, "1 epoch", 1, 1.0, 0.5, 1.4, 0.45, 1.6)],  # derived from msp
+}
+TRAINING_EPOCHS = {"toy_a": 4, "toy b&c": 2}  # the curves of every own log (toy b&c's mc_dropout: stage 2)
 
 # scales of KEP-SVGP Table 1, written out here independently of bench.report
 SCALES = {"accuracy": 100, "aurc": 1000, "failure_auroc": 100, "failure_fpr95": 100,
@@ -158,6 +173,43 @@ def _efficiency() -> pd.DataFrame:
                                        "detector_fit_seconds", "detector_score_seconds_per_1000"])
 
 
+def _convergence(given: dict | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(per cell and stage, per method and stage) as analysis writes them, from ``given``
+    (default :data:`CONVERGENCE`)."""
+    fields = ["epochs", "best_epoch", "train_acc", "train_loss", "val_acc", "val_nll"]
+    cells, summary = [], []
+    for (dataset, method), stages in (CONVERGENCE if given is None else given).items():
+        for stage, source, n, flagged, unjudged, why, *values in stages:
+            summary.append((dataset, method, stage, source, n, flagged, unjudged, why, *values))
+            for seed in SEEDS:
+                verdict = ("improving" if seed < flagged else f"n/a: {why}" if seed < flagged + unjudged
+                           else "not improving")
+                cells.append((dataset, method, seed, stage, source, *values, 1, 0.0, 0.0, verdict))
+    return (pd.DataFrame(cells, columns=["dataset", "method", "seed", "stage", "source", *fields, "window",
+                                         "train_acc_rise", "val_nll_drop", "verdict"]),
+            pd.DataFrame(summary, columns=["dataset", "method", "stage", "source", "n_seeds", "n_flagged",
+                                           "n_unjudged", "unjudged", *fields]))
+
+
+def training_value(dataset: str, method: str, seed: int, epoch: int) -> tuple[float, float]:
+    """The synthetic training log's (train_acc, val_nll) of one epoch."""
+    bonus = 0.05 if method == "mc_dropout" else 0.0
+    return 0.5 + 0.1 * epoch + 0.01 * seed + bonus, 1.5 - 0.1 * epoch + 0.02 * seed - bonus
+
+
+def _training() -> pd.DataFrame:
+    rows = []
+    for dataset, epochs in TRAINING_EPOCHS.items():
+        for method in ("msp", "mc_dropout"):
+            stage = 2 if (dataset, method) == ("toy b&c", "mc_dropout") else 1
+            for seed in SEEDS:
+                for epoch in range(1, epochs + 1):
+                    acc, nll = training_value(dataset, method, seed, epoch)
+                    rows.append((dataset, method, seed, stage, epoch, 1e-3, 1.0, acc, 0.8, nll, 0.1))
+    return pd.DataFrame(rows, columns=["dataset", "method", "seed", "stage", "epoch", "lr", "train_loss", "train_acc",
+                                       "val_acc", "val_nll", "seconds"])
+
+
 def _load_predictions(dataset: str, method: str, seed: int, split: str):
     rng = np.random.default_rng(zlib.crc32(f"{dataset}|{method}|{seed}|{split}".encode()))
     n, k = 120, 4
@@ -176,6 +228,7 @@ def make_results() -> AnalysisResults:
         columns=["dataset", "method", "seed", "reason"],
     )
     metrics = _metrics()
+    cells, convergence = _convergence()
     return AnalysisResults(
         suite="synthetic",
         metrics=metrics,
@@ -190,6 +243,9 @@ def make_results() -> AnalysisResults:
         severity=_severity(),
         corruption_errors=_corruption_errors(),
         efficiency=_efficiency(),
+        training=_training(),
+        convergence=cells,
+        convergence_summary=convergence,
     )
 
 
@@ -204,7 +260,7 @@ def report(results, tmp_path_factory) -> tuple[Path, list[Path]]:
     return out, write_report(results, out)
 
 
-DRAWERS = ("_plot_reliability", "_plot_risk_coverage", "_plot_severity", "_plot_ood_hist")
+DRAWERS = ("_plot_reliability", "_plot_risk_coverage", "_plot_severity", "_plot_ood_hist", "_plot_training")
 
 
 @pytest.fixture
@@ -280,6 +336,7 @@ def test_every_expected_file_exists(report):
         expected |= {out / "tables" / f"{table}.{fmt}" for fmt in ("md", "tex", "csv")}
     for d in DATASETS:
         expected.add(out / "plots" / f"risk_coverage_{sanitize(d)}.png")
+        expected.add(out / "plots" / f"training_{sanitize(d)}.png")
         for metric in ("accuracy", "ece", "ece_debiased", "nll"):
             expected.add(out / "plots" / f"severity_{sanitize(d)}_{metric}.png")
         for m in METHODS:
@@ -313,13 +370,13 @@ def test_summary_cells_show_mean_std_ci_and_marks(report, results):
     ref = find(rows, Dataset="toy_a", Method="msp (ref)")
     assert ref["ACC (%)"] == "82.00 ± 2.00 [80.8, 84.3]"
     assert not any(c.endswith(("▲", "▼")) for c in ref.values())
-    assert {r["Method"] for r in rows} == {"msp (ref)", "mc_dropout", "broken"}
+    assert {r["Method"] for r in rows} == {"msp (ref)", "mc_dropout", "mc_dropout †", "broken"}  # †: convergence
 
 
 def test_summary_every_column_has_its_scale(report, results):
     out, _ = report
     rows = md_rows(out / "tables" / "summary.md")
-    row = find(rows, Dataset="toy b&c", Method="mc_dropout")
+    row = find(rows, Dataset="toy b&c", Method="mc_dropout †")
     for header, metric in SUMMARY_HEADERS:
         vals = seed_values(results, "toy b&c", "mc_dropout", "test", metric)
         assert row[header] == with_ci(vals, SCALES[metric], metric), header
@@ -386,7 +443,7 @@ def test_all_nan_metric_renders_na_and_failed_method_gets_failed_row(report):
     assert set(list(broken.values())[2:]) == {"failed"}
     assert find(rows, Dataset="toy b&c", Method="broken")["ACC (%)"] not in ("failed", "n/a")
     # rows follow the display order: datasets, then methods
-    assert [(r["Dataset"], r["Method"].removesuffix(" (ref)")) for r in rows] == [
+    assert [(r["Dataset"], r["Method"].removesuffix(" †").removesuffix(" (ref)")) for r in rows] == [
         (d, m) for d in DATASETS for m in METHODS]
     tex_rows = tex_lines(out / "tables" / "summary.tex", 2)
     assert tex_rows[r"toy\_a/msp (ref)"][2] == "n/a"
@@ -415,12 +472,12 @@ def test_readme_lists_failures_and_embeds_tables_and_plots(report):
     for line in images:
         rel = line.rsplit("](", 1)[1].rstrip(")")
         assert rel.startswith("plots/") and (out / rel).is_file()
-    # order of the sections: summary, shift tables, OOD, efficiency, then the plots
+    # order of the sections: summary, shift tables, OOD, efficiency, convergence, then the plots
     toy_a = readme_section(readme, "## toy_a")
     heads = [ln for ln in toy_a.splitlines() if ln.startswith("### ")]
     assert [h.split(":")[0].split(" (")[0] for h in heads] == [
         "### Summary", "### Seeds needed for the observed differences", "### Shift", "### Shift", "### Shift",
-        "### Shift", "### OOD detection", "### Efficiency"]
+        "### Shift", "### OOD detection", "### Efficiency", "### Convergence"]
     assert readme.index("## Failed cells") < readme.index("## Plots")
 
 
@@ -577,6 +634,99 @@ def test_efficiency_numbers_are_formatted_from_the_input(report):
     assert tex_rows[r"toy\_a/msp"][1] == r"\textbf{12.3}" and tex_rows[r"toy\_a/msp"][4] == "1"
 
 
+# ------------------------------------------------------------------------------------ convergence
+CONVERGENCE_HEADERS = ["Dataset", "Method", "Stage", "Log", "Still improving (seeds)", "Epochs", "Best val. epoch",
+                       "Train accuracy (%)", "Train loss", "Val accuracy (%)", "Val NLL (nats)"]
+
+
+def convergence_texts(values: tuple) -> list[str]:
+    """The value cells of a convergence row: epochs, best epoch (1 decimal), accuracies in %
+    (2 decimals), loss and NLL in nats (4 decimals)."""
+    epochs, best, acc, loss, val_acc, nll = values
+    return [f"{epochs:.0f}", f"{best:.1f}", f"{100 * acc:.2f}", f"{loss:.4f}", f"{100 * val_acc:.2f}", f"{nll:.4f}"]
+
+
+def test_convergence_table_shows_each_stage_whose_log_and_the_seeds_still_improving(report):
+    out, _ = report
+    rows = md_rows(out / "tables" / "convergence.md")
+    assert list(rows[0]) == CONVERGENCE_HEADERS
+    expected = {  # (dataset, method as shown, stage) -> (log, still improving); values from CONVERGENCE
+        ("toy_a", "msp", ""): ("own", "0 of 3", CONVERGENCE[("toy_a", "msp")][0]),
+        ("toy_a", "mc_dropout", ""): ("own", "0 of 3", CONVERGENCE[("toy_a", "mc_dropout")][0]),
+        ("toy b&c", "msp", ""): ("own", "n/a: 1 epoch", CONVERGENCE[("toy b&c", "msp")][0]),
+        ("toy b&c", "mc_dropout †", "1"): ("base msp", "n/a: 1 epoch", CONVERGENCE[("toy b&c", "mc_dropout")][0]),
+        ("toy b&c", "mc_dropout †", "2"): ("own", "1 of 2; n/a for 1: no training log",
+                                           CONVERGENCE[("toy b&c", "mc_dropout")][1]),
+        ("toy b&c", "broken", ""): ("base msp", "n/a: 1 epoch", CONVERGENCE[("toy b&c", "broken")][0]),
+    }
+    for (dataset, method, stage), (log, improving, given) in expected.items():
+        row = find(rows, Dataset=dataset, Method=method, Stage=stage)
+        assert list(row.values())[3:] == [log, improving, *convergence_texts(given[6:])], (dataset, method, stage)
+    assert "failed" in find(rows, Dataset="toy_a", Method="broken").values()  # every seed failed: no log
+    assert len(rows) == len(expected) + 1
+
+
+def test_a_method_still_improving_is_marked_in_the_summary_and_convergence_tables_only(report):
+    out, _ = report
+    summary = md_rows(out / "tables" / "summary.md")
+    marked = {(r["Dataset"], r["Method"]) for r in summary}
+    assert marked == {("toy_a", "msp (ref)"), ("toy_a", "mc_dropout"), ("toy_a", "broken"),
+                      ("toy b&c", "msp (ref)"), ("toy b&c", "mc_dropout †"), ("toy b&c", "broken")}
+    assert len(summary) == len(marked)
+    assert {r["Method"] for r in md_rows(out / "tables" / "ood.md")} == {"msp (ref)", "mc_dropout", "broken"}
+    summary_tex = (out / "tables" / "summary.tex").read_text(encoding="utf-8")
+    assert summary_tex.count(r"mc\_dropout $^\dagger$") == 1 and "msp (ref) $^" not in summary_tex
+    assert r"mc\_dropout $^\dagger$" in (out / "tables" / "convergence.tex").read_text(encoding="utf-8")
+    csv = pd.read_csv(out / "tables" / "convergence.csv")  # raw: names and values unmarked
+    row = csv[(csv.dataset == "toy b&c") & (csv.method == "mc_dropout") & (csv.stage == 2)].iloc[0]
+    assert row["still_improving"] == "1 of 2; n/a for 1: no training log" and row["train_acc"] == pytest.approx(0.6)
+    assert row["val_nll"] == pytest.approx(1.5) and row["n_seeds"] == 3 and row["log"] == "own"
+    assert "mc_dropout †" not in (out / "tables" / "summary.csv").read_text(encoding="utf-8")
+
+
+def test_readme_header_names_the_cells_still_improving_and_those_not_judged(report):
+    out, _ = report
+    readme = (out / "README.md").read_text(encoding="utf-8")
+    header = readme.split("\n\n")[1]
+    assert header == (
+        "**Still improving when training ended** (the rule is under *Convergence* in the note below): "
+        "toy b&c / mc_dropout (stage 2), seed 0. Marked `†` in the summary and convergence tables: "
+        "mc_dropout (toy b&c); their numbers come from models that had not converged. Not judged: "
+        "toy b&c / msp, seeds 0, 1, 2 (1 epoch); toy b&c / mc_dropout (stage 2), seed 1 (no training log).")
+    for words in ("k = max(1, round(0.2 × E))", "more than 0.5 percentage points", "more than 5% of the earlier mean",
+                  "`n/a: 1 epoch`", "`analysis/training.csv`", "`analysis/convergence.csv`"):
+        assert words in readme, words
+    footnote = "`†`: still improving when training ended"
+    toy_b = readme_section(readme, "## toy b&c")
+    assert toy_b.split("### Summary")[1].split("###")[0].count(footnote) == 1
+    assert toy_b.split("### Convergence")[1].count(footnote) == 1
+    assert footnote not in toy_b.split("### OOD detection")[1].split("###")[0]
+    assert footnote not in readme_section(readme, "## toy_a")  # nothing marked there
+
+
+def test_readme_header_says_when_no_log_was_still_improving_or_none_could_be_judged(results, tmp_path, fast_plots):
+    settled = {k: [(*stage[:3], 0, *stage[4:]) for stage in stages] for k, stages in CONVERGENCE.items()}
+    cells, summary = _convergence(settled)
+    write_report(replace(results, convergence=cells, convergence_summary=summary), tmp_path, formats=("md",))
+    readme = (tmp_path / "README.md").read_text(encoding="utf-8")
+    assert readme.split("\n\n")[1].startswith("**Convergence**: no training log was still improving when training "
+                                                 "ended (the rule is under *Convergence* in the note below). Not judged: "
+                                                 "toy b&c / msp, seeds 0, 1, 2 (1 epoch)")
+    assert "†" not in "".join((tmp_path / "tables" / f"{t}.md").read_text(encoding="utf-8")
+                              for t in ("summary", "convergence"))
+    one_epoch = {k: [(*stage[:3], 0, 3, "1 epoch", *stage[6:]) for stage in stages]
+                 for k, stages in CONVERGENCE.items()}
+    cells, summary = _convergence(one_epoch)
+    write_report(replace(results, convergence=cells, convergence_summary=summary), tmp_path, formats=("md",))
+    readme = (tmp_path / "README.md").read_text(encoding="utf-8")
+    assert readme.split("\n\n")[1] == (
+        "**Convergence** could not be judged for any training log: toy_a / msp, seeds 0, 1, 2 (1 epoch); "
+        "toy_a / mc_dropout, seeds 0, 1, 2 (1 epoch); toy b&c / msp, seeds 0, 1, 2 (1 epoch); "
+        "toy b&c / mc_dropout (stage 2), seeds 0, 1, 2 (1 epoch).")
+    assert {r["Still improving (seeds)"] for r in md_rows(tmp_path / "tables" / "convergence.md")} == {
+        "n/a: 1 epoch", ""}  # "": toy_a's failed method
+
+
 # ------------------------------------------------------------------------------------ LaTeX
 def test_tex_bold_best_marks_and_escaping(report, results):
     out, _ = report
@@ -586,7 +736,7 @@ def test_tex_bold_best_marks_and_escaping(report, results):
     assert r"$\approx$[" in text  # the calibration errors' approximate intervals
     assert r"ACC (\%)" in text and r"AURC ($\times$1000)" in text and r"NLL ($\times$10)" in text
     lines = tex_lines(out / "tables" / "summary.tex", 2)
-    assert r"toy b\&c/mc\_dropout" in lines  # special characters escaped
+    assert r"toy b\&c/mc\_dropout $^\dagger$" in lines  # special characters escaped
     # ACC: higher is better -> mc_dropout bold, arrow after the bold value; the reference not
     assert lines[r"toy\_a/mc\_dropout"][0] == r"\textbf{86.00 $\pm$ 1.00 [84.8, 88.3]}$^\uparrow$"
     assert lines[r"toy\_a/msp (ref)"][0] == "82.00 $\\pm$ 2.00 [80.8, 84.3]"
@@ -597,7 +747,8 @@ def test_tex_bold_best_marks_and_escaping(report, results):
                  for m in METHODS if ran(dataset, m)}
         best = min(means, key=means.get)
         for m, mean in means.items():
-            cell = lines[tex(dataset) + "/" + tex(m) + (" (ref)" if m == REFERENCE else "")][4]
+            marked = " $^\\dagger$" if (dataset, m) == ("toy b&c", "mc_dropout") else ""  # still improving
+            cell = lines[tex(dataset) + "/" + tex(m) + (" (ref)" if m == REFERENCE else "") + marked][4]
             assert cell.startswith(r"\textbf{") == (m == best), (dataset, m, cell)
             assert f"{mean:.2f}" in cell
 
@@ -652,7 +803,7 @@ def test_metrics_restrict_columns_and_unknown_metric_is_an_error(results, tmp_pa
     only_ood = tmp_path / "only_ood"
     written = write_report(results, only_ood, formats=("md",), metrics=["ood_auroc"])
     assert sorted(p.name for p in written if p.parent.name == "tables") == [
-        "efficiency.md", "ood.md", "shift_corruption.md"]  # CE/efficiency columns are fixed
+        "convergence.md", "efficiency.md", "ood.md", "shift_corruption.md"]  # CE, efficiency, convergence: fixed
     assert "Not shown" in (only_ood / "README.md").read_text(encoding="utf-8")
 
     with pytest.raises(ConfigError, match=r"nope.*known.*accuracy"):
@@ -665,7 +816,7 @@ def test_methods_filter_and_formats(results, tmp_path, fast_plots):
     assert not list((tmp_path / "tables").glob("*.csv"))
     for table in TABLE_NAMES:
         rows = md_rows(tmp_path / "tables" / f"{table}.md")
-        assert rows and {r["Method"] for r in rows} == {"mc_dropout"}, table
+        assert rows and {r["Method"].removesuffix(" †") for r in rows} == {"mc_dropout"}, table
     readme = (tmp_path / "README.md").read_text(encoding="utf-8")
     assert "msp (ref)" not in readme and "broken" not in readme
     assert not any("msp" in p.name for p in written)
@@ -688,7 +839,7 @@ def test_empty_tables_say_so(tmp_path, fast_plots):
     write_report(results, tmp_path)
     tables = tmp_path / "tables"
     assert md_rows(tables / "summary.md")
-    for name in ("shift_severity", "shift_corruption", "shift_other", "ood", "efficiency"):
+    for name in ("shift_severity", "shift_corruption", "shift_other", "ood", "efficiency", "convergence"):
         md = (tables / f"{name}.md").read_text(encoding="utf-8")
         assert md.startswith("No ") and "|" not in md, name
         assert "% No " in (tables / f"{name}.tex").read_text(encoding="utf-8")
@@ -696,7 +847,8 @@ def test_empty_tables_say_so(tmp_path, fast_plots):
     readme = (tmp_path / "README.md").read_text(encoding="utf-8")
     assert "No corruption split was evaluated." in readme and "No OOD split was evaluated." in readme
     assert "## Failed cells\n\nNone." in readme
-    assert not [name for name in fast_plots if name.startswith("severity_")]
+    assert "No training log was found." in readme and "Still improving when" not in readme
+    assert not [name for name in fast_plots if name.startswith(("severity_", "training_"))]
     assert "reliability_toy_a_msp.png" in fast_plots
 
 
@@ -777,8 +929,9 @@ def test_hand_written_notes_are_inlined_at_the_top_and_kept(results, tmp_path, f
     assert tmp_path / "NOTES.md" not in written
     assert (tmp_path / "NOTES.md").read_text(encoding="utf-8") == notes  # never rewritten
     readme = (tmp_path / "README.md").read_text(encoding="utf-8")
-    heading, after = readme.split("\n\n", 1)
-    assert heading.startswith("# uqbench report:") and after.startswith(notes.strip())
+    heading, convergence, after = readme.split("\n\n", 2)  # the convergence statement heads the report
+    assert heading.startswith("# uqbench report:") and convergence.startswith("**Still improving")
+    assert after.startswith(notes.strip())
     assert readme.index("Ordering *agrees*") < readme.index("Reference method:")
     (tmp_path / "NOTES.md").unlink()
     write_report(results, tmp_path, formats=("md",))
