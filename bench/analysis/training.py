@@ -45,12 +45,6 @@ from bench.store import READ_ERRORS, TRAIN_LOG, CellDir
 WINDOW_FRACTION = 0.2  # the compared windows: the last k epochs and the k before, k = this share of the epochs
 TRAIN_ACC_RISE = 0.005  # training accuracy (a fraction) rising by more than this: still improving
 VAL_NLL_DROP = 0.05  # validation NLL falling by more than this share of its earlier mean: still improving
-RULE = (f"with E epochs in a cell's training log and k = max(1, round({WINDOW_FRACTION:g} × E)) (k = 1 up to "
-        "7 epochs), the mean over the last k epochs is compared with the mean over the k epochs before them; "
-        f"the cell is still improving when its training accuracy rose by more than {100 * TRAIN_ACC_RISE:g} "
-        f"percentage points or its validation NLL fell by more than {100 * VAL_NLL_DROP:g}% of the earlier mean. "
-        "A log of one epoch cannot be judged (`n/a: 1 epoch`)")
-
 IMPROVING = "improving"  # a verdict: still improving at the end (flagged)
 NOT_IMPROVING = "not improving"
 UNJUDGED = "n/a: "  # a verdict that starts so could not be made; the reason follows
@@ -86,8 +80,17 @@ class Judgement:
 
 
 def window(epochs: int) -> int:
-    """k, the epochs of each compared window: max(1, round(:data:`WINDOW_FRACTION` x epochs))."""
-    return max(1, round(WINDOW_FRACTION * epochs))
+    """k, the epochs of each compared window: max(1, round(:data:`WINDOW_FRACTION` x epochs)),
+    at most half the epochs (the two windows fit in the log)."""
+    return max(1, min(round(WINDOW_FRACTION * epochs), epochs // 2))
+
+
+#: the rule in the report's words, from the thresholds above
+RULE = (f"with E epochs in a cell's training log and k = max(1, round({WINDOW_FRACTION:g} × E)) (k = 1 up to "
+        f"{max(e for e in range(2, 1000) if window(e) == 1)} epochs), the mean over the last k epochs is compared "
+        "with the mean over the k epochs before them; the cell is still improving when its training accuracy rose "
+        f"by more than {100 * TRAIN_ACC_RISE:g} percentage points or its validation NLL fell by more than "
+        f"{100 * VAL_NLL_DROP:g}% of the earlier mean. A log of one epoch cannot be judged (`n/a: 1 epoch`)")
 
 
 def judge(train_acc: Sequence[float], val_nll: Sequence[float]) -> Judgement:
