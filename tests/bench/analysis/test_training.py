@@ -31,6 +31,15 @@ def test_window_is_a_fifth_of_the_epochs_and_at_least_one(epochs, k):
     assert window(epochs) == k
 
 
+def test_both_windows_fit_in_the_log_whatever_the_fraction(monkeypatch):
+    import bench.analysis.training as training
+
+    monkeypatch.setattr(training, "WINDOW_FRACTION", 0.6)  # round(0.6 x 3) = 2 windows of 2 in 3 epochs: 1 each
+    assert [window(e) for e in (2, 3, 4, 5)] == [1, 1, 2, 2]
+    got = judge([0.5, 0.5, 0.6], [1.0, 1.0, 1.0])
+    assert got.window == 1 and got.train_acc_rise == pytest.approx(0.1)
+
+
 @pytest.mark.parametrize("last_acc, flagged", [(0.9951, True), (0.9949, False)])
 def test_training_accuracy_rising_by_more_than_half_a_point_flags(last_acc, flagged):
     """10 epochs: k = 2; the last two epochs' mean against the two before (0.99)."""
