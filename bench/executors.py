@@ -212,9 +212,19 @@ def _record_death(job: Job, reason: str) -> Outcome:
     return Outcome(cell.key, cell.label, "failed", f"{reason}; the next run retries it", 0.0)
 
 
+def dispatch_order(jobs: list[Job]) -> list[Job]:
+    """The order a pool hands out ``jobs``: single-stage cells before two-stage ones (whose
+    stage-1 cell should be stored first, as the plan orders them), and within each, more
+    training epochs first (stable otherwise).  Epochs stand for a cell's length: started
+    last, a long cell leaves the other workers idle at the end of the run (the default
+    suite's SGPA cells, its longest, came last in plan order: the last one ran 95 s alone)."""
+    return sorted(jobs, key=lambda j: (j.cell.stage1 is not None, -j.cell.method.train.epochs))
+
+
 def pool(jobs: list[Job], workers: int, devices: list[str] | None):
     """Yield each job's :class:`Outcome` as it finishes, from ``workers`` spawned processes
-    (``devices``: one entry per worker, e.g. ``["cuda:0", "cuda:0", "cuda:1", "cuda:1"]``).
+    (``devices``: one entry per worker, e.g. ``["cuda:0", "cuda:0", "cuda:1", "cuda:1"]``),
+    handed out in :func:`dispatch_order`.
 
     Each worker runs one job at a time.  A worker that dies (the OOM killer, a segfault)
     fails only the cell it was running, with its signal named (:func:`_record_death`); a
@@ -225,7 +235,7 @@ def pool(jobs: list[Job], workers: int, devices: list[str] | None):
     ctx = mp.get_context("spawn")
     slots = list(devices) if devices else [None] * workers
     threads = max(1, (os.cpu_count() or 1) // len(slots))
-    todo = list(reversed(jobs))
+    todo = list(reversed(dispatch_order(jobs)))
     started = []
     busy: dict = {}  # our end of a busy worker's pipe -> (its process, its device, its job)
 

@@ -326,3 +326,19 @@ def test_slurm_executor_on_a_machine_without_slurm_is_one_line_exit_2_before_any
     assert code == 2 and err.count("\n") == 1, err
     assert err.startswith("error: --executor slurm: no sbatch or srun on PATH"), err
     assert _nothing_written(tmp_path)
+
+
+def test_a_pool_hands_out_longer_cells_first_and_two_stage_cells_last():
+    """dispatch_order: single-stage cells by epochs, most first, in plan order among equals;
+    then the two-stage cells (their stage-1 cells are stored first), likewise."""
+    from types import SimpleNamespace
+
+    from bench.executors import Job, dispatch_order
+
+    def job(name: str, epochs: int, two_stage: bool = False) -> Job:
+        method = SimpleNamespace(name=name, train=SimpleNamespace(epochs=epochs))
+        return Job(SimpleNamespace(method=method, stage1=object() if two_stage else None), "store", "cpu")
+
+    plan = [job("msp", 40), job("cgpt", 10, True), job("mc", 40), job("sgpa", 80), job("scgpt", 30, True),
+            job("kep", 40)]
+    assert [j.cell.method.name for j in dispatch_order(plan)] == ["sgpa", "msp", "mc", "kep", "scgpt", "cgpt"]
