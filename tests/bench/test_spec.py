@@ -55,9 +55,10 @@ def test_default_suite_loads_with_its_methods_datasets_and_seeds():
                      "deep_ensemble": "derived", "kep_svgp": "trained", "kep_svgp_ensemble": "derived",
                      "sgpa": "trained"}
     msp = suite.method("msp")
-    assert msp.train.epochs == 12 and msp.train.lr == pytest.approx(2e-3) and msp.train.batch_size == 128
-    sgpa = suite.method("sgpa").train  # per-method override of one field; the rest is the suite's
-    assert sgpa.lr == pytest.approx(5e-3) and sgpa.epochs == msp.train.epochs and sgpa.batch_size == 128
+    assert msp.train.epochs == 40 and msp.train.lr == pytest.approx(3e-3) and msp.train.batch_size == 128
+    sgpa = suite.method("sgpa").train  # per-method override of two fields; the rest is the suite's
+    assert sgpa.lr == pytest.approx(5e-3) and sgpa.epochs == 80 and sgpa.batch_size == msp.train.batch_size
+    assert sgpa.weight_decay == msp.train.weight_decay and sgpa.warmup_epochs == msp.train.warmup_epochs
     assert msp.model.dim == 64 and msp.model.heads == 4 and msp.model.patch_size == 7
     assert msp.model.attention == "softmax"
     assert suite.method("mc_dropout").options.samples == 10
