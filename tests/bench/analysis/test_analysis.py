@@ -208,10 +208,41 @@ def test_catalog_picks_the_planned_cell_else_the_newest_and_names_incomplete_one
     results = analyse(alone, resamples=20)
     reasons = dict(zip(zip(results.failures["method"], results.failures["seed"]), results.failures["reason"]))
     assert "incomplete" in reasons[("msp", 1)]
-    assert "member msp seed(s) [1]" in reasons[("ens", 0)]  # the ensemble cannot be formed
+    assert "needs 2 members, the store has 1 (msp seeds 0, 1; seed 1: incomplete" in reasons[("ens", 0)]  # not formed
     probs, labels = alone.predictions("mnist5k", "msp", 0, "test")
     np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-5)
     assert labels.dtype == np.int64
+
+
+def test_a_derived_method_costs_and_converges_over_the_replicates_it_formed_only(tmp_path):
+    """An ensemble of 2 over seeds 0-3 with msp seed 3 not stored: replicate 0 (seeds 0, 1)
+    is formed, replicate 1 (seeds 2, 3) is named as failed; its cost is replicate 0's
+    members' summed, and its convergence rows count those 2 seeds, never seed 2's cell."""
+    from bench.catalog import write_store_description
+
+    suite = build_suite({"name": "part", "seeds": [0, 1, 2, 3], "datasets": {"mnist5k": {}},
+                         "methods": {"msp": {}, "ens": "ensemble(msp, 2)"}})
+    store = Store(tmp_path / "part")
+    for seed in (0, 1, 2):
+        cd = store.cell(f"msp{seed}")
+        cd.reset()
+        rng = np.random.default_rng(seed)
+        for split in ("val", "test"):
+            arrays = fake_preds(rng, split, 2.0)
+            cd.write_preds(split, arrays["log_probs"], arrays["labels"])
+        cd.seal({"key": f"msp{seed}", "dataset": "mnist5k", "method": "msp", "seed": seed, "parameters": 100,
+                 "train_seconds": 10.0 ** seed, "predict_seconds_per_1000": 2.0 ** seed, "peak_memory_mb": 50.0 + seed,
+                 "samples": 1})
+    write_store_description(store.root, suite)
+    results = analyse(open_store(store.root, suite), ["accuracy"], resamples=20)
+    assert results.seeds[("mnist5k", "ens")] == [0]
+    reasons = dict(zip(zip(results.failures["method"], results.failures["seed"]), results.failures["reason"]))
+    assert reasons[("ens", 1)].startswith("needs 2 members, the store has 1 (msp seeds 2, 3; seed 3: not in the store)")
+    eff = results.efficiency.set_index("method").loc["ens"]
+    assert (eff.train_seconds, eff.predict_seconds_per_1000) == (1.0 + 10.0, 1.0 + 2.0)
+    assert (eff.parameters, eff.passes, eff.peak_memory_mb) == (200, 2, 51.0)
+    conv = results.convergence_summary.set_index("method").loc["ens"]
+    assert conv.n_seeds == 2
 
 
 def _seed_store(tmp_path, accuracy: dict[str, list[float]], n: int = 2000):
