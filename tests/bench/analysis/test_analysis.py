@@ -289,3 +289,53 @@ def test_a_difference_that_every_seed_repeats_keeps_its_mark(tmp_path):
     catalog = _seed_store(tmp_path, {"msp": [0.70, 0.80, 0.90], "mc_dropout": [0.75, 0.85, 0.955]})
     row = _accuracy_row(analyse(catalog, resamples=200))
     assert row.verdict == "better" and row.p_holm < 0.05 and row.seeds_needed <= 3
+
+
+def test_a_plugin_that_edits_its_arrays_in_place_changes_nothing_else(tmp_path, monkeypatch):
+    """A plugin score that overwrites the stored log-probabilities it is handed, a plugin
+    metric that overwrites the probabilities, and one that overwrites the OOD scores (each
+    analysed first): every other metric and score gives the values of an analysis without
+    them, and each plugin's write is its own error (they receive read-only arrays)."""
+    from bench.metrics.record import Metric
+    from bench.registry import METRICS, SCORES
+    from bench.scores.record import Score
+    from tests.helpers.synthetic import fake_store, fake_suite
+
+    def flatten(arrays, _fitted=None):
+        arrays["log_probs"][:] = -np.log(arrays["log_probs"].shape[1])  # every image uniform
+        return np.zeros(len(arrays["labels"]))
+
+    def flip(probs, labels):
+        probs[:] = probs[:, ::-1].copy()
+        return 0.0
+
+    def shift(scores_id, scores_ood):
+        scores_id += 100.0
+        return 0.0
+
+    monkeypatch.setitem(SCORES._items, "test_flatten", Score("test_flatten", flatten, "flat", "Edits in place.",
+                                                              ("log_probs",)))
+    monkeypatch.setitem(METRICS._items, "test_flip", Metric("test_flip", flip, "calibration", "flip", "", True,
+                                                            "Edits in place."))
+    monkeypatch.setitem(METRICS._items, "test_shift", Metric("test_shift", shift, "ood", "shift", "", True,
+                                                             "Edits in place."))
+    path = tmp_path / "inplace.toml"
+    path.write_text(fake_suite("inplace"))
+    fake_store(tmp_path / "results", path)
+    catalog = open_store(tmp_path / "results" / "inplace")
+    names = ["accuracy", "nll", "ood_auroc"]
+    clean = analyse(catalog, names, resamples=50, scores=["msp"])
+    edited = analyse(open_store(tmp_path / "results" / "inplace"), ["test_flip", "test_shift", *names], resamples=50,
+                     scores=["test_flatten", "msp"])
+    keys = ["method", "seed", "split", "metric", "score"]
+    mine = edited.metrics[edited.metrics.metric.isin(names) & (edited.metrics.score != "test_flatten")]
+    pd.testing.assert_frame_equal(mine.sort_values(keys).reset_index(drop=True),
+                                  clean.metrics.sort_values(keys).reset_index(drop=True))
+    columns = ["mean", "std", "ci_low", "ci_high"]
+    summary = edited.summary[edited.summary.metric.isin(names) & (edited.summary.score != "test_flatten")]
+    pd.testing.assert_frame_equal(summary.sort_values(keys[:1] + keys[2:])[columns].reset_index(drop=True),
+                                  clean.summary.sort_values(keys[:1] + keys[2:])[columns].reset_index(drop=True))
+    assert set(edited.unscored.reason[edited.unscored.score == "test_flatten"]) == {
+        "raised ValueError: assignment destination is read-only"}
+    raised = " ".join(edited.failures.reason)
+    assert "metric 'test_flip' raised ValueError" in raised and "metric 'test_shift' raised ValueError" in raised
