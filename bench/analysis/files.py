@@ -4,15 +4,16 @@
 tidy CSV tables a researcher loads with ``pandas.read_csv``, and ``analysis.json`` with
 the schema version, the options, the fingerprint of the store and the display orders);
 :func:`load` reads them back into an :class:`~bench.analysis.results.AnalysisResults`,
-which is all the report renders from.  :func:`analyse_store` reuses the files when the
+which is all the report renders from. :func:`analyse_store` reuses the files when the
 fingerprint (the manifests' digests of the cells used, the selection, the analysis
 options, the analysis code, the source of every module defining a metric, kernel, OOD
 score or derived method it calls and of the helper modules beside them, a plugin's
 included (:func:`module_digests`), the data sets' report settings and the methods'
-differences from their authors' code) is unchanged, and recomputes them otherwise.  It keeps one result set per fingerprint: the
-set a new fingerprint replaces moves to ``cache/<key>/`` under the same folder (the
-:data:`CACHE_KEEP` most recent are kept), and comes back when its fingerprint does, so
-reporting another store's content or other options and then returning recomputes nothing.
+differences from their authors' code) is unchanged, and recomputes them otherwise. It
+keeps one result set per fingerprint: the set a new fingerprint replaces moves to
+``cache/<key>/`` under the same folder (the :data:`CACHE_KEEP` most recent are kept), and
+comes back when its fingerprint does, so reporting another store's content or other
+options and then returning recomputes nothing.
 
 Why CSV and not Parquet: the tables are small (the default store's per-seed table is
 about 1 MB gzipped), CSV needs no further dependency in a suite whose fresh install is

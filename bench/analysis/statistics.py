@@ -369,7 +369,8 @@ def efficiency(catalog: Catalog) -> pd.DataFrame:
                         "dataset": d, "method": e.name,
                         "parameters": infos[0].get("parameters", np.nan),
                         "train_seconds": float(np.mean([_train_seconds(i) for i in infos])),
-                        "predict_seconds_per_1000": float(np.mean([i.get("predict_seconds_per_1000", np.nan) for i in infos])),
+                        "predict_seconds_per_1000": float(np.mean([i.get("predict_seconds_per_1000", np.nan)
+                                                                   for i in infos])),
                         "peak_memory_mb": float(np.max([i.get("peak_memory_mb", np.nan) for i in infos])),
                         "passes": infos[0].get("samples", 1),
                         **_detector_seconds(infos),

@@ -169,6 +169,7 @@ def test_an_ensemble_short_of_members_gets_no_numbers_anywhere(tmp_path, capsys,
         if f.name == "failures.csv":
             continue
         for row in _rows_of(f, "deep_ensemble"):
-            numbers = {k: v for k, v in row.items() if k not in ("dataset", "method", "n_seeds") and v not in ("", "nan")}
+            numbers = {k: v for k, v in row.items()
+                       if k not in ("dataset", "method", "n_seeds") and v not in ("", "nan")}
             assert numbers == {}, (f.name, numbers)
             assert row.get("n_seeds", "0") == "0", (f.name, row)
