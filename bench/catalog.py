@@ -100,8 +100,9 @@ class Catalog:
     maps the same keys to why a wanted cell has no usable predictions (``failed: ...``,
     ``incomplete ...``); ``running`` to ``(cell key, who runs it)`` for cells a live runner
     holds (not problems: they are not used yet); ``left`` to ``(cell key, state, why)`` for
-    every one of these; ``seeds`` are the seeds analysed (the suite's when given, else
-    every seed found).
+    every one of these; ``elsewhere`` to the cell keys of a seed the store holds only in a
+    configuration the row does not use; ``seeds`` are the seeds analysed (the suite's when
+    given, else every seed found).
     """
 
     name: str
@@ -116,6 +117,8 @@ class Catalog:
     unnamed: dict[str, str] = field(default_factory=dict)  # directory -> why it names no cell
     running: dict[tuple[str, str, int], tuple[str, str]] = field(default_factory=dict)
     left: dict[tuple[str, str, int], tuple[str, str, str]] = field(default_factory=dict)
+    # (dataset, row, seed) -> cell key(s) of that seed in a configuration the row does not use
+    elsewhere: dict[tuple[str, str, int], str] = field(default_factory=dict)
     _preds: dict[tuple[str, str, int], Preds] = field(default_factory=dict, repr=False)
 
     def dataset_class(self, dataset: str) -> type | None:
@@ -198,17 +201,50 @@ class Catalog:
             return [(s, (s,)) for s in self.seeds]
         return entry.method.replicates(self.seeds)
 
+    def formed(self, dataset: str, entry: MethodEntry) -> list[tuple[int, tuple[int, ...]]]:
+        """The replicates of a derived method on a dataset whose every member is a used cell
+        of its base (:attr:`cells`; cells found damaged have left it): the only ones that
+        get numbers, in predictions, efficiency and convergence alike."""
+        return [(rid, members) for rid, members in self.replicates(dataset, entry)
+                if all((dataset, entry.base, s) in self.cells for s in members)]
+
+    def unformed(self, dataset: str, entry: MethodEntry) -> dict[int, str]:
+        """Replicate id -> why it cannot be formed (``needs N members, the store has M``: the
+        members that are not used cells, each with why), for a derived method whose base
+        has a cell on ``dataset`` (used, left out or running; a base never run there gives
+        none: its own cells are what is missing).  When the seeds analysed are fewer than
+        one replicate's members, replicate 0 says so."""
+        base = entry.base
+        if not any(d == dataset and m == base for d, m, _ in [*self.cells, *self.problems, *self.running]):
+            return {}
+        out = {rid: self._shortfall(dataset, entry, members) for rid, members in self.replicates(dataset, entry)}
+        need = entry.method.members_per_replicate()
+        if need > len(self.seeds):
+            have = [s for s in self.seeds if (dataset, base, s) in self.cells]
+            out[0] = (f"needs {need} members, the store has {len(have)} (analysed: {_seeds(self.seeds)}; "
+                      f"usable {base} cells: {_seeds(have) if have else 'none'}); add seeds to the run "
+                      f"(at least {need}) and run the suite to train them")
+        return {rid: why for rid, why in out.items() if why}
+
+    def _shortfall(self, dataset: str, entry: MethodEntry, members: tuple[int, ...]) -> str:
+        """Why a derived replicate of ``members`` cannot be formed ("" when it can)."""
+        base = entry.base
+        missing = [s for s in members if (dataset, base, s) not in self.cells]
+        if not missing:
+            return ""
+        why = "; ".join(f"seed {s}: {self._why_not_used((dataset, base, s))}" for s in missing)
+        return (f"needs {len(members)} member{'s' if len(members) > 1 else ''}, the store has "
+                f"{len(members) - len(missing)} ({base} {_seeds(members)}; {why}); run the suite to train them")
+
     def combined(self, dataset: str, entry: MethodEntry, rid: int, members: tuple[int, ...]) -> Preds | str:
         """A derived replicate's predictions, or the reason it cannot be formed."""
         key = (dataset, entry.name, rid)
         if key in self._preds:
             return self._preds[key]
-        base = entry.base
-        missing = [s for s in members if (dataset, base, s) not in self.cells]
-        if missing:
-            why = "; ".join(f"seed {s}: {self._why_not_used((dataset, base, s))}" for s in missing)
-            return f"member {base} seed(s) {missing} unusable ({why}); run the suite to train them"
-        preds = entry.method.predict_from([self.load_or_mark_damaged(dataset, base, s) for s in members])
+        why = self._shortfall(dataset, entry, members)
+        if why:
+            return why
+        preds = entry.method.predict_from([self.load_or_mark_damaged(dataset, entry.base, s) for s in members])
         self._preds[key] = preds
         return preds
 
@@ -301,15 +337,19 @@ class Catalog:
             return self.problems[key]
         if key in self.running:
             return f"running, {self.running[key][1]}"
+        if key in self.elsewhere:
+            return f"not in the store in this configuration (it holds a cell of another one: {self.elsewhere[key]})"
         return "not in the store"
 
     # --- identity ------------------------------------------------------------------------
     def fingerprint(self) -> dict:
         """What analysis results depend on in the store: the selection and, per used cell,
-        the digest of its manifest (which pins every file's sha256) or its problem."""
+        the digest of its manifest (which pins every file's sha256) or its problem (or
+        the cells of another configuration it has instead)."""
         cells = {f"{d}|{m}|{s}": hashlib.sha256((cd.path / MANIFEST).read_bytes()).hexdigest()
                  for (d, m, s), cd in sorted(self.cells.items())}
         problems = {f"{d}|{m}|{s}": why for (d, m, s), why in sorted(self.problems.items())}
+        problems.update({f"{d}|{m}|{s}": f"elsewhere: {keys}" for (d, m, s), keys in sorted(self.elsewhere.items())})
         methods = [{"name": m.name, "type": m.type, "kind": m.kind,
                     "options": to_dict(m.method.options) if m.method is not None else None} for m in self.methods]
         return {"suite": self.name, "datasets": self.datasets, "methods": methods, "seeds": list(self.seeds),
@@ -465,6 +505,8 @@ def open_store(root: Path, suite=None, planned: set[str] = frozenset()) -> Catal
                     rows[e.name].append(row)
                 for s, candidates in group.items():
                     catalog._use((d, row, s), candidates, planned)
+                for s in by_seed.keys() - group.keys():
+                    catalog.elsewhere[(d, row, s)] = ", ".join(cd.key for cd in by_seed[s])
     for e in entries:
         mine = rows.get(e.name if e.kind == "trained" else e.base, [])
         base = e.name if e.kind == "trained" else e.base
@@ -545,6 +587,12 @@ def _labels(configs: dict[str, dict]) -> dict[str, str]:
 def _natural(text: str) -> list:
     """Sort key ordering the numbers in ``text`` by value (``epochs=2`` before ``epochs=10``)."""
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", text)]
+
+
+def _seeds(seeds: Iterable[int]) -> str:
+    """``seed 0`` or ``seeds 0, 1, 2``: seeds as a message names them."""
+    seeds = list(seeds)
+    return f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
 
 
 def live_runner(root: Path, key: str) -> dict | None:

@@ -36,7 +36,7 @@ from bench.scores import detector_cost
 from bench.spec import DatasetSpec
 from bench.store import TRAIN_LOG, CellDir
 from bench.train import TrainResult, fit, optimiser_steps, predict, seed_everything
-from bench.train_state import UnusableState, read_training_state, training_state_bytes
+from bench.train_state import UnusableState, read_training_state, state_dict_problem, training_state_bytes
 
 
 class Console:
@@ -241,6 +241,8 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
             detectors = _detector_cost(cd)
     except NonFiniteLoss as exc:
         return cd.mark_failed(info, str(exc))
+    except Stage1Unusable as exc:
+        return _fail_cell(cd, info, str(exc))
     except ConfigError:
         raise
     except (MemoryError, torch.OutOfMemoryError) as exc:  # this cell is too big; the grid goes on
@@ -273,6 +275,11 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
     return "complete", f"best epoch {result.best_epoch}, test acc {test_acc:.3f}"
 
 
+class Stage1Unusable(Exception):
+    """A two-stage cell's stored stage-1 cell that must not be started from; the message
+    names that cell, what is wrong with it and what to do."""
+
+
 def stage1_state(cell: Cell, store_root: Path, data: DataBundle, device: torch.device,
                  console: Console) -> tuple[dict, dict]:
     """The stage-1 weights of a two-stage cell and what was done for them: the stored
@@ -280,14 +287,29 @@ def stage1_state(cell: Cell, store_root: Path, data: DataBundle, device: torch.d
     :func:`bench.catalog.stored_cell`) when the store holds it complete, else that cell's
     method trained here with its own settings and seed (not stored as a cell).  The record
     (``stage1`` in cell.json) names the cell and gives stage 1's training seconds, best
-    epoch and best validation accuracy (those of the stored cell when it was reused)."""
+    epoch and best validation accuracy (those of the stored cell when it was reused).
+
+    A stored stage-1 cell is checked as the store checks any cell, checkpoint included
+    (:meth:`bench.store.CellDir.condition`), and its weights against the network its
+    method builds (names, dtypes, shapes); one that is damaged or does not fit raises
+    :class:`Stage1Unusable` (nothing is trained from it)."""
     from bench.catalog import stored_cell
     from bench.store import CHECKPOINT
 
     first = cell.stage1
+    name = f"its stage-1 cell {first.key} ({first.label})"
     found = stored_cell(store_root, first.dataset.name, first.method.name, first.seed, first.key)
+    if found is None and (damage := CellDir(Path(store_root) / first.key).condition())[0] == "damaged":
+        raise Stage1Unusable(f"{name} is damaged: {damage[1]}; run again: `run` moves it aside and retrains it "
+                             "before this cell")
     if found is not None:
         state = torch.load(found.path / CHECKPOINT, map_location="cpu", weights_only=True)
+        method = METHODS.get(first.method.type)(first.method.options)
+        expected = {k: (v.dtype, tuple(v.shape))
+                    for k, v in method.build_model(first.method.model, data).state_dict().items()}
+        if (why := state_dict_problem(state, expected)) is not None:
+            raise Stage1Unusable(f"{name} holds a {CHECKPOINT} that does not fit {first.method.name}'s network "
+                                 f"({why}); move its folder {found.path} aside and run again to retrain it")
         stored = found.read_cell() or {}
         return state, {"method": first.method.name, "key": first.key, "reused": True,
                        **{k: stored.get(k) for k in ("train_seconds", "best_epoch", "best_val_acc")}}

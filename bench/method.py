@@ -231,12 +231,16 @@ class DerivedMethod:
         plus the decomposition terms ``entropy_of_mean``/``mean_entropy`` of the members'
         predictive distributions and their spread ``prob_variance`` (sum over classes of the
         members' population variance) when there are several members.  Logits and
-        features are not combined: the members' feature spaces differ."""
+        features are not combined: the members' feature spaces differ.  :meth:`combine`
+        receives read-only views (:func:`bench.metrics.inputs.read_only`): the members'
+        arrays are the stored predictions every other method row and metric reads."""
         from bench.metrics import decompose
+        from bench.metrics.inputs import read_only
 
         common = sorted(set.intersection(*(set(m) for m in members)))
         labels = {sp: members[0][sp]["labels"] for sp in common}
-        combined = self.combine([{sp: m[sp]["log_probs"] for sp in common} for m in members], labels)
+        combined = self.combine([read_only({sp: m[sp]["log_probs"] for sp in common}) for m in members],
+                                read_only(labels))
         preds = {sp: {"log_probs": combined[sp], "labels": labels[sp]} for sp in combined}
         if len(members) > 1:
             for sp in combined:

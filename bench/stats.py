@@ -79,6 +79,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from bench.metrics import check_probs_labels, check_scores, get_metric
+from bench.metrics.inputs import read_only
 from bench.metrics.resample import chunks
 
 __all__ = [
@@ -191,7 +192,7 @@ def boot_metric(name: str, probs: np.ndarray, labels: np.ndarray, weights: np.nd
     probs, labels = check_probs_labels(probs, labels)
     w = _check_weights(weights, labels.shape[0])
     if m.bootstrap is not None:
-        return m.bootstrap(probs, labels, w)
+        return m.bootstrap(read_only(probs), read_only(labels), read_only(w))
     fn = m.fn
     n = labels.shape[0]
     out = np.empty(w.shape[0])
@@ -225,7 +226,7 @@ def boot_ood_metric(
     if w_id.shape[0] != w_ood.shape[0]:
         raise ValueError(f"w_id and w_ood need the same number of resamples, got {w_id.shape[0]} and {w_ood.shape[0]}")
     if m.bootstrap is not None:
-        return m.bootstrap(s_id, s_ood, w_id, w_ood)
+        return m.bootstrap(*map(read_only, (s_id, s_ood, w_id, w_ood)))
     fn = m.fn
     out = np.empty(w_id.shape[0])
     for b in range(w_id.shape[0]):

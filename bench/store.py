@@ -26,8 +26,9 @@
 options) so the store can be analysed without its suite file (``bench.catalog``).
 
 A cell is complete only when its manifest exists and every listed file verifies: it lies
-inside the cell, matches its sha256, and each prediction file holds what
-:meth:`CellDir.write_preds` writes (:func:`arrays_problem`).  Every file is written to a
+inside the cell, matches its sha256, each prediction file holds what
+:meth:`CellDir.write_preds` writes (:func:`arrays_problem`) and the checkpoint is a state
+dict (:func:`checkpoint_problem`).  Every file is written to a
 temporary name, fsynced and renamed, so a run killed at any moment leaves either the old
 file or the new one, never half of one.  Nothing in a complete cell is ever deleted; an
 incomplete cell's directory is cleared before it is redone.
@@ -179,6 +180,28 @@ def training_features_problem(arrays: dict[str, np.ndarray]) -> str | None:
     return None
 
 
+def checkpoint_problem(path: Path) -> str | None:
+    """Why the file at ``path`` is not a ``checkpoint.pt`` as a cell writes it (None when
+    it is one): it must load with ``torch.load(weights_only=True)`` (no pickled code) as a
+    non-empty table of named tensors, a network's state dict.  Whether the names and
+    shapes fit a network is the reader's check (``bench.cell.stage1_state``)."""
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - whatever a damaged or foreign file raises
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        return f"cannot be read as weights ({type(exc).__name__}: {first})"
+    if not isinstance(state, dict):
+        return f"holds a {type(state).__name__}, not a table of named tensors"
+    if not state:
+        return "holds no weights (an empty state dict)"
+    wrong = next((k for k, v in state.items() if not isinstance(k, str) or not isinstance(v, torch.Tensor)), None)
+    if wrong is not None:
+        return f"entry {wrong!r} is not a named tensor ({type(state[wrong]).__name__})"
+    return None
+
+
 def _load_arrays(path: Path) -> dict[str, np.ndarray]:
     """Every array of an ``.npz`` file, never unpickling (an object array raises ValueError)."""
     with np.load(path, allow_pickle=False) as z:
@@ -216,13 +239,15 @@ class CellDir:
         * ``interrupted``: never sealed, no failure recorded (a run stopped in it);
         * ``damaged``: sealed once but no longer verifies (a manifest path outside the cell,
           a changed, missing or extra file, a prediction file whose arrays are not what
-          :meth:`write_preds` writes: :func:`arrays_problem`), or unreadable.
+          :meth:`write_preds` writes: :func:`arrays_problem`, a checkpoint that is no
+          state dict: :func:`checkpoint_problem`), or unreadable.
 
         This is the one definition of a damaged cell: ``verify``, ``run``, ``status`` and
         the report (:mod:`bench.catalog`) all ask it.
 
-        ``skip`` names manifest entries not to check: analysis passes ``(CHECKPOINT,)``
-        because it never reads weights (a store whose checkpoints were pruned stays usable)."""
+        ``skip`` names manifest entries not to check (neither their digest nor their
+        contents): analysis passes ``(CHECKPOINT,)`` because it never reads weights (a
+        store whose checkpoints were pruned stays usable)."""
         if not self.path.exists():
             return "missing", "missing"
         try:
@@ -249,7 +274,7 @@ class CellDir:
             extra = sorted(r for r in set(self._files()) - set(files) if r.startswith("preds/"))
             if extra:
                 return "damaged", f"{extra[0]} is not in its manifest (a prediction file added after the cell was sealed)"
-            if (wrong := self._contents_problem(sorted(files), manifest.get("shapes"))) is not None:
+            if (wrong := self._contents_problem(sorted(set(files) - set(skip)), manifest.get("shapes"))) is not None:
                 return "damaged", wrong
             cell = self.read_cell()
             if cell is None:
@@ -284,10 +309,13 @@ class CellDir:
         return None
 
     def _contents_problem(self, rels: list[str], shapes: object) -> str | None:
-        """Why a prediction file among ``rels`` does not hold what :meth:`write_preds` writes
-        (every file of one cell has the same number of classes), or None."""
+        """Why a file among ``rels`` does not hold what the cell writes, or None: the
+        checkpoint (:func:`checkpoint_problem`), the training features, and the prediction
+        files (:meth:`write_preds`; every file of one cell has the same number of classes)."""
         shapes = shapes if isinstance(shapes, dict) else {}
         classes: dict[int, str] = {}
+        if CHECKPOINT in rels and (why := checkpoint_problem(self.path / CHECKPOINT)) is not None:
+            return f"{CHECKPOINT} {why}"
         if TRAIN_FEATURES in rels:
             try:
                 why = training_features_problem(_load_arrays(self.path / TRAIN_FEATURES))

@@ -105,7 +105,7 @@ def training_state_problem(state: dict, model: torch.nn.Module, cfg: TrainConfig
         return f"its best epoch {state['best_epoch']!r} is not one of its {epoch} epochs"
     expected = {k: (v.dtype, tuple(v.shape)) for k, v in model.state_dict().items()}
     for part in ("model", "best_state"):
-        if (why := _fit_problem(state[part], expected)) is not None:
+        if (why := state_dict_problem(state[part], expected)) is not None:
             return f"its {part} does not fit the model: {why}"
     params = list(model.parameters())
     try:
@@ -128,9 +128,10 @@ def training_state_problem(state: dict, model: torch.nn.Module, cfg: TrainConfig
     return None
 
 
-def _fit_problem(tensors: object, expected: dict[str, tuple]) -> str | None:
+def state_dict_problem(tensors: object, expected: dict[str, tuple]) -> str | None:
     """Why ``tensors`` is not a state dict of the model whose ``name -> (dtype, shape)`` is
-    ``expected`` (None when it is one)."""
+    ``expected`` (None when it is one): a resume file's weights, a stage-1 checkpoint
+    (``bench.cell.stage1_state``)."""
     if not isinstance(tensors, Mapping):
         return "not a table of tensors"
     if (absent := sorted(set(expected) - set(tensors))):

@@ -305,7 +305,8 @@ def test_derived_method_with_missing_members_is_named(reference, tmp_path, capsy
     code, err = report(capsys, "--suite", "tiny", "--results", str(results), "--reports", str(tmp_path / "r"))
     assert code == 1, err  # a report that leaves something out says so
     failed = readme_failures(tmp_path / "r" / "tiny" / "README.md")
-    assert "deep_ensemble" in failed and "member msp seed(s) [1]" in failed
+    assert "deep_ensemble" in failed
+    assert "needs 2 members, the store has 1 (msp seeds 0, 1; seed 1: not in the store)" in failed
 
 
 def readme_failures(path: Path) -> str:

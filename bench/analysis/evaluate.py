@@ -219,18 +219,16 @@ def evaluate_catalog(catalog: Catalog, names: list[str], scores: list[str] | Non
                 for key, why in catalog.unnamed.items()]
     for d in catalog.datasets:
         for entry in catalog.methods:
-            for rid, members in catalog.replicates(d, entry):
-                if entry.kind == "trained":
-                    preds = catalog.load_or_mark_damaged(d, entry.name, rid)
+            if entry.kind == "trained":
+                for s, _ in catalog.replicates(d, entry):
+                    preds = catalog.load_or_mark_damaged(d, entry.name, s)
                     if preds is not None:
-                        cache[(d, entry.name, rid)] = preds
-                    continue
-                preds = catalog.combined(d, entry, rid, members)
-                if isinstance(preds, dict):
-                    cache[(d, entry.name, rid)] = preds
-                elif any((d, entry.base, s) in catalog.cells or (d, entry.base, s) in catalog.problems
-                         for s in members):
-                    failures.append({"dataset": d, "method": entry.name, "seed": rid, "reason": preds})
+                        cache[(d, entry.name, s)] = preds
+                continue
+            for rid, members in catalog.formed(d, entry):
+                cache[(d, entry.name, rid)] = catalog.combined(d, entry, rid, members)
+            failures += [{"dataset": d, "method": entry.name, "seed": rid, "reason": why}
+                         for rid, why in catalog.unformed(d, entry).items()]
 
     rows, raised, per_cell, unscored = [], {}, {}, {}
     kinds = {e.name: e.kind for e in catalog.methods}

@@ -4,13 +4,16 @@
 tidy CSV tables a researcher loads with ``pandas.read_csv``, and ``analysis.json`` with
 the schema version, the options, the fingerprint of the store and the display orders);
 :func:`load` reads them back into an :class:`~bench.analysis.results.AnalysisResults`,
-which is all the report renders from.  :func:`analyse_store` reuses the files when the
+which is all the report renders from. :func:`analyse_store` reuses the files when the
 fingerprint (the manifests' digests of the cells used, the selection, the analysis
-options, the analysis code and the methods' differences from their authors' code) is
-unchanged, and recomputes them otherwise.  It keeps one result set per fingerprint: the
-set a new fingerprint replaces moves to ``cache/<key>/`` under the same folder (the
-:data:`CACHE_KEEP` most recent are kept), and comes back when its fingerprint does, so
-reporting another store's content or other options and then returning recomputes nothing.
+options, the analysis code, the source of every module defining a metric, kernel, OOD
+score or derived method it calls and of the helper modules beside them, a plugin's
+included (:func:`module_digests`), the data sets' report settings and the methods'
+differences from their authors' code) is unchanged, and recomputes them otherwise. It
+keeps one result set per fingerprint: the set a new fingerprint replaces moves to
+``cache/<key>/`` under the same folder (the :data:`CACHE_KEEP` most recent are kept), and
+comes back when its fingerprint does, so reporting another store's content or other
+options and then returning recomputes nothing.
 
 Why CSV and not Parquet: the tables are small (the default store's per-seed table is
 about 1 MB gzipped), CSV needs no further dependency in a suite whose fresh install is
@@ -20,12 +23,15 @@ the reloaded files, so a cached and a fresh report are byte-identical).
 """
 from __future__ import annotations
 
+import ast
 import gzip
 import hashlib
+import importlib.util
 import inspect
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Callable
 
@@ -71,15 +77,96 @@ def fingerprint(catalog: Catalog, metrics: list[str], resamples: int, seed: int,
                 significance: str = SIGNIFICANCE, scores: list[str] | None = None) -> str:
     """sha256 of everything the analysis files depend on (see the module docstring)."""
     code = {name: hashlib.sha256(path.read_bytes()).hexdigest() for name, path in _code_files().items()}
-    fns = {name: hashlib.sha256(_source(get_metric(name).fn).encode()).hexdigest() for name in metrics}
     scores = analysed_scores(scores)
-    fns.update({f"score:{name}": hashlib.sha256((_source(get_score(name).fn) + _source(get_score(name).fit)).encode())
-               .hexdigest() for name in scores})
+    called = [f for name in metrics for f in (get_metric(name).fn, get_metric(name).bootstrap)]
+    called += [f for name in scores for f in (get_score(name).fn, get_score(name).fit)]
+    called += [type(m.method) for m in catalog.methods if m.method is not None]  # derived methods combine
     deviations = {m.name: catalog.method_deviations(m.name) for m in catalog.methods}  # the methods' code decides
+    classes = {d: catalog.dataset_class(d) for d in catalog.datasets}
+    datasets = {d: [repr(getattr(c, a, None)) for a in ("headline_metrics", "report_note", "ood_groups")]
+                for d, c in classes.items()}
     blob = json.dumps({"schema": ANALYSIS_SCHEMA, "metrics": metrics, "scores": scores, "resamples": resamples, "seed": seed,
-                       "significance": significance, "code": code, "functions": fns, "store": catalog.fingerprint(),
-                       "deviations": deviations}, sort_keys=True, separators=(",", ":"))
+                       "significance": significance, "code": code, "modules": module_digests(called),
+                       "store": catalog.fingerprint(), "deviations": deviations, "datasets": datasets},
+                      sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def module_digests(objects: list) -> dict[str, str]:
+    """What the code of ``objects`` (functions, classes: a plugin's metric, kernel, score,
+    fit, a derived method) is, by module name: the sha256 of the source file of each
+    module defining one, and of every module that file imports (at its top or inside a
+    function) whose file lies in the same folder or below it (a plugin's helpers), followed
+    through those files in turn.  The ``bench`` package (its analysis code is
+    :data:`_CODE`) and installed packages (the environment's) are left out; an object
+    without a source file counts by its source text, or its repr."""
+    bench = Path(__file__).parent.parent.resolve()
+    installed = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+
+    def own(path: Path) -> bool:
+        return not (path.is_relative_to(bench) or any(path.is_relative_to(p) for p in installed)
+                    or "site-packages" in path.parts or "dist-packages" in path.parts)
+
+    out: dict[str, str] = {}
+    todo: list[tuple[str, Path]] = []
+    for obj in objects:
+        if obj is None:
+            continue
+        module = inspect.getmodule(obj)
+        path = _file_of(module)
+        if path is None:
+            out[f"<{getattr(obj, '__qualname__', repr(obj))}>"] = hashlib.sha256(_source(obj).encode()).hexdigest()
+        elif own(path):
+            todo.append((module.__name__, path))
+    while todo:
+        name, path = todo.pop()
+        if name in out:
+            continue
+        data = path.read_bytes()
+        out[name] = hashlib.sha256(data).hexdigest()
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for imported in _imports(data, package):
+            found = _file_of(sys.modules.get(imported)) or _spec_file(imported)
+            if found is not None and found.is_relative_to(path.parent) and own(found):
+                todo.append((imported, found))
+    return out
+
+
+def _imports(source: bytes, package: str) -> list[str]:
+    """The absolute names of the modules a module's source imports (``from a import b``
+    gives ``a`` and ``a.b``: ``b`` may be a module), relative imports resolved in ``package``."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return []
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            try:
+                base = importlib.util.resolve_name("." * node.level + (node.module or ""), package) if node.level \
+                    else node.module or ""
+            except (ImportError, ValueError):
+                continue
+            names += [base] + [f"{base}.{alias.name}" for alias in node.names]
+    return [n for n in dict.fromkeys(names) if n]
+
+
+def _file_of(module) -> Path | None:
+    """The resolved source file of a module, or None (a built-in or a module without a ``.py``)."""
+    file = getattr(module, "__file__", None)
+    return Path(file).resolve() if isinstance(file, str) and file.endswith(".py") else None
+
+
+def _spec_file(name: str) -> Path | None:
+    """The source file of an importable module not imported yet (None when there is none)."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError, AttributeError):
+        return None
+    origin = getattr(spec, "origin", None)
+    return Path(origin).resolve() if isinstance(origin, str) and origin.endswith(".py") else None
 
 
 def _code_files() -> dict[str, Path]:
@@ -93,7 +180,7 @@ def _code_files() -> dict[str, Path]:
 
 
 def _source(fn) -> str:
-    """A function's source text (a plugin metric's code is not among the files hashed)."""
+    """A function's source text (for one defined where no source file is)."""
     try:
         return inspect.getsource(fn)
     except (OSError, TypeError):

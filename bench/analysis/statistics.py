@@ -352,37 +352,51 @@ def corruption_errors(metrics_df: pd.DataFrame, reference: str) -> pd.DataFrame:
 
 
 def efficiency(catalog: Catalog) -> pd.DataFrame:
-    """Cost per method from ``cell.json`` (mean over seeds); a combinator of M members costs
-    the sum of its members' training and prediction, with M x S passes."""
+    """Cost per method from ``cell.json``: a trained method's mean over its used cells; a
+    derived one's over the replicates formed (:meth:`~bench.catalog.Catalog.formed`), each
+    costing the sum of its members' parameters, training, prediction and passes (the
+    first replicate's parameters and passes; time means over replicates; the largest peak
+    memory).  A method with no used cell or formed replicate on
+    a dataset has no row there: no cost is given for what was not computed."""
     rows = []
     for d in catalog.datasets:
-        trained = {}
         for e in catalog.methods:
-            if e.kind != "trained":
+            if e.kind == "trained":
+                infos = [catalog.cells[(d, e.name, s)].read_cell() or {} for s in catalog.seeds
+                         if (d, e.name, s) in catalog.cells]
+                if infos:
+                    rows.append({
+                        "dataset": d, "method": e.name,
+                        "parameters": infos[0].get("parameters", np.nan),
+                        "train_seconds": float(np.mean([_train_seconds(i) for i in infos])),
+                        "predict_seconds_per_1000": float(np.mean([i.get("predict_seconds_per_1000", np.nan)
+                                                                   for i in infos])),
+                        "peak_memory_mb": float(np.max([i.get("peak_memory_mb", np.nan) for i in infos])),
+                        "passes": infos[0].get("samples", 1),
+                        **_detector_seconds(infos),
+                    })
                 continue
-            infos = [catalog.cells[(d, e.name, s)].read_cell() or {} for s in catalog.seeds
-                     if (d, e.name, s) in catalog.cells]
-            if infos:
-                trained[e.name] = {
-                    "parameters": infos[0].get("parameters", np.nan),
-                    "train_seconds": float(np.mean([_train_seconds(i) for i in infos])),
-                    "predict_seconds_per_1000": float(np.mean([i.get("predict_seconds_per_1000", np.nan) for i in infos])),
-                    "peak_memory_mb": float(np.max([i.get("peak_memory_mb", np.nan) for i in infos])),
-                    "passes": infos[0].get("samples", 1),
-                    **_detector_seconds(infos),
-                }
-        for e in catalog.methods:
-            if e.name in trained:
-                rows.append({"dataset": d, "method": e.name, **trained[e.name]})
-            elif e.kind == "derived" and e.base in trained:
-                base = trained[e.base]
-                k = e.method.members_per_replicate()
-                rows.append({"dataset": d, "method": e.name, "parameters": base["parameters"] * k,
-                             "train_seconds": base["train_seconds"] * k,
-                             "predict_seconds_per_1000": base["predict_seconds_per_1000"] * k,
-                             "peak_memory_mb": base["peak_memory_mb"], "passes": base["passes"] * k,
+            formed = catalog.formed(d, e)
+            if formed:
+                costs = [_replicate_costs([catalog.cells[(d, e.base, s)].read_cell() or {} for s in members])
+                         for _, members in formed]
+                rows.append({"dataset": d, "method": e.name, "parameters": costs[0]["parameters"],
+                             **{k: float(np.mean([c[k] for c in costs])) for k in ("train_seconds",
+                                                                                 "predict_seconds_per_1000")},
+                             "peak_memory_mb": float(np.max([c["peak_memory_mb"] for c in costs])),
+                             "passes": costs[0]["passes"],
                              "detector_fit_seconds": np.nan, "detector_score_seconds_per_1000": np.nan})
     return pd.DataFrame(rows, columns=EFFICIENCY_COLUMNS)
+
+
+def _replicate_costs(infos: list[dict]) -> dict:
+    """One derived replicate's costs from its members' ``cell.json``: parameters, training,
+    prediction and passes added up, peak memory the largest."""
+    return {"parameters": sum(i.get("parameters", np.nan) for i in infos),
+            "train_seconds": float(sum(_train_seconds(i) for i in infos)),
+            "predict_seconds_per_1000": float(sum(i.get("predict_seconds_per_1000", np.nan) for i in infos)),
+            "peak_memory_mb": float(np.max([i.get("peak_memory_mb", np.nan) for i in infos])),
+            "passes": sum(i.get("samples", 1) for i in infos)}
 
 
 def _train_seconds(info: dict) -> float:

@@ -20,7 +20,8 @@ method, so every report shows the evidence that its models had converged.
 * ``summary`` (:data:`CONVERGENCE_SUMMARY_COLUMNS`): one row per dataset, method and
   stage, the means over seeds and how many seeds are still improving (and how many could
   not be judged, and why); a derived method (temperature scaling, ensembles: combinators
-  over stored cells) has the rows of its base, whose networks it combines.
+  over stored cells) has the rows of its base, whose networks it combines, over the seeds
+  of the replicates it could form.
 
 The rule, :func:`judge` (its thresholds are :data:`WINDOW_FRACTION`,
 :data:`TRAIN_ACC_RISE` and :data:`VAL_NLL_DROP`; :data:`RULE` says it in the report's
@@ -210,11 +211,14 @@ def convergence(catalog: Catalog) -> Convergence:
 def _summary(catalog: Catalog, cells: pd.DataFrame) -> pd.DataFrame:
     """Per dataset, method row and stage: the means over seeds of :data:`CONVERGENCE_FIELDS`
     (over the seeds with a log), the seeds, those still improving and those not judged
-    (with their reasons, ``; ``-joined); a derived row repeats its base row's rows."""
+    (with their reasons, ``; ``-joined); a derived row repeats its base row's rows over the
+    member seeds of its replicates formed (none when no replicate could be formed)."""
     rows = []
     for d in catalog.datasets:
         for entry in catalog.methods:
             mine = cells[(cells["dataset"] == d) & (cells["method"] == (entry.base or entry.name))]
+            if entry.kind == "derived":
+                mine = mine[mine["seed"].isin({s for _, members in catalog.formed(d, entry) for s in members})]
             for stage, group in mine.groupby("stage", sort=True):
                 unjudged = group["verdict"].str.startswith(UNJUDGED)
                 rows.append({

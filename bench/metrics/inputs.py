@@ -15,10 +15,33 @@ Notation
 
 A metric added by a plugin validates its inputs with the same checks
 (:func:`check_probs_labels`, :func:`check_scores`).
+
+Every registered metric, bootstrap kernel and OOD score receives its arrays read-only
+(:func:`read_only`): the same arrays go to every metric and score of a cell, so one that
+edited them in place (a plugin's bug) would change what the others compute; writing to
+one raises ``ValueError`` instead, which analysis reports as that metric's or score's
+error.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
 import numpy as np
+
+
+def read_only(value: Any) -> Any:
+    """``value`` as a metric or score receives it: a numpy array as a read-only view of the
+    same data (no copy; writing to it raises ``ValueError``), a mapping (a split's stored
+    arrays) as a read-only mapping of such views; anything else unchanged."""
+    if isinstance(value, np.ndarray):
+        view = value.view()
+        view.flags.writeable = False
+        return view
+    if isinstance(value, Mapping):
+        return MappingProxyType({k: read_only(v) for k, v in value.items()})
+    return value
 
 
 def check_probs_labels(probs: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

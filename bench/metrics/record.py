@@ -17,6 +17,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
+from bench.metrics.inputs import read_only
 from bench.registry import METRICS
 
 _Metric = Callable[..., float]
@@ -89,7 +90,8 @@ class Metric:
         return UNITS[self.unit]
 
     def __call__(self, *args, **kwargs) -> float:
-        return self.fn(*args, **kwargs)
+        """``fn`` on read-only views of the arrays given (:func:`~bench.metrics.inputs.read_only`)."""
+        return self.fn(*map(read_only, args), **{k: read_only(v) for k, v in kwargs.items()})
 
 
 #: The ``interval`` of a calibration error that says nothing more (:class:`Metric`).

@@ -22,6 +22,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from bench.metrics.inputs import read_only
 from bench.registry import SCORES
 
 #: What a score may need, and the stored arrays (``bench.store``) that provide it.
@@ -51,10 +52,11 @@ class TrainingFeatures:
 
     @classmethod
     def from_arrays(cls, arrays: Mapping[str, np.ndarray]) -> "TrainingFeatures":
-        """From the arrays of ``features/train.npz`` (:meth:`bench.store.CellDir.read_training_features`)."""
-        return cls(np.asarray(arrays["features"], np.float64), np.asarray(arrays["labels"], np.int64),
-                   np.asarray(arrays["head_weight"], np.float64), np.asarray(arrays["head_bias"], np.float64),
-                   int(arrays["train_size"]))
+        """From the arrays of ``features/train.npz`` (:meth:`bench.store.CellDir.read_training_features`),
+        as read-only views (every fitted score of a cell fits on the same arrays)."""
+        return cls(*(read_only(np.asarray(arrays[k], t)) for k, t in (
+            ("features", np.float64), ("labels", np.int64), ("head_weight", np.float64), ("head_bias", np.float64))),
+            int(arrays["train_size"]))
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,8 @@ class Score:
         return TRAINING if self.fit is not None and not training else None
 
     def __call__(self, arrays: Mapping[str, np.ndarray], fitted: Any = None) -> np.ndarray:
-        return np.asarray(self.fn(arrays, fitted), dtype=np.float64)
+        """``fn`` on a read-only view of the split's arrays (:func:`bench.metrics.inputs.read_only`)."""
+        return np.asarray(self.fn(read_only(arrays), fitted), dtype=np.float64)
 
 
 def ood_score(label: str, convention: str, *, reads: tuple[str, ...], reference: str = "",

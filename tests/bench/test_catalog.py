@@ -65,8 +65,10 @@ def test_an_ensemble_never_combines_members_of_two_configurations(tmp_path, suit
     analysed = analyse(open_store(results / "mix"), ["accuracy"], resamples=20)
     assert analysed.seeds == {("mnist5k", "msp (epochs=1)"): [0], ("mnist5k", "msp (epochs=2)"): [1]}
     reasons = dict(zip(analysed.failures["method"], analysed.failures["reason"]))
-    assert "member msp (epochs=1) seed(s) [1]" in reasons["ens (epochs=1)"]
-    assert "member msp (epochs=2) seed(s) [0]" in reasons["ens (epochs=2)"]
+    assert ("needs 2 members, the store has 1 (msp (epochs=1) seeds 0, 1; seed 1: not in the store in this "
+            "configuration") in reasons["ens (epochs=1)"]
+    assert ("needs 2 members, the store has 1 (msp (epochs=2) seeds 0, 1; seed 0: not in the store in this "
+            "configuration") in reasons["ens (epochs=2)"]
 
 
 def test_with_a_suite_only_its_configuration_is_used(tmp_path, suite_file):
@@ -129,3 +131,45 @@ def test_report_footnotes_name_what_each_method_keeps_from_its_authors_code(tmp_
             cd.seal(info)
     again = open_store(results / "fid")
     assert again.method_deviations("kdeformer")[-1] == "trained before the option(s) ranking existed"
+
+
+def _rows_of(path, method: str) -> list[dict]:
+    """The rows of a report's CSV file (gzipped or not) that name ``method``."""
+    import pandas as pd
+
+    frame = pd.read_csv(path, keep_default_na=False, dtype=str)
+    return frame[frame["method"] == method].to_dict("records") if "method" in frame.columns else []
+
+
+@pytest.mark.parametrize("seeds", [(0,), (0, 1)])
+def test_an_ensemble_short_of_members_gets_no_numbers_anywhere(tmp_path, capsys, seeds):
+    """msp stored at seed 0 (then seeds 0 and 1), reported with an ensemble of 5 members: the
+    ensemble is named as failed ("needs 5 members, the store has N") in the README, on
+    stderr and in failures.csv, and no table or analysis file gives it a number (the
+    efficiency table once showed 5 x msp's cost, the convergence table msp's log)."""
+    from bench.cli import main
+
+    results, reports = tmp_path / "results", tmp_path / "reports"
+    stored = tmp_path / "stored.toml"
+    stored.write_text(fake_suite("short", seeds=seeds))
+    fake_store(results, stored)
+    path = tmp_path / "short.toml"
+    path.write_text(fake_suite("short", "[methods.deep_ensemble]\n", seeds=seeds))
+    code = main(["report", "--suite", str(path), "--methods", "deep_ensemble", "--results", str(results),
+                 "--reports", str(reports), "--format", "csv", "--quiet"])
+    err = capsys.readouterr().err
+    why = f"needs 5 members, the store has {len(seeds)}"
+    assert code == 1 and f"failed: mnist5k / deep_ensemble / seed 0: {why}" in err, err
+    report = reports / "short"
+    assert why in (report / "README.md").read_text()
+    assert [r["reason"][:len(why)] for r in _rows_of(report / "analysis" / "failures.csv", "deep_ensemble")] == [why]
+    files = sorted((report / "tables").glob("*.csv")) + sorted((report / "analysis").glob("*.csv*"))
+    assert any(f.name == "efficiency.csv" for f in files)
+    for f in files:
+        if f.name == "failures.csv":
+            continue
+        for row in _rows_of(f, "deep_ensemble"):
+            numbers = {k: v for k, v in row.items()
+                       if k not in ("dataset", "method", "n_seeds") and v not in ("", "nan")}
+            assert numbers == {}, (f.name, numbers)
+            assert row.get("n_seeds", "0") == "0", (f.name, row)

@@ -1,5 +1,7 @@
-"""Per-cell peak memory on CPU: the window restarts at every cell instead of growing
-with the process's lifetime peak."""
+"""One cell (``bench/cell.py``): the per-cell peak memory on CPU restarts at every cell
+instead of growing with the process's lifetime peak; a two-stage cell refuses a stage-1
+cell whose weights are unusable."""
+import io
 from pathlib import Path
 
 import numpy as np
@@ -23,3 +25,59 @@ def test_peak_memory_window_restarts_at_each_cell():
     after_small = peak_memory_mb(CPU)
     assert after_big > 300
     assert after_small < after_big - 250  # the 320 MB peak is not carried into the next window
+
+
+# ----------------------------------------------------------------- a two-stage cell's stage 1
+
+def _two_stage(tmp_path, method: str, checkpoint: dict):
+    """A tiny suite of msp and ``method`` (two-stage on msp), the store holding msp's cell of
+    seed 0 sealed with ``checkpoint`` as its weights (its manifest vouches for them), and
+    the two-stage cell with its data (squares images: no data set is read)."""
+    import json
+
+    import tomllib
+
+    from bench.plan import make_plan
+    from bench.spec import build_suite
+    from bench.store import Store
+    from tests.helpers.suites import tiny_suite
+    from tests.helpers.synthetic import squares_bundle
+
+    raw = tomllib.loads(tiny_suite("two", methods=f'[methods.msp]\n[methods.{method}]\nbase = "msp"\n',
+                                   model={"patch_size": 5}))
+    first, cell = make_plan(build_suite(raw)).cells
+    store = Store(tmp_path / "two")
+    stage1 = store.cell(first.key)
+    stage1.reset()
+    buf = io.BytesIO()
+    torch.save(checkpoint, buf)
+    stage1.write_checkpoint(buf.getvalue())
+    stage1.seal({"key": first.key, "dataset": "mnist5k", "method": "msp", "seed": 0, "config": first.config,
+                 "train_seconds": 1.0, "best_epoch": 1, "best_val_acc": 0.5})
+    assert json.loads((stage1.path / "manifest.json").read_text())["files"]["checkpoint.pt"]
+    return store, first, cell, squares_bundle()
+
+
+@pytest.mark.parametrize("method, checkpoint, why", [
+    ("cgpt", {}, "is damaged: checkpoint.pt holds no weights (an empty state dict)"),
+    ("cgpt", {"weight": torch.zeros(3)}, "holds a checkpoint.pt that does not fit msp's network (it lacks "),
+    ("laplace_last_layer", {"weight": torch.zeros(3)}, "holds a checkpoint.pt that does not fit msp's network"),
+])
+def test_a_stage1_cell_whose_weights_are_unusable_is_refused_naming_it(tmp_path, method, checkpoint, why):
+    """msp's stored checkpoint emptied, or holding weights of another network, under a
+    sealed manifest: the two-stage cell (CGPT fine-tuning, last-layer Laplace post hoc) is
+    stored as failed with a reason naming the stage-1 cell and what is wrong; nothing is
+    trained from those weights and no load_state_dict error escapes."""
+    import json
+
+    import methods  # noqa: F401  (registers cgpt and laplace_last_layer)
+    from bench.cell import Console, run_cell
+
+    store, first, cell, data = _two_stage(tmp_path, method, checkpoint)
+    cd = store.cell(cell.key)
+    status, detail = run_cell(cell, data, cd, CPU, Console(quiet=True))
+    assert status == "failed", detail
+    assert detail.startswith(f"its stage-1 cell {first.key} (mnist5k / msp / seed 0) {why}"), detail
+    info = json.loads((cd.path / "cell.json").read_text())
+    assert info["status"] == "failed" and info["reason"] == detail
+    assert not (cd.path / "checkpoint.pt").exists() and not (cd.path / "train_log.csv").exists()

@@ -166,6 +166,23 @@ def test_verify_status_and_run_judge_contents_not_only_hashes(tiny_store, tmp_pa
     assert main(["verify", "--suite", "hard", "--results", str(tmp_path / "results")]) == 0
 
 
+def test_verify_judges_the_checkpoint_a_two_stage_method_would_start_from(tiny_store, tmp_path, capsys):
+    """msp's checkpoint.pt replaced by an empty state dict after the cell completed, its new
+    hash written into the manifest: verify calls the cell damaged, naming the checkpoint."""
+    import hashlib
+
+    import torch
+
+    store, cells = copy_store(tiny_store, tmp_path)
+    torch.save({}, cells[0] / "checkpoint.pt")
+    manifest = json.loads((cells[0] / "manifest.json").read_text())
+    manifest["files"]["checkpoint.pt"] = hashlib.sha256((cells[0] / "checkpoint.pt").read_bytes()).hexdigest()
+    (cells[0] / "manifest.json").write_text(json.dumps(manifest))
+    assert main(["verify", "--suite", "hard", "--results", str(tmp_path / "results")]) == 1
+    out = capsys.readouterr().out
+    assert f"{cells[0].name}: damaged: checkpoint.pt holds no weights (an empty state dict)" in out, out
+
+
 def test_an_unreadable_cell_directory_is_named_and_the_run_goes_on(tiny_store, tmp_path, capsys, monkeypatch):
     """Simulated with a PermissionError from the cell's files (root bypasses permissions)."""
     from bench.store import CellDir

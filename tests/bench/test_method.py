@@ -1,5 +1,6 @@
 """bench/method.py: ``log_mean_exp``, the stable log of a mean of probabilities that
-ensembles and Monte-Carlo predictions average with; the reference is scipy's ``logsumexp``."""
+ensembles and Monte-Carlo predictions average with (the reference is scipy's
+``logsumexp``); a derived method combines its members' predictions without changing them."""
 from __future__ import annotations
 
 import math
@@ -40,3 +41,23 @@ def test_log_mean_exp_axis_and_infinities():
         got = log_mean_exp(y, axis=0)
     assert got[0] == pytest.approx(-5.0 - math.log(2))
     assert np.isneginf(got[1])
+
+
+def test_a_derived_method_cannot_edit_its_members_predictions():
+    """A plugin's combine that writes into the stored log-probabilities it is handed raises;
+    the members' arrays (the base method's stored predictions) are unchanged."""
+    from bench.method import DerivedMethod, DerivedOptions
+
+    class Sharpen(DerivedMethod):
+        def combine(self, members, labels):
+            (preds,) = members
+            for lp in preds.values():
+                lp *= 2.0
+            return dict(preds)
+
+    lp = np.log(np.full((4, 2), 0.5, dtype=np.float32))
+    member = {"test": {"log_probs": lp, "labels": np.zeros(4, dtype=np.int64)}}
+    before = lp.copy()
+    with pytest.raises(ValueError, match="read-only"):
+        Sharpen(DerivedOptions()).predict_from([member])
+    np.testing.assert_array_equal(member["test"]["log_probs"], before)

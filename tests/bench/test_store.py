@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from bench import store as store_mod
 from bench.store import CHECKPOINT, CellDir, Store, atomic_write_bytes, split_relpath
@@ -51,9 +52,16 @@ def complete_cell(tmp_path: Path) -> CellDir:
             y = np.full(7, -1)
         cd.write_preds(split, lp, y)
     cd.write_bytes("train_log.csv", b"epoch,val_acc\n1,0.5\n")
-    cd.write_checkpoint(b"\x00weights\xff" * 10)
+    cd.write_checkpoint(state_dict_bytes({"head.weight": torch.ones(3, 2), "head.bias": torch.zeros(3)}))
     cd.seal({"key": "abc123", "status": "running", "seed": 0})
     return cd
+
+
+def state_dict_bytes(state: object) -> bytes:
+    """``state`` as ``torch.save`` writes it (what a cell's ``checkpoint.pt`` holds)."""
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    return buf.getvalue()
 
 
 # ----------------------------------------------------------------------------- atomic_write_bytes
@@ -255,6 +263,25 @@ def test_skip_ignores_only_the_named_file(tmp_path):
     # other files are still checked when the checkpoint is skipped
     (cd.path / "preds" / "val.npz").write_bytes(b"junk")
     assert not cd.verify(skip=(CHECKPOINT,))
+
+
+@pytest.mark.parametrize("state, why", [
+    ({}, "holds no weights (an empty state dict)"),
+    ([torch.ones(2)], "holds a list, not a table of named tensors"),
+    ({"head.weight": 3}, "entry 'head.weight' is not a named tensor (int)"),
+    (None, "holds a NoneType, not a table of named tensors"),
+])
+def test_a_checkpoint_that_is_no_state_dict_is_damage_even_under_a_matching_manifest(tmp_path, state, why):
+    """A checkpoint replaced after the cell completed and the manifest re-sealed over it:
+    the digests match, the contents are checked (unless skipped, as analysis skips them)."""
+    cd = complete_cell(tmp_path)
+    cd.write_checkpoint(state_dict_bytes(state))
+    cd.seal(cd.read_cell())
+    assert cd.condition() == ("damaged", f"{CHECKPOINT} {why}")
+    assert cd.condition(skip=(CHECKPOINT,)) == ("complete", None)
+    cd.write_checkpoint(b"PK\x03\x04 not a zip")
+    cd.seal(cd.read_cell())
+    assert cd.condition()[1].startswith(f"{CHECKPOINT} cannot be read as weights (")
 
 
 # ----------------------------------------------------------------------------- reset

@@ -208,10 +208,41 @@ def test_catalog_picks_the_planned_cell_else_the_newest_and_names_incomplete_one
     results = analyse(alone, resamples=20)
     reasons = dict(zip(zip(results.failures["method"], results.failures["seed"]), results.failures["reason"]))
     assert "incomplete" in reasons[("msp", 1)]
-    assert "member msp seed(s) [1]" in reasons[("ens", 0)]  # the ensemble cannot be formed
+    assert "needs 2 members, the store has 1 (msp seeds 0, 1; seed 1: incomplete" in reasons[("ens", 0)]  # not formed
     probs, labels = alone.predictions("mnist5k", "msp", 0, "test")
     np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-5)
     assert labels.dtype == np.int64
+
+
+def test_a_derived_method_costs_and_converges_over_the_replicates_it_formed_only(tmp_path):
+    """An ensemble of 2 over seeds 0-3 with msp seed 3 not stored: replicate 0 (seeds 0, 1)
+    is formed, replicate 1 (seeds 2, 3) is named as failed; its cost is replicate 0's
+    members' summed, and its convergence rows count those 2 seeds, never seed 2's cell."""
+    from bench.catalog import write_store_description
+
+    suite = build_suite({"name": "part", "seeds": [0, 1, 2, 3], "datasets": {"mnist5k": {}},
+                         "methods": {"msp": {}, "ens": "ensemble(msp, 2)"}})
+    store = Store(tmp_path / "part")
+    for seed in (0, 1, 2):
+        cd = store.cell(f"msp{seed}")
+        cd.reset()
+        rng = np.random.default_rng(seed)
+        for split in ("val", "test"):
+            arrays = fake_preds(rng, split, 2.0)
+            cd.write_preds(split, arrays["log_probs"], arrays["labels"])
+        cd.seal({"key": f"msp{seed}", "dataset": "mnist5k", "method": "msp", "seed": seed, "parameters": 100,
+                 "train_seconds": 10.0 ** seed, "predict_seconds_per_1000": 2.0 ** seed, "peak_memory_mb": 50.0 + seed,
+                 "samples": 1})
+    write_store_description(store.root, suite)
+    results = analyse(open_store(store.root, suite), ["accuracy"], resamples=20)
+    assert results.seeds[("mnist5k", "ens")] == [0]
+    reasons = dict(zip(zip(results.failures["method"], results.failures["seed"]), results.failures["reason"]))
+    assert reasons[("ens", 1)].startswith("needs 2 members, the store has 1 (msp seeds 2, 3; seed 3: not in the store)")
+    eff = results.efficiency.set_index("method").loc["ens"]
+    assert (eff.train_seconds, eff.predict_seconds_per_1000) == (1.0 + 10.0, 1.0 + 2.0)
+    assert (eff.parameters, eff.passes, eff.peak_memory_mb) == (200, 2, 51.0)
+    conv = results.convergence_summary.set_index("method").loc["ens"]
+    assert conv.n_seeds == 2
 
 
 def _seed_store(tmp_path, accuracy: dict[str, list[float]], n: int = 2000):
@@ -258,3 +289,53 @@ def test_a_difference_that_every_seed_repeats_keeps_its_mark(tmp_path):
     catalog = _seed_store(tmp_path, {"msp": [0.70, 0.80, 0.90], "mc_dropout": [0.75, 0.85, 0.955]})
     row = _accuracy_row(analyse(catalog, resamples=200))
     assert row.verdict == "better" and row.p_holm < 0.05 and row.seeds_needed <= 3
+
+
+def test_a_plugin_that_edits_its_arrays_in_place_changes_nothing_else(tmp_path, monkeypatch):
+    """A plugin score that overwrites the stored log-probabilities it is handed, a plugin
+    metric that overwrites the probabilities, and one that overwrites the OOD scores (each
+    analysed first): every other metric and score gives the values of an analysis without
+    them, and each plugin's write is its own error (they receive read-only arrays)."""
+    from bench.metrics.record import Metric
+    from bench.registry import METRICS, SCORES
+    from bench.scores.record import Score
+    from tests.helpers.synthetic import fake_store, fake_suite
+
+    def flatten(arrays, _fitted=None):
+        arrays["log_probs"][:] = -np.log(arrays["log_probs"].shape[1])  # every image uniform
+        return np.zeros(len(arrays["labels"]))
+
+    def flip(probs, labels):
+        probs[:] = probs[:, ::-1].copy()
+        return 0.0
+
+    def shift(scores_id, scores_ood):
+        scores_id += 100.0
+        return 0.0
+
+    monkeypatch.setitem(SCORES._items, "test_flatten", Score("test_flatten", flatten, "flat", "Edits in place.",
+                                                              ("log_probs",)))
+    monkeypatch.setitem(METRICS._items, "test_flip", Metric("test_flip", flip, "calibration", "flip", "", True,
+                                                            "Edits in place."))
+    monkeypatch.setitem(METRICS._items, "test_shift", Metric("test_shift", shift, "ood", "shift", "", True,
+                                                             "Edits in place."))
+    path = tmp_path / "inplace.toml"
+    path.write_text(fake_suite("inplace"))
+    fake_store(tmp_path / "results", path)
+    catalog = open_store(tmp_path / "results" / "inplace")
+    names = ["accuracy", "nll", "ood_auroc"]
+    clean = analyse(catalog, names, resamples=50, scores=["msp"])
+    edited = analyse(open_store(tmp_path / "results" / "inplace"), ["test_flip", "test_shift", *names], resamples=50,
+                     scores=["test_flatten", "msp"])
+    keys = ["method", "seed", "split", "metric", "score"]
+    mine = edited.metrics[edited.metrics.metric.isin(names) & (edited.metrics.score != "test_flatten")]
+    pd.testing.assert_frame_equal(mine.sort_values(keys).reset_index(drop=True),
+                                  clean.metrics.sort_values(keys).reset_index(drop=True))
+    columns = ["mean", "std", "ci_low", "ci_high"]
+    summary = edited.summary[edited.summary.metric.isin(names) & (edited.summary.score != "test_flatten")]
+    pd.testing.assert_frame_equal(summary.sort_values(keys[:1] + keys[2:])[columns].reset_index(drop=True),
+                                  clean.summary.sort_values(keys[:1] + keys[2:])[columns].reset_index(drop=True))
+    assert set(edited.unscored.reason[edited.unscored.score == "test_flatten"]) == {
+        "raised ValueError: assignment destination is read-only"}
+    raised = " ".join(edited.failures.reason)
+    assert "metric 'test_flip' raised ValueError" in raised and "metric 'test_shift' raised ValueError" in raised

@@ -1,11 +1,14 @@
 """The analysis files as a cache (``bench/analysis/files.py``): one result set kept per
 store content, so reporting another store into the same report folder and coming back
-recomputes nothing."""
+recomputes nothing; a plugin's changed code (its helpers' included) is never served from
+the cache."""
 from __future__ import annotations
 
 import json
 import shutil
 from pathlib import Path
+
+import pytest
 
 from bench.cli import main
 
@@ -44,3 +47,66 @@ def test_switching_stores_a_b_a_reuses_the_analysis_of_a(tiny_store, tmp_path, c
 
     assert "(reused the analysis files;" in _report(tiny_store, b, reports, capsys)
     assert json.loads((analysis / "analysis.json").read_text())["key"] == key_b
+
+
+PLUGIN = '''"""A user's plugin score whose sign comes from a helper module beside it."""
+import numpy as np
+
+from {helper} import SIGN
+
+
+def signed_msp(arrays, _fitted=None):
+    return SIGN * np.exp(np.asarray(arrays["log_probs"], np.float64)).max(axis=1)
+'''
+
+
+@pytest.mark.parametrize("helper", ["plug_43.sign", ".sign"])
+def test_a_plugin_score_whose_helper_changed_is_analysed_again(tmp_path, monkeypatch, helper):
+    """A plugin score (a package ``plug_43``: the score in one module, its sign in another,
+    imported by its absolute or its relative name):
+    the analysis files are reused while nothing changed, and recomputed with the new values
+    once the helper module changes (as a new ``report`` process would import it), never
+    served stale from the cache."""
+    import importlib
+    import sys
+
+    import numpy as np
+
+    from bench.analysis import analyse_store
+    from bench.catalog import open_store
+    from bench.registry import SCORES
+    from bench.scores.record import Score
+    from tests.helpers.synthetic import fake_store, fake_suite
+
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)  # the edited helper is read again, not its .pyc
+    package = tmp_path / "plugins" / "plug_43"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sign.py").write_text("SIGN = 1.0\n")
+    (package / "score.py").write_text(PLUGIN.format(helper=helper))
+    monkeypatch.syspath_prepend(str(tmp_path / "plugins"))
+    for name in ("plug_43", "plug_43.sign", "plug_43.score"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    score = importlib.import_module("plug_43.score")
+    monkeypatch.setitem(SCORES._items, "test_signed_msp", Score("test_signed_msp", score.signed_msp, "signed",
+                                                                "MSP times the helper's sign.", ("log_probs",)))
+    suite = tmp_path / "plug.toml"
+    suite.write_text(fake_suite("plug"))
+    fake_store(tmp_path / "results", suite)
+    out = tmp_path / "analysis"
+
+    def auroc() -> tuple[float, bool]:
+        catalog = open_store(tmp_path / "results" / "plug")
+        results, reused = analyse_store(catalog, out, ["ood_auroc"], resamples=20, scores=["test_signed_msp"])
+        m = results.metrics
+        return float(m[(m.metric == "ood_auroc") & (m.seed == 0)]["value"].iloc[0]), reused
+
+    first, reused = auroc()
+    assert not reused and auroc() == (first, True)
+    (package / "sign.py").write_text("SIGN = -1.0\n")  # the helper changed; the score's own module did not
+    importlib.reload(sys.modules["plug_43.sign"])
+    importlib.reload(score)  # what a new process imports: the score reads the new sign
+    monkeypatch.setitem(SCORES._items, "test_signed_msp", Score("test_signed_msp", score.signed_msp, "signed",
+                                                                "MSP times the helper's sign.", ("log_probs",)))
+    second, reused = auroc()
+    assert not reused and np.isclose(second, 1.0 - first) and not np.isclose(first, 0.5)
