@@ -444,7 +444,8 @@ def _run(args: argparse.Namespace) -> int:
     from bench.plan import make_plan
     from bench.report.suite import report_suite
     from bench.runner import run_plan
-    from bench.runs import check_name, check_owner, default_name, describe, plan_overrides, report_record, store_record
+    from bench.runs import (check_name, check_owner, default_name, describe, foreign_cells, plan_overrides,
+                            report_record, store_record)
     from bench.spec import Overrides, build_suite, resolve_suite_path, select, suite_source
     from bench.store import Store
     from bench.train import resolve_device
@@ -455,16 +456,18 @@ def _run(args: argparse.Namespace) -> int:
     suite = build_suite(source, Overrides(seeds=args.seeds, epochs=args.epochs, methods=args.methods))
     given = plan_overrides(args.methods, args.datasets, args.seeds, args.epochs)
     name = args.name if args.name is not None else default_name(suite.name, given)
-    check_name(name)
+    check_name(name, "--name" if args.name is not None else "the run's name (give a shorter one with --name)")
     mine = {"suite": suite.name, "overrides": given}
     store_root, out = args.results / name, args.reports / name
-    check_owner(store_root, "store", name, mine)
-    check_owner(out, "report", name, mine)
+    selected = select(suite, args.methods, args.datasets)
+    plan = make_plan(selected)
+    # a damaged run.json is this run's to rewrite when the store holds no cell of another plan
+    rewritable = not foreign_cells(store_root, [c.key for c in plan.cells])
+    check_owner(store_root, "store", name, mine, rewritable)
+    report_damage = check_owner(out, "report", name, mine, rewritable)
     report_options = dataclasses.replace(_report_options(args), run=report_record(name, mine))
     if "tensorboard" in args.log:
         require_tensorboard()
-    selected = select(suite, args.methods, args.datasets)
-    plan = make_plan(selected)
     where = executor_settings(args, suite.executor)
     require_executor(where.kind)  # e.g. slurm without sbatch: refused before anything is written
 
@@ -473,6 +476,8 @@ def _run(args: argparse.Namespace) -> int:
     device = distributed.setup(resolve_device("cpu" if job_device else args.device))  # torchrun: join its group
     rank, size = distributed.world()
     console = Console(args.quiet or rank > 0)
+    if report_damage is not None and rank == 0:
+        console.warn(f"{report_damage}; this run's report rewrites it")
     shown = f"{job_device} (resolved on each job's node)" if job_device else device
     console.log(f"run {name!r}: {describe(mine)}, {len(plan.cells)} cells on {shown}, store {store_root}"
                 + (f"; each cell on {size} torchrun processes (DDP)" if size > 1 else ""))
@@ -500,9 +505,6 @@ def _run(args: argparse.Namespace) -> int:
     console.log(f"run {name!r}: store {store_root}, report {out / 'README.md'}; "
                 f"see it again with `run_suite.py status {name}{more}`")
     return status
-
-
-    return None if value is None else tuple(value)
 
 
 def _tuple(value) -> tuple | None:

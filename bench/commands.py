@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import os
 import signal
+import sys
 import threading
 from pathlib import Path
 
@@ -136,7 +137,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    """List the runs under ``--results`` (:func:`bench.runs.list_runs`)."""
+    """List the runs under ``--results`` (:func:`bench.runs.list_runs`); a run whose record
+    is damaged is listed as such and named on stderr with the command that rewrites it
+    (exit 2)."""
     from bench.runs import list_runs, runs_table
 
     rows = list_runs(args.results)
@@ -144,7 +147,10 @@ def cmd_runs(args: argparse.Namespace) -> int:
         print(f"no runs under {args.results}")
         return 0
     print(runs_table(rows))
-    return 0
+    for row in rows:
+        if row.damaged is not None:
+            print(f"error: {row.damaged}", file=sys.stderr)
+    return 2 if any(row.damaged is not None for row in rows) else 0
 
 
 class Interrupted(Exception):

@@ -48,6 +48,9 @@ SUITES_DIR = Path(__file__).resolve().parent / "suites"
 MAX_TOML_DEPTH = 32  # tables and arrays nested in a suite file (a suite needs about 5)
 MAX_CELLS = 10_000  # cells one run may plan, a sanity limit against typos (lifted by allow_large)
 SUITE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")  # one path component, not hidden
+# the longest suite or run name: it names <results>/NAME and <reports>/NAME, and a report is
+# written beside its folder as .NAME.new-<12 hex digits> (18 more); most filesystems allow 255
+MAX_NAME = 200
 
 
 @dataclass(frozen=True)
@@ -251,10 +254,13 @@ def resolve_suite_path(name_or_path: str) -> Path:
 def suite_name_problem(name: object, what: str = "suite") -> str | None:
     """Why ``name`` cannot name a suite (or, with ``what="run"``, a run: ``--name``; None
     when it can): it must be one path component of letters, digits, ``-``, ``_`` and
-    ``.``, not starting with ``.``."""
-    if isinstance(name, str) and SUITE_NAME.fullmatch(name):
-        return None
+    ``.``, not starting with ``.``, of at most :data:`MAX_NAME` characters."""
     default = "; a suite file's name defaults to its file name" if what == "suite" else ""
+    if isinstance(name, str) and SUITE_NAME.fullmatch(name):
+        if len(name) <= MAX_NAME:
+            return None
+        return (f"{name[:24]!r}... ({len(name)} characters) is too long to name a {what}: at most {MAX_NAME}, as it "
+                f"names the folders <results>/NAME and <reports>/NAME{default}")
     return (f"{name!r} cannot name a {what}: a {what} name is one folder name of letters, digits, '-', '_' and '.', "
             f"not starting with '.' (it becomes <results>/NAME and <reports>/NAME{default})")
 
