@@ -446,7 +446,7 @@ def _run(args: argparse.Namespace) -> int:
     from bench.runner import run_plan
     from bench.runs import (check_name, check_owner, default_name, describe, foreign_cells, plan_overrides,
                             report_record, store_record)
-    from bench.spec import Overrides, build_suite, resolve_suite_path, select, suite_source
+    from bench.spec import Overrides, build_suite, resolve_suite_path, select, suite_source, unstored_scores_problem
     from bench.store import Store
     from bench.train import resolve_device
 
@@ -459,6 +459,8 @@ def _run(args: argparse.Namespace) -> int:
     check_name(name, "--name" if args.name is not None else "the run's name (give a shorter one with --name)")
     mine = {"suite": suite.name, "overrides": given}
     store_root, out = args.results / name, args.reports / name
+    if args.scores and (why := unstored_scores_problem(args.scores, suite.store)) is not None:
+        raise ConfigError(f"--scores: {why}")
     selected = select(suite, args.methods, args.datasets)
     plan = make_plan(selected)
     # a damaged run.json is this run's to rewrite when the store holds no cell of another plan

@@ -375,9 +375,26 @@ def build_suite(raw: dict, overrides: Overrides = Overrides()) -> Suite:
     for name in top.scores:
         if name not in SCORES:
             problems.add("scores", f"unknown OOD score {name!r}; known: {', '.join(SCORES.names())}")
+    if (why := unstored_scores_problem(top.scores, store)) is not None:
+        problems.add("scores", why)
     problems.raise_if_any()
     return Suite(top.name, top.seeds, datasets, methods, top.description, top.reference, executor, store,
                  tuple(dict.fromkeys(top.scores)))
+
+
+def unstored_scores_problem(names, store: StoreConfig) -> str | None:
+    """Why the OOD scores ``names`` cannot be computed from a store kept as ``store``
+    says, or None: a score that needs the features or the training features (its
+    registered needs, :attr:`bench.scores.Score.needs`) where ``[store] features = false``."""
+    if store.features:
+        return None
+    wanted = {"features", _scores.TRAINING}
+    unstored = [n for n in dict.fromkeys(names) if n in SCORES and wanted & set(SCORES.get(n).needs)]
+    if not unstored:
+        return None
+    listed = ", ".join(map(repr, unstored))
+    return (f"{listed} need{'s' if len(unstored) == 1 else ''} the stored features, which [store] features = false "
+            f"leaves out: set [store] features = true (the cells then train again), or leave {listed} out")
 
 
 def _parse_dataset(name: str, table: Any, problems: Problems) -> DatasetSpec | None:
