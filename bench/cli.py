@@ -5,7 +5,8 @@
   predict every incomplete cell into its store ``<results>/NAME/``, then write its report
   ``<reports>/NAME/``.  A store or report folder of another plan is refused.  Progress
   (:mod:`bench.progress`) shows as bars on a terminal and as lines elsewhere.  Ctrl-C
-  stops with one line saying what is done and saved (exit 130); a second one at once.
+  (or SIGTERM) stops with one line saying what is done and saved (exit 130; 143); a second
+  one at once.
 * ``report [NAME]``: rebuild every table and plot from the store alone (no model is built
   and no checkpoint read).  Analysis files under ``<reports>/NAME/analysis/`` are reused
   while the store and the analysis options are unchanged.  The store describes itself: when
@@ -17,7 +18,7 @@
 
 Exit status: 0 success, 1 some cells failed (the report marks them; with ``--strict``
 also when a report leaves out any cell) or the report could not be written (the previous
-one is kept), 2 bad input (nothing written), 130 interrupted (Ctrl-C).
+one is kept), 2 bad input (nothing written), 130 interrupted (Ctrl-C), 143 stopped by SIGTERM.
 """
 from __future__ import annotations
 
@@ -309,8 +310,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     before = progress.mode()
     progress.configure(progress.auto(args.quiet))
+    stop = CtrlC()
     try:
-        with CtrlC(), allowing_large(args.allow_large):
+        with stop, allowing_large(args.allow_large):
             return _main(args)
     except ConfigError as exc:
         if args.debug:
@@ -325,10 +327,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except Interrupted as exc:
         print(f"\n{exc}", file=sys.stderr)
-        return 130
+        return stop.code
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
-        return 130
+        return stop.code
     finally:
         progress.configure(before)
 
