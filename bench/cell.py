@@ -30,7 +30,7 @@ import torch
 
 from bench import distributed, progress
 from bench.data import DataBundle, is_ood
-from bench.errors import ConfigError, NonFiniteLoss, one_line
+from bench.errors import ConfigError, NonFiniteLoss, one_line, require_package
 from bench.plan import Cell
 from bench.registry import DATASETS, METHODS
 from bench.scores import detector_cost
@@ -62,14 +62,10 @@ TENSORBOARD_TAGS = {"train_loss": "loss/train", "train_acc": "accuracy/train", "
 
 
 def require_tensorboard() -> None:
-    """``--log tensorboard`` where the optional ``tensorboard`` package is missing: a
-    ConfigError saying how to install it."""
-    try:
-        from torch.utils.tensorboard import SummaryWriter  # noqa: F401  (imports the tensorboard package)
-    except ImportError:
-        raise ConfigError("--log tensorboard needs the optional tensorboard package: install it with "
-                          "`.venv/bin/python -m pip install tensorboard` (or leave --log out; train_log.csv is "
-                          "written either way)") from None
+    """``--log tensorboard`` where the optional ``tensorboard`` package is missing or
+    broken (it fails on import): a one-line ConfigError saying how to install or reinstall it."""
+    require_package("torch.utils.tensorboard", "tensorboard", "--log tensorboard",  # imports the tensorboard package
+                    otherwise=" (or leave --log out; train_log.csv is written either way)")
 
 
 def tensorboard_folder(store_root: Path, cell: Cell) -> Path:

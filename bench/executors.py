@@ -42,7 +42,7 @@ import torch
 from bench import progress
 from bench.cell import Console, load_data, run_cell
 from bench.data import configure_data
-from bench.errors import ConfigError
+from bench.errors import ConfigError, require_package
 from bench.executor_config import SlurmOptions
 from bench.lock import LOCK_SUFFIX, CellLock
 from bench.plan import Cell
@@ -307,10 +307,7 @@ def require_executor(kind: str) -> None:
     and submitit-local need submitit, slurm also SLURM's ``sbatch`` and ``srun`` on PATH."""
     if kind not in ("slurm", "submitit-local"):
         return
-    try:
-        import submitit  # noqa: F401
-    except ImportError:
-        raise ConfigError(f"--executor {kind} needs submitit: pip install submitit==1.5.4") from None
+    require_package("submitit", "submitit", f"--executor {kind}", install="submitit==1.5.4")
     missing = [tool for tool in ("sbatch", "srun") if kind == "slurm" and shutil.which(tool) is None]
     if missing:
         raise ConfigError(f"--executor slurm: no {' or '.join(missing)} on PATH, so no SLURM here; run on a "
