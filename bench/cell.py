@@ -14,6 +14,7 @@ its peak-memory window (:func:`reset_peak_memory`, :func:`peak_memory_mb`).
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import json
 import platform
@@ -29,7 +30,7 @@ import torch
 
 from bench import distributed, progress
 from bench.data import DataBundle, is_ood
-from bench.errors import ConfigError, NonFiniteLoss
+from bench.errors import ConfigError, NonFiniteLoss, one_line, require_package
 from bench.plan import Cell
 from bench.registry import DATASETS, METHODS
 from bench.scores import detector_cost
@@ -61,14 +62,10 @@ TENSORBOARD_TAGS = {"train_loss": "loss/train", "train_acc": "accuracy/train", "
 
 
 def require_tensorboard() -> None:
-    """``--log tensorboard`` where the optional ``tensorboard`` package is missing: a
-    ConfigError saying how to install it."""
-    try:
-        from torch.utils.tensorboard import SummaryWriter  # noqa: F401  (imports the tensorboard package)
-    except ImportError:
-        raise ConfigError("--log tensorboard needs the optional tensorboard package: install it with "
-                          "`.venv/bin/python -m pip install tensorboard` (or leave --log out; train_log.csv is "
-                          "written either way)") from None
+    """``--log tensorboard`` where the optional ``tensorboard`` package is missing or
+    broken (it fails on import): a one-line ConfigError saying how to install or reinstall it."""
+    require_package("torch.utils.tensorboard", "tensorboard", "--log tensorboard",  # imports the tensorboard package
+                    otherwise=" (or leave --log out; train_log.csv is written either way)")
 
 
 def tensorboard_folder(store_root: Path, cell: Cell) -> Path:
@@ -112,6 +109,9 @@ def versions() -> dict:
     return {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__}
 
 
+#: what to do before running again when a cell's file cannot be written for want of room
+NO_ROOM = {errno.ENOSPC: "after freeing space on that disk", errno.EDQUOT: "after freeing space within your quota",
+           errno.EFBIG: "after raising the file-size limit (ulimit -f)"}
 TRAIN_STATE = "train_state.pt"  # the resumable training state of a cell in progress
 TOKENIZER = "tokenizer.json"  # text cells: the vocabulary and length (bench.text.WordTokenizer.to_dict)
 
@@ -251,6 +251,9 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
             f"out of memory ({type(exc).__name__}) with model dim {m.dim}, depth {m.depth}, heads {m.heads}, "
             f"batch_size {t.batch_size}, eval_batch_size {t.eval_batch_size}: lower batch_size / "
             "eval_batch_size or the model size, or use a machine with more memory"))
+    except OSError as exc:  # a full disk, the file-size limit, an unreadable file: its path, no traceback
+        fix = NO_ROOM.get(exc.errno, "once that is fixed")
+        return _fail_cell(cd, info, f"{one_line(exc)}; run again {fix} to redo the cell")
     except Exception as exc:  # a bug or resource error inside one cell must not stop the grid
         console.warn(traceback.format_exc())
         return _fail_cell(cd, info, f"{type(exc).__name__}: {exc}")

@@ -5,7 +5,8 @@
   predict every incomplete cell into its store ``<results>/NAME/``, then write its report
   ``<reports>/NAME/``.  A store or report folder of another plan is refused.  Progress
   (:mod:`bench.progress`) shows as bars on a terminal and as lines elsewhere.  Ctrl-C
-  stops with one line saying what is done and saved (exit 130); a second one at once.
+  (or SIGTERM) stops with one line saying what is done and saved (exit 130; 143); a second
+  one at once.
 * ``report [NAME]``: rebuild every table and plot from the store alone (no model is built
   and no checkpoint read).  Analysis files under ``<reports>/NAME/analysis/`` are reused
   while the store and the analysis options are unchanged.  The store describes itself: when
@@ -17,7 +18,7 @@
 
 Exit status: 0 success, 1 some cells failed (the report marks them; with ``--strict``
 also when a report leaves out any cell) or the report could not be written (the previous
-one is kept), 2 bad input (nothing written), 130 interrupted (Ctrl-C).
+one is kept), 2 bad input (nothing written), 130 interrupted (Ctrl-C), 143 stopped by SIGTERM.
 """
 from __future__ import annotations
 
@@ -309,8 +310,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     before = progress.mode()
     progress.configure(progress.auto(args.quiet))
+    stop = CtrlC()
     try:
-        with CtrlC(), allowing_large(args.allow_large):
+        with stop, allowing_large(args.allow_large):
             return _main(args)
     except ConfigError as exc:
         if args.debug:
@@ -325,10 +327,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except Interrupted as exc:
         print(f"\n{exc}", file=sys.stderr)
-        return 130
+        return stop.code
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
-        return 130
+        return stop.code
     finally:
         progress.configure(before)
 
@@ -444,8 +446,9 @@ def _run(args: argparse.Namespace) -> int:
     from bench.plan import make_plan
     from bench.report.suite import report_suite
     from bench.runner import run_plan
-    from bench.runs import check_name, check_owner, default_name, describe, plan_overrides, report_record, store_record
-    from bench.spec import Overrides, build_suite, resolve_suite_path, select, suite_source
+    from bench.runs import (check_name, check_owner, default_name, describe, foreign_cells, plan_overrides,
+                            report_record, store_record)
+    from bench.spec import Overrides, build_suite, resolve_suite_path, select, suite_source, unstored_scores_problem
     from bench.store import Store
     from bench.train import resolve_device
 
@@ -455,16 +458,20 @@ def _run(args: argparse.Namespace) -> int:
     suite = build_suite(source, Overrides(seeds=args.seeds, epochs=args.epochs, methods=args.methods))
     given = plan_overrides(args.methods, args.datasets, args.seeds, args.epochs)
     name = args.name if args.name is not None else default_name(suite.name, given)
-    check_name(name)
+    check_name(name, "--name" if args.name is not None else "the run's name (give a shorter one with --name)")
     mine = {"suite": suite.name, "overrides": given}
     store_root, out = args.results / name, args.reports / name
-    check_owner(store_root, "store", name, mine)
-    check_owner(out, "report", name, mine)
+    if args.scores and (why := unstored_scores_problem(args.scores, suite.store)) is not None:
+        raise ConfigError(f"--scores: {why}")
+    selected = select(suite, args.methods, args.datasets)
+    plan = make_plan(selected)
+    # a damaged run.json is this run's to rewrite when the store holds no cell of another plan
+    rewritable = not foreign_cells(store_root, [c.key for c in plan.cells])
+    check_owner(store_root, "store", name, mine, rewritable)
+    report_damage = check_owner(out, "report", name, mine, rewritable)
     report_options = dataclasses.replace(_report_options(args), run=report_record(name, mine))
     if "tensorboard" in args.log:
         require_tensorboard()
-    selected = select(suite, args.methods, args.datasets)
-    plan = make_plan(selected)
     where = executor_settings(args, suite.executor)
     require_executor(where.kind)  # e.g. slurm without sbatch: refused before anything is written
 
@@ -473,6 +480,8 @@ def _run(args: argparse.Namespace) -> int:
     device = distributed.setup(resolve_device("cpu" if job_device else args.device))  # torchrun: join its group
     rank, size = distributed.world()
     console = Console(args.quiet or rank > 0)
+    if report_damage is not None and rank == 0:
+        console.warn(f"{report_damage}; this run's report rewrites it")
     shown = f"{job_device} (resolved on each job's node)" if job_device else device
     console.log(f"run {name!r}: {describe(mine)}, {len(plan.cells)} cells on {shown}, store {store_root}"
                 + (f"; each cell on {size} torchrun processes (DDP)" if size > 1 else ""))
@@ -500,9 +509,6 @@ def _run(args: argparse.Namespace) -> int:
     console.log(f"run {name!r}: store {store_root}, report {out / 'README.md'}; "
                 f"see it again with `run_suite.py status {name}{more}`")
     return status
-
-
-    return None if value is None else tuple(value)
 
 
 def _tuple(value) -> tuple | None:

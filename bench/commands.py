@@ -4,8 +4,9 @@
   cells from a run's record (``status NAME``) or from a suite and its flags;
 * ``verify``: every cell folder of a store against its manifest (:func:`cmd_verify`);
 * ``runs``: the runs of a store root (:func:`cmd_runs`, :func:`bench.runs.list_runs`);
-* Ctrl-C (:class:`CtrlC`): the first one winds the command down and it ends with one
-  line saying what is done and saved (:func:`stopped_at`), a second one ends it at once.
+* Ctrl-C or SIGTERM (:class:`CtrlC`): the first one winds the command down and it ends
+  with one line saying what is done and saved (:func:`stopped_at`), a second one ends it
+  at once.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import argparse
 import dataclasses
 import os
 import signal
+import sys
 import threading
 from pathlib import Path
 
@@ -136,7 +138,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    """List the runs under ``--results`` (:func:`bench.runs.list_runs`)."""
+    """List the runs under ``--results`` (:func:`bench.runs.list_runs`); a run whose record
+    is damaged is listed as such and named on stderr with the command that rewrites it
+    (exit 2)."""
     from bench.runs import list_runs, runs_table
 
     rows = list_runs(args.results)
@@ -144,7 +148,10 @@ def cmd_runs(args: argparse.Namespace) -> int:
         print(f"no runs under {args.results}")
         return 0
     print(runs_table(rows))
-    return 0
+    for row in rows:
+        if row.damaged is not None:
+            print(f"error: {row.damaged}", file=sys.stderr)
+    return 2 if any(row.damaged is not None for row in rows) else 0
 
 
 class Interrupted(Exception):
@@ -152,32 +159,47 @@ class Interrupted(Exception):
 
 
 class CtrlC:
-    """Ctrl-C while a command runs: the first one raises KeyboardInterrupt, so the command
-    winds down (locks released, workers stopped) and says where it stopped; a second one
-    meanwhile ends the process at once (exit 130), its worker processes with it."""
+    """Ctrl-C (SIGINT) or SIGTERM while a command runs: the first one raises
+    KeyboardInterrupt, so the command winds down (cell locks released, pool workers stopped
+    and their locks released, a report's staging folder removed) and says where it
+    stopped, exit :attr:`code` (128 + the signal: 130, 143); a second one meanwhile ends the
+    process at once, its worker processes with it."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.signum = signal.SIGINT  # the signal that stopped the command
+        self.before: dict = {}
+
+    @property
+    def code(self) -> int:
+        """The exit status of a command this stopped: 128 + the signal's number."""
+        return 128 + int(self.signum)
 
     def __enter__(self):
-        self.before = None
         if threading.current_thread() is threading.main_thread():
-            self.before = signal.signal(signal.SIGINT, self._first)
+            self.before = {s: signal.signal(s, self._first) for s in self.SIGNALS}
         return self
 
-    def _first(self, _signum, _frame) -> None:
-        signal.signal(signal.SIGINT, self._again)
+    def _first(self, signum, _frame) -> None:
+        self.signum = signum
+        for s in self.SIGNALS:
+            signal.signal(s, self._again)
         raise KeyboardInterrupt
 
     @staticmethod
-    def _again(_signum, _frame) -> None:
+    def _again(signum, _frame) -> None:
         import multiprocessing
 
         for child in multiprocessing.active_children():
             child.kill()
         os.write(2, b"\ninterrupted again: stopped at once\n")
-        os._exit(130)
+        os._exit(128 + signum)
 
     def __exit__(self, *exc) -> None:
-        if self.before is not None:
-            signal.signal(signal.SIGINT, self.before)
+        for s, handler in self.before.items():
+            signal.signal(s, handler)
+        self.before = {}
 
 
 def stored_run(args: argparse.Namespace, suite: str) -> str:

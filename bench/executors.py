@@ -5,7 +5,8 @@ executors.
 * ``processes``: a pool of ``--workers N`` processes on this machine (:func:`pool`;
   spawned, so CUDA and OpenMP start clean in each), one cell at a time in each.  A worker
   that dies (the OOM killer's SIGKILL, a segfault) fails the cell it was running, with the
-  signal named; a fresh worker takes its place and the other cells go on.  On CUDA,
+  signal named; a fresh worker takes its place and the other cells go on.  A runner
+  stopped (Ctrl-C, SIGTERM) stops its workers, each releasing its cell's lock.  On CUDA,
   workers are spread over the visible GPUs and ``--cells-per-gpu K`` runs K cells on each
   GPU at once (N = GPUs x K); on CPU the cores are shared out (``torch.set_num_threads``).
 * ``slurm`` (and ``submitit-local``, the same jobs as local processes, for testing and for
@@ -41,7 +42,7 @@ import torch
 from bench import progress
 from bench.cell import Console, load_data, run_cell
 from bench.data import configure_data
-from bench.errors import ConfigError
+from bench.errors import ConfigError, require_package
 from bench.executor_config import SlurmOptions
 from bench.lock import LOCK_SUFFIX, CellLock
 from bench.plan import Cell
@@ -149,26 +150,43 @@ def release_on_preemption() -> None:
 # --------------------------------------------------------------------------- executors
 
 
+class _Stopped(BaseException):
+    """SIGTERM in a pool worker: unwinds the cell it runs, releasing the cell's lock
+    (:func:`run_job`), before the worker ends; no cell's own error handling catches it."""
+
+
+def _stopped(_signum, _frame) -> None:
+    raise _Stopped
+
+
 def _pool_worker(conn, device: str | None, threads: int) -> None:
     """A pool worker: run each job received on ``conn`` and send its outcome back, until
-    ``None`` comes (its device: ``device``, e.g. ``"cuda:1"``; None: the job's own)."""
+    ``None`` comes (its device: ``device``, e.g. ``"cuda:1"``; None: the job's own).
+    SIGTERM (the runner stopping the pool, or anyone) releases the lock of the cell it
+    runs, and the worker then ends by that signal, which the runner names."""
     global _DEVICE
     _DEVICE = device
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the runner's: it stops the workers
+    signal.signal(signal.SIGTERM, _stopped)
     if threads:
         torch.set_num_threads(threads)
-    while True:
-        try:
-            job = conn.recv()
-        except EOFError:  # the pool's process is gone
-            return
-        if job is None:
-            return
-        try:
-            outcome = _pool_run(job)
-        except Exception as exc:  # noqa: BLE001  (outside the cell's own failure handling: report it)
-            outcome = Outcome(job.cell.key, job.cell.label, "failed", f"{type(exc).__name__}: {exc}"[:500], 0.0)
-        conn.send(outcome)
+    try:
+        while True:
+            try:
+                job = conn.recv()
+            except EOFError:  # the pool's process is gone
+                return
+            if job is None:
+                return
+            try:
+                outcome = _pool_run(job)
+            except Exception as exc:  # noqa: BLE001  (outside the cell's own failure handling: report it)
+                outcome = Outcome(job.cell.key, job.cell.label, "failed", f"{type(exc).__name__}: {exc}"[:500], 0.0)
+            conn.send(outcome)
+    except _Stopped:  # the cell's lock is released: end as the signal asked
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        os._exit(128 + signal.SIGTERM)  # not reached where the signal ends the process at once
 
 
 def _pool_run(job: Job) -> Outcome:
@@ -275,8 +293,8 @@ def pool(jobs: list[Job], workers: int, devices: list[str] | None):
                             conn.send(None)
                 yield outcome
     finally:
-        for process, _, _ in busy.values():  # stopped early (an error or ^C in this process)
-            process.terminate()
+        for process, _, _ in busy.values():  # stopped early (an error, ^C or SIGTERM in this process)
+            process.terminate()  # SIGTERM: the worker releases its cell's lock and ends
         for process in started:
             process.join(timeout=60)
             if process.is_alive():  # hung on its way out
@@ -289,10 +307,7 @@ def require_executor(kind: str) -> None:
     and submitit-local need submitit, slurm also SLURM's ``sbatch`` and ``srun`` on PATH."""
     if kind not in ("slurm", "submitit-local"):
         return
-    try:
-        import submitit  # noqa: F401
-    except ImportError:
-        raise ConfigError(f"--executor {kind} needs submitit: pip install submitit==1.5.4") from None
+    require_package("submitit", "submitit", f"--executor {kind}", install="submitit==1.5.4")
     missing = [tool for tool in ("sbatch", "srun") if kind == "slurm" and shutil.which(tool) is None]
     if missing:
         raise ConfigError(f"--executor slurm: no {' or '.join(missing)} on PATH, so no SLURM here; run on a "

@@ -21,7 +21,8 @@ next to the cell directory, ``<store>/<key>.lock``, holding its owner (host, pid
   ``<store>/.locks.guard``, a runner checks that the lock is stale (or, releasing, still
   its own) and removes it; breaking runners then take it as above.  Check and removal are
   one step for every runner that flocks the same guard, so two runners breaking one stale
-  lock never both take it.
+  lock never both take it.  A run claims its store's name under the same guard
+  (:func:`guard`, :func:`bench.runs.claim`).
 
 What is guaranteed where: taking a free lock is exclusive wherever ``O_EXCL`` is (every
 filesystem above).  Breaking a stale lock is atomic among runners on one host wherever
@@ -116,6 +117,26 @@ def _owner_alive(info: dict) -> bool | None:
     return info.get("started") is None or started is None or started == info["started"]
 
 
+@contextmanager
+def guard(directory: Path, unguarded: str):
+    """Hold ``flock`` on the guard file :data:`GUARD` of ``directory`` (a store); yields its
+    descriptor.  The one store-wide lock: cell locks are broken and released under it, and a
+    run claims its store's name under it (:func:`bench.runs.claim`).  Where the filesystem
+    has no flock, goes on unguarded with a warning saying what (``unguarded``: e.g. "stale
+    cell locks are broken") is then done without it."""
+    fd = os.open(Path(directory) / GUARD, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError as exc:  # a filesystem without flock: unguarded (module docstring)
+                warnings.warn(f"{directory}: no flock ({exc.strerror}); {unguarded} without a guard",
+                              RuntimeWarning, stacklevel=3)
+        yield fd
+    finally:
+        os.close(fd)  # and with it the flock
+
+
 class CellLock:
     """The lock of one cell (module docstring): ``with CellLock(path) as got: ...`` or
     :meth:`acquire` / :meth:`release`."""
@@ -199,20 +220,9 @@ class CellLock:
             json.dump({**owner(), "token": self._token}, f)
         return True
 
-    @contextmanager
     def _guard(self):
-        """Hold ``flock`` on the guard file of the lock's directory; yields its descriptor."""
-        fd = os.open(self.path.parent / GUARD, os.O_CREAT | os.O_RDWR, 0o644)
-        try:
-            if fcntl is not None:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX)
-                except OSError as exc:  # a filesystem without flock: unguarded (module docstring)
-                    warnings.warn(f"{self.path.parent}: no flock ({exc.strerror}); stale cell locks are "
-                                  "broken without a guard", RuntimeWarning, stacklevel=3)
-            yield fd
-        finally:
-            os.close(fd)  # and with it the flock
+        """Hold ``flock`` on the guard file of the lock's directory (:func:`guard`)."""
+        return guard(self.path.parent, "stale cell locks are broken")
 
     def _now(self, guard: int | None = None) -> float:
         """The time by the clock that stamps modification times in the lock's directory

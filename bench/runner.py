@@ -19,7 +19,7 @@ from bench.executor_config import SlurmOptions
 from bench.executors import Job, pool, preload, run_job, submitit_run
 from bench.plan import Plan
 from bench.registry import METHODS
-from bench.runs import write_record
+from bench.runs import claim
 from bench.store import Store
 from bench.train import fit, seed_everything
 
@@ -69,10 +69,11 @@ def run_plan(plan: Plan, store: Store, device: torch.device, console: Console, d
     """Run every incomplete cell with the chosen executor (:mod:`bench.executors`).
     ``job_device``: the device the cells' jobs ask for where they run instead of ``device``
     (SLURM: ``"auto"`` is resolved on each job's node, as a login node may have no GPU).
-    ``describe`` (the full suite) is recorded in the store's ``suite.json``, and ``record``
-    (:func:`bench.runs.store_record`) as its ``run.json``, once the data loaded and the
-    preflight checks passed, before any cell.  ``tensorboard``: each cell also writes its
-    training log as TensorBoard events.  Under torchrun, rank 0 does
+    ``record`` (:func:`bench.runs.store_record`) claims the store as its ``run.json``
+    (:func:`bench.runs.claim`: a ConfigError when another run claimed it for another plan
+    meanwhile) and ``describe`` (the full suite) is recorded in its ``suite.json``, once the
+    data loaded and the preflight checks passed, before any cell.  ``tensorboard``: each
+    cell also writes its training log as TensorBoard events.  Under torchrun, rank 0 does
     all this and the other ranks follow it (:func:`_follow`)."""
     rank, size = distributed.world()
     if size > 1 and executor != "local":
@@ -105,12 +106,13 @@ def _run_jobs(plan, store, device: str, console, describe, executor, workers, ce
     incomplete cells to the executor (each job on ``device``), log each outcome."""
     from bench.data import data_settings
 
+    if record is not None:  # first: a store another run claimed meanwhile for another plan is refused here
+        if (damage := claim(store.root, record)) is not None:
+            console.warn(f"{damage}; rewritten for this run")
     if describe is not None:
         from bench.catalog import write_store_description
 
         write_store_description(store.root, describe)
-    if record is not None:
-        write_record(store.root, record)
     summary = RunSummary()
     total = len(plan.cells)
     for cell in plan.cells:

@@ -48,6 +48,9 @@ SUITES_DIR = Path(__file__).resolve().parent / "suites"
 MAX_TOML_DEPTH = 32  # tables and arrays nested in a suite file (a suite needs about 5)
 MAX_CELLS = 10_000  # cells one run may plan, a sanity limit against typos (lifted by allow_large)
 SUITE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")  # one path component, not hidden
+# the longest suite or run name: it names <results>/NAME and <reports>/NAME, and a report is
+# written beside its folder as .NAME.new-<12 hex digits> (18 more); most filesystems allow 255
+MAX_NAME = 200
 
 
 @dataclass(frozen=True)
@@ -251,10 +254,13 @@ def resolve_suite_path(name_or_path: str) -> Path:
 def suite_name_problem(name: object, what: str = "suite") -> str | None:
     """Why ``name`` cannot name a suite (or, with ``what="run"``, a run: ``--name``; None
     when it can): it must be one path component of letters, digits, ``-``, ``_`` and
-    ``.``, not starting with ``.``."""
-    if isinstance(name, str) and SUITE_NAME.fullmatch(name):
-        return None
+    ``.``, not starting with ``.``, of at most :data:`MAX_NAME` characters."""
     default = "; a suite file's name defaults to its file name" if what == "suite" else ""
+    if isinstance(name, str) and SUITE_NAME.fullmatch(name):
+        if len(name) <= MAX_NAME:
+            return None
+        return (f"{name[:24]!r}... ({len(name)} characters) is too long to name a {what}: at most {MAX_NAME}, as it "
+                f"names the folders <results>/NAME and <reports>/NAME{default}")
     return (f"{name!r} cannot name a {what}: a {what} name is one folder name of letters, digits, '-', '_' and '.', "
             f"not starting with '.' (it becomes <results>/NAME and <reports>/NAME{default})")
 
@@ -369,9 +375,26 @@ def build_suite(raw: dict, overrides: Overrides = Overrides()) -> Suite:
     for name in top.scores:
         if name not in SCORES:
             problems.add("scores", f"unknown OOD score {name!r}; known: {', '.join(SCORES.names())}")
+    if (why := unstored_scores_problem(top.scores, store)) is not None:
+        problems.add("scores", why)
     problems.raise_if_any()
     return Suite(top.name, top.seeds, datasets, methods, top.description, top.reference, executor, store,
                  tuple(dict.fromkeys(top.scores)))
+
+
+def unstored_scores_problem(names, store: StoreConfig) -> str | None:
+    """Why the OOD scores ``names`` cannot be computed from a store kept as ``store``
+    says, or None: a score that needs the features or the training features (its
+    registered needs, :attr:`bench.scores.Score.needs`) where ``[store] features = false``."""
+    if store.features:
+        return None
+    wanted = {"features", _scores.TRAINING}
+    unstored = [n for n in dict.fromkeys(names) if n in SCORES and wanted & set(SCORES.get(n).needs)]
+    if not unstored:
+        return None
+    listed = ", ".join(map(repr, unstored))
+    return (f"{listed} need{'s' if len(unstored) == 1 else ''} the stored features, which [store] features = false "
+            f"leaves out: set [store] features = true (the cells then train again), or leave {listed} out")
 
 
 def _parse_dataset(name: str, table: Any, problems: Problems) -> DatasetSpec | None:

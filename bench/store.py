@@ -72,7 +72,9 @@ def _umask() -> int:
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the whole new one."""
+    """Write ``data`` to ``path`` so that readers see the old file or the whole new one.
+    An OSError that names no file (a full disk or the file-size limit: ``write`` and
+    ``fsync`` raise ENOSPC or EFBIG without a name) is raised naming ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -82,6 +84,11 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        if exc.filename is None:
+            exc.filename = str(path)
+        raise
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -23,7 +23,7 @@ from bench.report import render_report, staged
 from bench.report.formats import FORMATS, validate_formats
 from bench.report.readme import left_out_summary
 from bench.report.tables import validate_metrics
-from bench.runs import implied, resume_flags, write_record
+from bench.runs import RUN_RECORD, implied, resume_flags, write_record
 from bench.scores import validate_scores
 from bench.spec import Suite, select
 from bench.store import STORE_SUITE
@@ -176,6 +176,8 @@ def write_suite_report(suite: Suite | None, store_root: Path, out_dir: Path, opt
         render_report(results, stage, options.formats, rows, picked, options.severity, left_out, command)
         if options.run is not None and not implied(options.run, Path(out_dir).name):
             write_record(stage, options.run)
+        elif options.run is not None:  # the plain suite's report keeps none: a damaged one copied here goes
+            (stage / RUN_RECORD).unlink(missing_ok=True)
     if suite is not None and not (Path(store_root) / STORE_SUITE).is_file():
         write_store_description(store_root, suite)  # a store without suite.json gets one: it can then be reported without its suite file
     mine = set(catalog.rows(methods, bases=True)) if methods else {m.name for m in catalog.methods}

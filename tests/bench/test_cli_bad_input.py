@@ -64,6 +64,21 @@ def test_a_suite_name_that_is_no_folder_name_is_exit_2_and_writes_nothing(tmp_pa
     assert [p.name for p in tmp_path.iterdir()] == ["hard.toml"]
 
 
+def test_a_run_name_longer_than_a_file_name_is_exit_2_and_writes_nothing(tmp_path, capsys):
+    """300 characters (most filesystems allow 255): refused in one line before any folder
+    is made (issue 43, row 8)."""
+    code, err = run(tmp_path, "--name", "r" * 300, capsys=capsys)
+    assert code == 2 and err.count("\n") == 1 and "--name" in err and "300 characters" in err, err
+    assert [p.name for p in tmp_path.iterdir()] == ["hard.toml"]
+
+
+def test_run_scores_that_need_features_the_suite_does_not_store_are_exit_2_before_training(tmp_path, capsys):
+    """``run --scores knn`` on a suite with ``[store] features = false`` (issue 43, row 12)."""
+    code, err = run(tmp_path, "--scores", "msp,knn", suite=SUITE + "[store]\nfeatures = false\n", capsys=capsys)
+    assert code == 2 and err.count("\n") == 1 and "--scores: 'knn' needs the stored features" in err, err
+    assert [p.name for p in tmp_path.iterdir()] == ["hard.toml"]
+
+
 def test_allow_large_is_the_switch_uqbench_allow_large_is(tmp_path, capsys, monkeypatch):
     """--allow-large lifts the sanity limits (here: epochs) for its command only, as
     UQBENCH_ALLOW_LARGE=1 does; the cell-count limit (over 10,000 cells) is one of them."""

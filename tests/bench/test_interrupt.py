@@ -1,9 +1,12 @@
 """Ctrl-C (issue 29, item 5): a real ``run_suite.py`` process gets SIGINT while it trains.
 The first one ends it with one line saying what is done and where training was saved,
 exit 130, no traceback; a second one stops it at once; the cell in progress resumes from
-its saved epoch (``status`` shows it)."""
+its saved epoch (``status`` shows it).  SIGTERM does the same (exit 143), stopping a
+process pool's workers too."""
 from __future__ import annotations
 
+import json
+import os
 import re
 import signal
 import subprocess
@@ -99,3 +102,45 @@ def test_a_second_ctrl_c_during_a_slow_wind_down_stops_at_once():
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and time.monotonic() - started < 30, (out, err)
     assert "wound down" not in out and err.strip().splitlines()[-1] == "interrupted again: stopped at once", err
+
+
+def test_sigterm_stops_the_pool_workers_and_releases_their_cells_locks(tmp_path):
+    """SIGTERM to a runner whose two pool workers each train a cell: it ends as Ctrl-C does
+    (one line, exit 143), and its workers stop with it, each releasing its cell's lock
+    (issue 43, row 10); before, both went on training, holding their locks."""
+    (tmp_path / "t.toml").write_text(tiny_suite(None, seeds=(0, 1), train={"epochs": 300, "batch_size": 32},
+                                                data={"train_limit": 64, "eval_limit": 20}))
+    proc = subprocess.Popen(
+        [sys.executable, "run_suite.py", "--suite", str(tmp_path / "t.toml"), "--name", "term",
+         "--executor", "processes", "--workers", "2", "--results", str(tmp_path / "results"),
+         "--reports", str(tmp_path / "reports"), "--data-root", str(tmp_path / "data")],
+        cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    store, lines, training, workers = tmp_path / "results" / "term", [], set(), []
+    try:
+        for line in proc.stderr:  # the workers' progress lines come through the runner's stderr
+            lines.append(line)
+            training |= {seed for seed in (0, 1) if f"seed {seed}: training: epoch 1/300" in line}
+            if training == {0, 1}:
+                break
+        assert training == {0, 1}, "".join(lines)
+        workers = [json.loads(lock.read_text())["pid"] for lock in store.glob("*.lock")]
+        assert len(workers) == 2, "".join(lines)
+        proc.send_signal(signal.SIGTERM)
+        _, rest = proc.communicate(timeout=120)
+        assert proc.returncode == 143 and "Traceback" not in rest, "".join(lines) + rest
+        assert rest.strip().splitlines()[-1].startswith("interrupted: 0 cells done, 2 in progress"), rest
+        assert not list(store.glob("*.lock"))
+        assert not [pid for pid in workers if alive(pid)]
+    finally:
+        proc.kill()
+        for pid in workers:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -7,8 +7,11 @@ store or are refused before any work."""
 from __future__ import annotations
 
 import io
+import json
+import shlex
 import shutil
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -133,3 +136,106 @@ def test_status_help_shows_the_options_of_status_only(capsys):
     text = capsys.readouterr().out
     assert "run_suite.py status" in text and "NAME" in text and "--suite" in text
     assert "--executor" not in text and "--slurm-partition" not in text  # run's options, not status's
+
+
+# ---------------------------------------------------------------------------- damaged records (issue 43, row 7)
+
+def damage_lists(record: dict) -> dict:
+    return {**record, "overrides": [], "cells": {"0": record["cells"][0]}}  # arrays and objects swapped
+
+
+def damage_cell_entry(record: dict) -> dict:
+    cells = [dict(c) for c in record["cells"]]
+    del cells[1]["dataset"]
+    return {**record, "cells": cells}
+
+
+DAMAGES = {"lists where objects belong": damage_lists, "a cell entry without its dataset": damage_cell_entry,
+           "truncated": None}
+
+
+def damaged_store(tiny_store, tmp_path, damage: str) -> tuple[list[str], Path]:
+    """A copy of the tiny store (run ``hard``) whose ``run.json`` is damaged as ``damage``
+    says; the flags that point a command at it, and the record's path."""
+    shutil.copytree(tiny_store / "results", tmp_path / "results")
+    path = tmp_path / "results" / "hard" / "run.json"
+    text = path.read_text()
+    path.write_text(text[:len(text) // 2] if DAMAGES[damage] is None else json.dumps(DAMAGES[damage](json.loads(text))))
+    return ["--results", str(tmp_path / "results"), "--reports", str(tmp_path / "reports")], path
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_a_damaged_run_record_is_named_by_every_command_that_reads_it(tiny_store, tmp_path, capsys, damage):
+    """``runs``, ``status``, ``report`` and ``verify``: exit 2 and one line naming the file as
+    damaged with the command that rewrites it (not a Python error, not "not recorded")."""
+    flags, path = damaged_store(tiny_store, tmp_path, damage)
+    for command in (["runs"], ["status", "hard"], ["report", "hard"], ["verify", "hard"]):
+        code = main([*command, *flags, "--quiet"])
+        captured = capsys.readouterr()
+        assert code == 2, (command, captured.err)
+        assert captured.err.count("\n") == 1 and "Traceback" not in captured.err, (command, captured.err)
+        assert f"{path} is damaged" in captured.err and "run_suite.py run --suite" in captured.err, captured.err
+    assert "not recorded" not in main_out(["runs", *flags], capsys)
+    assert not (tmp_path / "reports").exists()
+
+
+def main_out(argv: list[str], capsys) -> str:
+    main(argv)
+    return capsys.readouterr().out
+
+
+def test_the_command_a_damaged_record_names_rewrites_it_and_trains_nothing(tiny_store, tmp_path, capsys):
+    flags, path = damaged_store(tiny_store, tmp_path, "a cell entry without its dataset")
+    manifests = {p: p.read_bytes() for p in path.parent.glob("*/manifest.json")}
+    assert main(["status", "hard", *flags]) == 2
+    command = capsys.readouterr().err.split("`")[1]  # python run_suite.py run --suite FILE --name hard --results DIR
+    argv = shlex.split(command)[2:]
+    assert main([*argv, "--reports", str(tmp_path / "reports"), "--data-root", str(tmp_path / "data"), "--quiet"]) == 0
+    assert f"{path} was damaged" in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in path.parent.glob("*/manifest.json")} == manifests and len(manifests) == 2
+    assert main(["status", "hard", *flags]) == 0
+    assert "2 done" in capsys.readouterr().out
+
+
+def test_a_run_of_another_plan_does_not_take_over_a_store_with_a_damaged_record(tiny_store, tmp_path, capsys):
+    """The damaged record cannot say whose the store is, but its cells can: they are not
+    cells of --epochs 2, so that run is refused and the store is left as it was."""
+    flags, path = damaged_store(tiny_store, tmp_path, "truncated")
+    before = tree(tmp_path / "results")
+    code = main(["--suite", str(tiny_store / "hard.toml"), "--epochs", "2", "--name", "hard", *flags,
+                 "--data-root", str(tmp_path / "data"), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and f"{path} is damaged" in err, err
+    assert tree(tmp_path / "results") == before
+
+
+# ---------------------------------------------------------------------------- one name, one plan (issue 43, row 8)
+
+def test_two_runs_claiming_one_name_at_once_for_two_plans_leave_one_plan_in_the_store(tmp_path, capsys, monkeypatch):
+    """``run --name race --epochs 3 --seeds 1`` has passed its checks (no store yet) when
+    ``run --name race --epochs 2`` claims the name and completes; the second is then
+    refused where it would write its record, before it trains a cell."""
+    import bench.runner
+
+    suite = tmp_path / "hard.toml"
+    suite.write_text(tiny_suite("hard", train={"batch_size": 128}))
+    common = ["--suite", str(suite), "--name", "race", "--results", str(tmp_path / "results"),
+              "--reports", str(tmp_path / "reports"), "--data-root", str(tmp_path / "data"), "--quiet"]
+    preflight, started, first = bench.runner.preflight, [], []
+
+    def the_other_run_meanwhile(*args, **kwargs):
+        preflight(*args, **kwargs)
+        if not started:  # once: the other run's own preflight comes through here too
+            started.append(True)
+            first.append(main([*common, "--epochs", "2"]))
+
+    monkeypatch.setattr(bench.runner, "preflight", the_other_run_meanwhile)
+    second = main([*common, "--epochs", "3", "--seeds", "1"])
+    err = capsys.readouterr().err
+    assert first == [0], err
+    assert second == 2 and "Traceback" not in err and "--epochs 2" in err.strip().splitlines()[-1], err
+    store = tmp_path / "results" / "race"
+    record = json.loads((store / "run.json").read_text())
+    assert record["overrides"] == {"epochs": 2}
+    stored = sorted(p.name for p in store.iterdir() if (p / "cell.json").is_file())
+    assert stored == [c["key"] for c in record["cells"]]  # the first plan's one cell, none of the second's

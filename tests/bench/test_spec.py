@@ -594,3 +594,18 @@ def test_a_suite_names_the_ood_scores_its_report_shows():
         build_suite(minimal(scores=["knnn"]))
     zoo = load_suite("zoo")
     assert "ddu_density" in zoo.scores and "ddu" in [m.name for m in zoo.methods]
+
+
+def test_scores_that_need_features_the_suite_does_not_store_are_refused_at_load():
+    """Mahalanobis and KNN read the stored features, which ``[store] features = false``
+    leaves out: refused when the suite is read, naming the key, the scores and the fix,
+    instead of training every cell and reporting them "not computed" (issue 43, row 12).
+    Scores of the probabilities and logits stay allowed."""
+    unstored = minimal(scores=["msp", "mahalanobis", "knn"], store={"features": False})
+    with pytest.raises(ConfigError) as refused:
+        build_suite(unstored)
+    text = str(refused.value)
+    assert "scores: 'mahalanobis', 'knn' need the stored features" in text, text
+    assert "[store] features = true" in text and "'msp'" not in text, text
+    assert build_suite(minimal(scores=["msp", "energy"], store={"features": False})).scores == ("msp", "energy")
+    assert build_suite(minimal(scores=["mahalanobis", "knn"])).scores == ("mahalanobis", "knn")

@@ -5,6 +5,7 @@ failures are injected by monkeypatching ``os`` so the atomicity claims are exerc
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -136,6 +137,21 @@ def test_atomic_write_failure_on_first_write_leaves_nothing(tmp_path, monkeypatc
     with pytest.raises(OSError):
         atomic_write_bytes(tmp_path / "new.bin", b"data")
     monkeypatch.undo()
+    assert listing(tmp_path) == []
+
+
+@pytest.mark.parametrize("error", [errno.ENOSPC, errno.EFBIG])
+def test_a_write_failing_for_want_of_room_names_the_file(tmp_path, monkeypatch, error):
+    """``fsync`` (like ``write``) raises ENOSPC or EFBIG naming no file; the error that
+    leaves the store names the file (issue 43, row 9)."""
+    def full(fd):
+        raise OSError(error, os.strerror(error))
+
+    monkeypatch.setattr(store_mod.os, "fsync", full)
+    with pytest.raises(OSError) as raised:
+        atomic_write_bytes(tmp_path / "cell" / "preds" / "test.npz", b"data")
+    monkeypatch.undo()
+    assert raised.value.errno == error and raised.value.filename == str(tmp_path / "cell" / "preds" / "test.npz")
     assert listing(tmp_path) == []
 
 

@@ -62,3 +62,29 @@ def test_log_tensorboard_without_the_package_is_one_line_saying_how_to_install_i
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "pip install tensorboard" in err, err
     assert not (tmp_path / "results").exists() and not (tmp_path / "reports").exists()
+
+
+BROKEN_TENSORBOARD = '''raise TypeError("Descriptors cannot be created directly.\\n"
+                "If this call came from a _pb2.py file, your generated code is out of date and must be regenerated "
+                "with protoc >= 3.19.0.")
+'''
+
+
+def test_log_tensorboard_with_a_broken_package_is_one_line_naming_it_and_the_fix(tmp_path, capsys, monkeypatch):
+    """A ``tensorboard`` whose import raises (its protobuf modules against another protobuf:
+    a TypeError), installed or not: one line naming the package, its error and how to
+    reinstall it; nothing written (issue 43, row 11)."""
+    import sys
+
+    site = tmp_path / "site"
+    (site / "tensorboard").mkdir(parents=True)
+    (site / "tensorboard" / "__init__.py").write_text(BROKEN_TENSORBOARD)
+    monkeypatch.syspath_prepend(str(site))
+    for name in [m for m in sys.modules if m.split(".")[0] == "tensorboard" or m.startswith("torch.utils.tensorboard")]:
+        monkeypatch.delitem(sys.modules, name)
+    code = main(command(tmp_path, "--log", "tensorboard"))
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert "tensorboard package is installed but fails on import (TypeError: Descriptors cannot be created" in err, err
+    assert "pip install --force-reinstall tensorboard" in err, err
+    assert not (tmp_path / "results").exists() and not (tmp_path / "reports").exists()
