@@ -362,6 +362,53 @@ def test_strict_report_exits_1_when_a_cell_is_missing(tmp_path, rep, capsys):
     assert "## Incomplete" in (tmp_path / "reports" / "rep" / "README.md").read_text()
 
 
+SLOW_METRIC = '''\
+"""A user's plugin with a metric that waits (a long analysis), marking when it starts."""
+import os
+import time
+from pathlib import Path
+
+from bench.metrics import metric
+
+
+@metric("calibration", "Slow", "%", True, "A metric that takes a minute.")
+def slow(probs, labels):
+    Path(os.environ["SLOW_METRIC_STARTED"]).touch()
+    time.sleep(60)
+    return 0.5
+'''
+
+
+def test_sigterm_during_a_report_leaves_no_staging_folder(tmp_path, rep):
+    """Issue 43 row 10: SIGTERM while the analysis is written into the staging folder: the
+    process ends (exit 143) with the folder removed and the previous report unchanged."""
+    import signal
+    import time
+
+    fake_store(tmp_path / "results", rep, only={("msp", 0), ("msp", 1)})
+    rep.write_text(fake_suite("rep"))
+    assert report(tmp_path, rep) == 0
+    before = snapshot(tmp_path / "reports")
+    (tmp_path / "slow_metric.py").write_text(SLOW_METRIC)
+    started = tmp_path / "started"
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "PYTHONPATH": str(tmp_path),
+           "SLOW_METRIC_STARTED": str(started)}
+    proc = subprocess.Popen([sys.executable, str(REPO / "run_suite.py"), "report", "--suite", str(rep), "--results",
+                             str(tmp_path / "results"), "--reports", str(tmp_path / "reports"), "--quiet",
+                             "--plugin", "slow_metric", "--metrics", "accuracy,slow"],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert started.exists(), proc.communicate(timeout=60)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "Traceback" not in err and "terminated (SIGTERM)" in err, err
+    assert [p.name for p in (tmp_path / "reports").iterdir()] == ["rep"]  # no .NAME.new-... beside it
+    assert snapshot(tmp_path / "reports") == before
+
+
 def test_status_shows_a_cell_locked_by_a_live_runner_as_running(tmp_path, rep, capsys):
     """A runner holds seed 1's lock and has not created its directory yet: running, not missing."""
     import socket
