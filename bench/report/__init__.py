@@ -13,12 +13,14 @@ One job per module:
   indexed once; :mod:`bench.report.formats` — their Markdown / LaTeX / CSV texts;
 * :mod:`bench.report.plots` — training curves, reliability diagrams, risk-coverage curves,
   metric vs. severity with CI bands, OOD score histograms;
-* :mod:`bench.report.readme` — ``README.md`` (the cells still improving when their training
-  ended, hand-written ``NOTES.md`` inlined at the top, conventions from the registered
+* :mod:`bench.report.readme` — ``README.md`` (the *Incomplete* banner of a partial report,
+  the cells still improving when their training
+  ended, hand-written ``NOTES.md`` inlined at the top of a complete one, conventions from the registered
   metrics, tables, failures, plots);
 * :mod:`bench.report.suite` — the report step of ``run`` and ``report``: the store's
   cells selected, analysed or their analysis files reused (``bench.analysis.analyse_store``),
-  the report written, the cells it leaves out and the exit status told.
+  the report written (unless it would leave out cells without ``--partial`` or replace a
+  report showing more cells), the cells it leaves out and the exit status told.
 
 Layout written under ``out_dir``::
 
@@ -30,6 +32,7 @@ Layout written under ``out_dir``::
     plots/severity_<dataset>_<metric>.png      (the "severity" selection vs. severity, CI band)
     plots/ood_hist_<dataset>_<method>.png
     README.md
+    cells.json    (the cells shown: key, dataset, method row, seed, configuration; bench.report.suite)
     NOTES.md      (optional, written by hand, never by the report)
 
 Determinism: the same analysis files give byte-identical tables and README.  Imports:
