@@ -16,9 +16,17 @@
   flags it ran with); ``runs``: the runs of a store root.
 * ``list``: the registered methods, datasets, attention layers, metrics, OOD scores and suites.
 
-Exit status: 0 success, 1 some cells failed (the report marks them; with ``--strict``
-also when a report leaves out any cell) or the report could not be written (the previous
-one is kept), 2 bad input (nothing written), 130 interrupted (Ctrl-C), 143 stopped by SIGTERM.
+A report that leaves out cells of its run is written only with ``--partial``, and never
+replaces a report of the run showing more cells (:mod:`bench.report.suite`); ``report``
+with ``--metrics``, ``--scores`` or a plugin adding metrics or scores writes a view beside
+the run's report, ``<reports>/NAME+ADDITION/`` (:func:`_additions`).
+
+Exit status: 0 success, 1 some cells failed (a ``--partial`` report marks them; with
+``--strict`` also when it leaves out any cell), a report was not written as it would leave
+out cells or replace a report showing more (the cells and the completing command on
+stderr), or the report could not be written (the previous one is kept), 2 bad input
+(nothing written), 130 interrupted (Ctrl-C), 143 stopped by SIGTERM (a report so ended
+leaves no staging folder).
 """
 from __future__ import annotations
 
@@ -174,9 +182,13 @@ def build_parser() -> argparse.ArgumentParser:
     shown.add_argument("--severity", type=_positive_int, default=SEVERITIES[-1],
                        help=f"corruption severity of the per-corruption table, {SEVERITIES[0]}..{SEVERITIES[-1]} "
                             f"(default: {SEVERITIES[-1]})")
+    shown.add_argument("--partial", action="store_true",
+                       help="write the report even when it leaves out cells of the run (missing, running, failed or "
+                            "damaged), marked incomplete; without it such a report is not written (exit 1). Never "
+                            "replaces a report of the run that shows more cells")
     shown.add_argument("--strict", action="store_true",
-                       help="exit 1 when the report leaves out any cell of the suite (missing, running, failed or "
-                            "damaged), not only failed or damaged ones")
+                       help="with --partial: exit 1 when the report leaves out any cell of the run, not only failed "
+                            "or damaged ones")
 
     def named(q: argparse.ArgumentParser) -> None:
         q.add_argument("run", nargs="?", metavar="NAME",
@@ -410,7 +422,7 @@ def _report(args: argparse.Namespace, record: dict | None) -> int:
     """``report``: a run by NAME (its recorded plan), a store alone (``--suite NAME`` of no
     suite file), or ``--suite`` with the run's flags."""
     from bench.report.suite import report_suite
-    from bench.runs import check_owner, owner, recorded_source, report_record
+    from bench.runs import check_owner, owner, read_record, recorded_source, report_record, view_name
     from bench.spec import Overrides, build_suite, load_suite, select
 
     options = _report_options(args)  # unknown --metrics, --format or --severity: an error here, before any work
@@ -433,9 +445,27 @@ def _report(args: argparse.Namespace, record: dict | None) -> int:
         name = stored_run(args, suite.name)
     store_root, out = args.results / name, args.reports / name
     mine = owner(store_root) or {"suite": suite.name if suite is not None else name, "overrides": {}}
+    added = _additions(args, record if args.run is not None else read_record(store_root))
+    if added is not None:  # the run's own report stays as it is; the view goes beside it
+        out = args.reports / view_name(name, *added)
     check_owner(out, "report", name, mine)
     options = dataclasses.replace(options, run=report_record(name, mine))
     return report_suite(suite, store_root, out, options)
+
+
+def _additions(args: argparse.Namespace, record: dict | None) -> tuple[list, list, list] | None:
+    """What ``report`` adds to the run's own report: the ``--plugin`` modules that register
+    metrics or OOD scores and that the run (its store ``record``) was not made with, the
+    ``--metrics`` and the ``--scores`` given; None when it adds nothing.  Such a report is
+    a view, written beside the run's report (:func:`bench.runs.view_name`)."""
+    from bench.registry import METRICS, SCORES
+
+    recorded = (record or {}).get("plugins")
+    recorded = set(recorded) if isinstance(recorded, list) and all(isinstance(p, str) for p in recorded) else set()
+    plugins = [p for p in dict.fromkeys(args.plugin)
+               if p not in recorded and (METRICS.names_from(p) or SCORES.names_from(p))]
+    metrics, scores = list(args.metrics or ()), list(args.scores or ())
+    return (plugins, metrics, scores) if plugins or metrics or scores else None
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -572,5 +602,5 @@ def _report_options(args: argparse.Namespace):
                          methods=args.methods if args.command == "report" else None, datasets=args.datasets,
                          seeds=args.seeds, epochs=args.epochs, metrics=args.metrics, scores=args.scores,
                          formats=args.format or FORMATS,
-                         severity=args.severity, significance=args.significance, strict=args.strict,
-                         quiet=args.quiet, debug=args.debug)
+                         severity=args.severity, significance=args.significance, partial=args.partial,
+                         strict=args.strict, after_run=args.command == "run", quiet=args.quiet, debug=args.debug)

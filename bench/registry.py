@@ -97,6 +97,11 @@ class Registry(Generic[T]):
         self.complete()
         return sorted(self._items)
 
+    def names_from(self, module: str) -> list[str]:
+        """The names registered by ``module`` or a module inside it (a plugin's entries)."""
+        return [name for name in self.names()
+                if _module_of(self._items[name]) == module or _module_of(self._items[name]).startswith(f"{module}.")]
+
     def __contains__(self, name: object) -> bool:
         self.complete()
         return name in self._items

@@ -96,6 +96,19 @@ def default_name(suite: str, overrides: dict) -> str:
     return f"{suite}-{'-'.join(parts)[:48]}-{digest}"
 
 
+def view_name(name: str, plugins=(), metrics=(), scores=()) -> str:
+    """The report folder of a view of run ``name`` with additions: ``NAME+PLUGIN...``, then
+    ``+metrics-A.B`` and ``+scores-C`` for ``--metrics`` / ``--scores`` (over 48 characters,
+    cut and told apart by a hash of them).  The ``+`` keeps it apart from every run's name."""
+    parts = [*plugins] + [f"{key}-{'.'.join(values)}" for key, values in (("metrics", metrics), ("scores", scores))
+                          if values]
+    tag = "+".join(parts)
+    if len(tag) > 48:
+        digest = hashlib.sha256(json.dumps([list(plugins), list(metrics), list(scores)]).encode()).hexdigest()[:4]
+        tag = f"{tag[:43]}-{digest}"
+    return f"{name}+{tag}"
+
+
 def check_name(name: str, flag: str = "--name") -> None:
     """A ConfigError unless ``name`` can name a run (one folder name)."""
     if (why := suite_name_problem(name, "run")) is not None:

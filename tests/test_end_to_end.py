@@ -174,8 +174,8 @@ def test_nonfinite_loss_fails_only_its_cells(tmp_path):
                                 train={"epochs": 4}, model={"dim": 32}, data={**DATA, "splits": ["test"]}))
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     proc = run_suite("--suite", str(suite), "--plugin", "nanplugin", "--results", str(tmp_path / "results"),
-                     "--reports", str(tmp_path / "reports"), env=env)
-    assert proc.returncode == 1, proc.stderr  # finished, with a failed cell
+                     "--reports", str(tmp_path / "reports"), "--partial", env=env)
+    assert proc.returncode == 1, proc.stderr  # finished, with a failed cell (--partial: reported all the same)
     infos = [json.loads((c / "cell.json").read_text()) for c in (tmp_path / "results" / "nan").iterdir() if c.is_dir()]
     by_method = {i["method"]: i for i in infos}
     assert by_method["msp"]["status"] == "complete"
@@ -214,7 +214,7 @@ def test_plugin_metric_appears_in_every_table_of_its_kind(reference, tmp_path):
                      "--reports", str(tmp_path / "reports"), "--plugin", "top2plugin",
                      "--metrics", "accuracy,top2_mass", env=env)
     assert proc.returncode == 0, proc.stderr
-    out = tmp_path / "reports" / "tiny"
+    out = tmp_path / "reports" / "tiny+top2plugin+metrics-accuracy.top2_mass"  # a view beside the run's report
     for name in ("summary", "shift_severity", "shift_corruption", "shift_splits"):
         assert "Top2 (%)" in (out / "tables" / f"{name}.md").read_text().splitlines()[0], name
     csv = pd_read(out / "tables" / "summary.csv")

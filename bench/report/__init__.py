@@ -13,12 +13,14 @@ One job per module:
   indexed once; :mod:`bench.report.formats` — their Markdown / LaTeX / CSV texts;
 * :mod:`bench.report.plots` — training curves, reliability diagrams, risk-coverage curves,
   metric vs. severity with CI bands, OOD score histograms;
-* :mod:`bench.report.readme` — ``README.md`` (the cells still improving when their training
-  ended, hand-written ``NOTES.md`` inlined at the top, conventions from the registered
+* :mod:`bench.report.readme` — ``README.md`` (the *Incomplete* banner of a partial report,
+  the cells still improving when their training
+  ended, hand-written ``NOTES.md`` inlined at the top of a complete one, conventions from the registered
   metrics, tables, failures, plots);
 * :mod:`bench.report.suite` — the report step of ``run`` and ``report``: the store's
   cells selected, analysed or their analysis files reused (``bench.analysis.analyse_store``),
-  the report written, the cells it leaves out and the exit status told.
+  the report written (unless it would leave out cells without ``--partial`` or replace a
+  report showing more cells), the cells it leaves out and the exit status told.
 
 Layout written under ``out_dir``::
 
@@ -30,6 +32,7 @@ Layout written under ``out_dir``::
     plots/severity_<dataset>_<metric>.png      (the "severity" selection vs. severity, CI band)
     plots/ood_hist_<dataset>_<method>.png
     README.md
+    cells.json    (the cells shown: key, dataset, method row, seed, configuration; bench.report.suite)
     NOTES.md      (optional, written by hand, never by the report)
 
 Determinism: the same analysis files give byte-identical tables and README.  Imports:
@@ -42,6 +45,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import sys
+import threading
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
@@ -159,8 +165,8 @@ def _check_filenames(datasets: Iterable[str], methods: Iterable[str]) -> None:
 @contextmanager
 def staged(out_dir: Path) -> Iterator[Path]:
     """A new directory beside ``out_dir`` to write a report into, swapped in for ``out_dir``
-    when the block ends without an error; on an error it is removed and ``out_dir`` stays
-    as it was, byte for byte.
+    when the block ends without an error; on an error, Ctrl-C or SIGTERM it is removed and
+    ``out_dir`` stays as it was, byte for byte.
 
     It starts as a copy of ``out_dir`` (hard links where the filesystem allows; every
     report file is replaced by a new file, never rewritten in place), so the hand-written
@@ -168,6 +174,8 @@ def staged(out_dir: Path) -> Iterator[Path]:
     PNG plots are left out, as the report draws every plot it shows anew.  The swap is two
     renames (``out_dir`` to ``.<name>.previous``, the new directory to ``out_dir``); a
     report killed between them leaves ``.<name>.previous``, which the next one puts back.
+    While the directory exists, SIGTERM (:class:`_Terminated`) ends the process through an
+    exception, so the directory is removed first (during the swap it waits for the swap).
     """
     out_dir = Path(out_dir)
     parent = out_dir.parent
@@ -175,28 +183,77 @@ def staged(out_dir: Path) -> Iterator[Path]:
     previous = parent / f".{out_dir.name}.previous"
     if previous.is_dir() and not out_dir.exists():
         os.rename(previous, out_dir)
-    stage = parent / f".{out_dir.name}.new-{uuid.uuid4().hex[:12]}"
-    stage.mkdir()
-    try:
-        if out_dir.is_dir():
-            plots = out_dir / "plots"
-            shutil.copytree(out_dir, stage, symlinks=True, dirs_exist_ok=True, copy_function=_link_or_copy,
-                            ignore=lambda d, names: [n for n in names if Path(d) == plots and n.endswith(".png")])
-        yield stage
-        if out_dir.exists():
-            shutil.rmtree(previous, ignore_errors=True)
-            os.rename(out_dir, previous)
-            try:
-                os.rename(stage, out_dir)
-            except BaseException:
-                os.rename(previous, out_dir)
-                raise
-            shutil.rmtree(previous, ignore_errors=True)
-        else:
-            os.rename(stage, out_dir)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
+    with _Terminated(out_dir) as terminated:
+        stage = parent / f".{out_dir.name}.new-{uuid.uuid4().hex[:12]}"
+        stage.mkdir()
+        try:
+            if out_dir.is_dir():
+                plots = out_dir / "plots"
+                shutil.copytree(out_dir, stage, symlinks=True, dirs_exist_ok=True, copy_function=_link_or_copy,
+                                ignore=lambda d, names: [n for n in names if Path(d) == plots and n.endswith(".png")])
+            yield stage
+            with terminated.deferred():
+                if out_dir.exists():
+                    shutil.rmtree(previous, ignore_errors=True)
+                    os.rename(out_dir, previous)
+                    try:
+                        os.rename(stage, out_dir)
+                    except BaseException:
+                        os.rename(previous, out_dir)
+                        raise
+                    shutil.rmtree(previous, ignore_errors=True)
+                else:
+                    os.rename(stage, out_dir)
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
+
+
+class _Terminated:
+    """SIGTERM while a report is staged (in the main thread): the handler the program had
+    is called when it is a Python function; under the default action (the process ends at
+    once, leaving the staging directory) SystemExit(143) is raised instead, with one line
+    on stderr.  Inside :meth:`deferred` (the swap) the signal waits for the block's end."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.out_dir = out_dir
+        self.before = None
+        self.waiting: list[tuple[int, object]] = []
+        self.holding = False
+
+    def __enter__(self) -> _Terminated:
+        if threading.current_thread() is threading.main_thread():
+            self.before = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.holding:
+            self.waiting.append((signum, frame))
+            return
+        if callable(self.before):
+            self.before(signum, frame)
+        elif self.before != signal.SIG_IGN:
+            print(f"terminated (SIGTERM): the report {self.out_dir} was not written; the previous one there is "
+                  "unchanged", file=sys.stderr)
+            raise SystemExit(128 + signum)
+
+    @contextmanager
+    def deferred(self) -> Iterator[None]:
+        self.holding = True
+        try:
+            yield
+        finally:
+            self.holding = False
+        for signum, frame in self.waiting:  # the swap is done: the report is whole, and the process ends
+            if callable(self.before):
+                self.before(signum, frame)
+            elif self.before != signal.SIG_IGN:
+                print(f"terminated (SIGTERM) after the report {self.out_dir} was written", file=sys.stderr)
+                raise SystemExit(128 + signum)
+
+    def __exit__(self, *exc) -> None:
+        if self.before is not None:
+            signal.signal(signal.SIGTERM, self.before)
 
 
 def _link_or_copy(src: str, dst: str) -> None:

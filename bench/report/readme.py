@@ -1,5 +1,6 @@
-"""The report's ``README.md``: the cells it leaves out (only when there are any), the cells
-still improving when their training ended, notes, conventions (from the registered
+"""The report's ``README.md``: the cells it leaves out (only when there are any: the
+*Incomplete* banner of a ``--partial`` report), the cells
+still improving when their training ended, notes (not in an incomplete report), conventions (from the registered
 metrics), every table of each dataset, failed cells, the plots, and a footnote per method
 that differs from its authors' code."""
 from __future__ import annotations
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from bench.analysis import AnalysisResults
     from bench.catalog import LeftOut
 
-NOTES = "NOTES.md"  # written by hand, never by the report: inlined at the top of README.md
+NOTES = "NOTES.md"  # written by hand, never by the report: inlined at the top of README.md (not of an incomplete one)
 
 
 def _marks_note(significance: str) -> str:
@@ -237,7 +238,10 @@ def readme_text(
     parts += _left_out(left_out, complete_with)
     parts += _convergence_header(results, methods, flagged)
     notes = out_dir / NOTES
-    if notes.is_file():  # the run's hand-written discussion (e.g. a comparison with a paper)
+    if notes.is_file() and left_out:  # written for the run's complete report, not for this one
+        parts += [f"*`{NOTES}`, written by hand, describes the complete run: it is left out of this incomplete "
+                  "report.*", ""]
+    elif notes.is_file():  # the run's hand-written discussion (e.g. a comparison with a paper)
         parts += [notes.read_text(encoding="utf-8").strip(), ""]
     parts += [_note(results.reference, results.significance), "", CONVERGENCE_NOTE, ""]
     fidelity, footnotes = _fidelity(results, methods)
@@ -387,11 +391,11 @@ def _fidelity(results: AnalysisResults, methods: list[str]) -> tuple[list[str], 
 STATES = ("missing", "running", "interrupted", "failed", "damaged")  # the order a summary counts them in
 
 
-def left_out_summary(cells: Sequence[LeftOut]) -> str:
-    """``3 cell(s) are not in this report (1 missing, 2 running)``."""
+def left_out_summary(cells: Sequence[LeftOut], verb: str = "are not in this report") -> str:
+    """``3 cell(s) are not in this report (1 missing, 2 running)`` (``verb``: what is said of them)."""
     counts = Counter(c.state for c in cells)
     parts = ", ".join(f"{counts[s]} {s}" for s in (*STATES, *sorted(set(counts) - set(STATES))) if counts[s])
-    return f"{len(cells)} cell(s) are not in this report ({parts})"
+    return f"{len(cells)} cell(s) {verb} ({parts})"
 
 
 def _left_out(cells: Sequence[LeftOut], complete_with: str) -> list[str]:
@@ -399,7 +403,8 @@ def _left_out(cells: Sequence[LeftOut], complete_with: str) -> list[str]:
     completes them; nothing when the report is complete."""
     if not cells:
         return []
-    parts = ["## Incomplete", "", f"**{left_out_summary(cells)}**: every table below is without them."]
+    parts = ["## Incomplete", "", f"**This report is incomplete (`--partial`): {left_out_summary(cells)}**; every "
+                                  "table and plot below is without them."]
     if complete_with:
         parts[-1] += f" To complete them: `{complete_with}`, then report again."
     if any(c.state == "running" for c in cells):

@@ -5,9 +5,28 @@ and tells the outcome on stderr: the cells it leaves out, the command that compl
 them, the failures it names; it returns the exit status.  :func:`write_suite_report` is
 that step without the telling.  :class:`ReportOptions` carries the command line's choices
 as plain values.
+
+A report is written only when it is no worse than the one it would replace:
+
+* a report that leaves out cells of its run (missing, failed, damaged, interrupted or
+  running) is written only when asked for (``--partial``); it then opens with an
+  *Incomplete* banner listing them and leaves the hand-written ``NOTES.md`` out;
+* a report never replaces one of the same run that shows a cell it lacks, ``--partial``
+  or not.  What an earlier report showed is read from its :data:`CELLS_RECORD` (the key,
+  dataset, method row, seed and configuration of each cell); a report written before that
+  record existed is read from its ``analysis/analysis.json`` (the seeds of each dataset
+  and trained method row, no keys, configuration unknown).  Only cells of the run's
+  present configuration count: an earlier cell whose resolved config, less the seed,
+  differs from what the run plans for its dataset and method (the suite file changed) is
+  no loss, and neither is a report of another run (:func:`bench.runs.owner`).
+
+Otherwise nothing is written (:class:`Refused`): the cells are named with the command that
+completes them, and the exit status is 1.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import shlex
 import sys
 import time
@@ -15,7 +34,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bench.analysis import ANALYSIS_DIR, SIGNIFICANCE, analyse_store
-from bench.catalog import open_store, write_store_description
+from bench.catalog import Catalog, LeftOut, open_store, write_store_description
 from bench.data import SEVERITIES, check_severity
 from bench.errors import ConfigError, one_line
 from bench.plan import make_plan
@@ -23,10 +42,14 @@ from bench.report import render_report, staged
 from bench.report.formats import FORMATS, validate_formats
 from bench.report.readme import left_out_summary
 from bench.report.tables import validate_metrics
-from bench.runs import RUN_RECORD, implied, resume_flags, write_record
+from bench.runs import RUN_RECORD, identity, implied, owner, resume_flags, write_record
 from bench.scores import validate_scores
-from bench.spec import Suite, select
-from bench.store import STORE_SUITE
+from bench.spec import SUITES_DIR, Suite, select
+from bench.store import STORE_SUITE, atomic_write_json, read_json_object
+
+#: the cells a report shows (key, dataset, method row, seed, configuration digest), beside
+#: its README: what a later report of the same run is compared with
+CELLS_RECORD = "cells.json"
 
 
 @dataclass(frozen=True)
@@ -43,8 +66,11 @@ class ReportOptions:
     :func:`bench.analysis.analyse_store` take them.  The metrics, formats and severity are
     checked when the options are made (:func:`~bench.report.tables.validate_metrics`,
     :func:`~bench.scores.validate_scores`, :func:`~bench.report.formats.validate_formats`, :func:`bench.data.check_severity`): a bad
-    one is a ConfigError before any work.  ``strict``: exit 1 when any cell is
-    left out; ``quiet``: no line on success; ``debug``: an error that keeps the report
+    one is a ConfigError before any work.  ``partial``: write a report that leaves out
+    cells of its run (``--partial``), else refuse it; ``strict``: exit 1 when a report
+    leaves out any cell; ``after_run``: the report step of ``run``, which leaves the report
+    to the runner still training cells when those are all that is missing (exit 0);
+    ``quiet``: no line on success; ``debug``: an error that keeps the report
     from being written propagates instead of being told in one line.  ``suite`` (the name
     or path given), ``results``, ``data_root``, ``seeds`` and ``epochs`` are repeated in
     the completing command."""
@@ -61,7 +87,9 @@ class ReportOptions:
     formats: tuple[str, ...] = FORMATS
     severity: int = SEVERITIES[-1]
     significance: str = SIGNIFICANCE
+    partial: bool = False
     strict: bool = False
+    after_run: bool = False
     quiet: bool = False
     debug: bool = False
     run: dict | None = None  # the run whose report this is (bench.runs.report_record), kept as run.json in it
@@ -94,23 +122,38 @@ class Reported:
         """The left-out cells for stderr: a count, one line per cell, the command."""
         if not self.left_out:
             return []
-        lines = [f"{left_out_summary(self.left_out)}:"]
-        lines += [f"  {c.label} ({c.key}): {c.state}{': ' + c.detail if c.detail else ''}" for c in self.left_out]
-        if self.complete_with:
-            lines.append(f"  to complete them: {self.complete_with}")
-        return lines
+        return [f"{left_out_summary(self.left_out)}:", *_cell_lines(self.left_out, self.complete_with)]
+
+
+class Refused(Exception):
+    """A report not written because it would leave out cells without ``--partial``, or
+    replace a report of the same run that shows cells it lacks.  ``lines``: why, the cells
+    (one line each), the command that completes them and what else to do, for stderr;
+    ``waiting``: the cells left out are all being trained by a live runner (which writes
+    the report when it is done)."""
+
+    def __init__(self, lines: list[str], waiting: bool = False):
+        super().__init__(lines[0])
+        self.lines = lines
+        self.waiting = waiting
 
 
 def report_suite(suite: Suite | None, store_root: Path, out_dir: Path, options: ReportOptions) -> int:
     """Analyse the store (or reuse its analysis files) and write the report; name on stderr
     the cells it leaves out.  ``suite`` selects and orders (``None``: the store alone).
-    Exit status: 1 when failed or damaged cells are left out (with ``options.strict``: any
-    cell left out), or when the report could not be written (the previous one is kept)."""
+    Exit status: 1 when the report is refused (:class:`Refused`; 0 from ``run``'s report
+    step when only cells a live runner trains are missing), when failed or damaged cells
+    are left out (with ``options.strict``: any cell left out), or when the report could not
+    be written (the previous one is kept)."""
     started = time.perf_counter()
     try:
         outcome = write_suite_report(suite, store_root, out_dir, options)
     except ConfigError:
         raise
+    except Refused as refused:
+        for line in refused.lines:
+            print(f"report: {line}", file=sys.stderr)
+        return 0 if refused.waiting and options.after_run else 1
     except Exception as exc:  # noqa: BLE001  (disk full, permissions, a plot that raises: one line)
         if options.debug:
             raise
@@ -134,14 +177,17 @@ def write_suite_report(suite: Suite | None, store_root: Path, out_dir: Path, opt
     write the analysis files and the report into a copy of ``out_dir`` beside it, swapped
     in when complete (:func:`bench.report.staged`).  Bad input -- a missing or empty store,
     a selection matching no cell, a ``methods`` name with no cell in the store -- is a
-    ConfigError before anything is written."""
+    ConfigError before anything is written; a report that would leave out cells without
+    ``options.partial``, or replace a report of the same run showing cells it lacks, is
+    :class:`Refused` (see the module docstring), with nothing written either."""
     if not Path(store_root).is_dir():
         name = suite.name if suite is not None else Path(store_root).name
         raise ConfigError(f"no results for suite {name!r} under {store_root}; run the suite first "
                           f"(python run_suite.py --suite {name}) or pass --results DIR")
     methods = list(options.methods) if options.methods else None
-    planned, wanted = set(), None
-    if suite is not None:
+    planned, wanted, configured = set(), None, None
+    if suite is not None:  # the run's configuration: each planned dataset and method's config, whatever is shown
+        configured = {(c.dataset.name, c.method.name): _configuration(c.config) for c in make_plan(suite).cells}
         shown = select(suite, methods, options.datasets, to_run=False)  # unknown names: an error here
         reported = select(suite, None, options.datasets, to_run=False)  # analysed (its files reused whatever is shown)
         planned = {c.key for c in make_plan(reported).cells}
@@ -165,15 +211,21 @@ def write_suite_report(suite: Suite | None, store_root: Path, out_dir: Path, opt
                           f"methods with cells: {', '.join(with_cells) or 'none'}. Nothing was written.")
     picked = list(options.metrics) if options.metrics else None
     rows = catalog.rows(methods) if methods else None
+    shown_rows = set(catalog.rows(methods, bases=True)) if methods else {m.name for m in catalog.methods}
+    earlier = _earlier_cells(Path(out_dir), options, catalog)
+    _check(catalog, shown_rows, _left_out(catalog, wanted, methods), earlier, configured, Path(out_dir), options,
+           suite is None)  # before the analysis: a refusal costs nothing
     with staged(out_dir) as stage:
         results, reused = analyse_store(catalog, stage / ANALYSIS_DIR, picked, significance=options.significance,
                                         scores=_scores(options, suite))
         damaged = dict(zip(results.damaged["cell"], results.damaged["reason"]))
-        left_out = catalog.left_out(wanted, damaged)
-        if wanted is None and methods:
-            left_out = [c for c in left_out if c.method in catalog.rows(methods, bases=True)]
-        command = _completing_command(options, suite is None) if any(c.state != "running" for c in left_out) else ""
+        left_out = _left_out(catalog, wanted, methods, damaged)  # with the cells found damaged while analysing
+        command = _check(catalog, shown_rows, left_out, earlier, configured, Path(out_dir), options, suite is None)
         render_report(results, stage, options.formats, rows, picked, options.severity, left_out, command)
+        atomic_write_json(stage / CELLS_RECORD, {"cells": [
+            {"key": catalog.cells[cell].key, "dataset": cell[0], "method": cell[1], "seed": cell[2],
+             "configuration": _configuration((catalog.cells[cell].read_cell() or {}).get("config"))}
+            for cell in sorted(_shown_cells(catalog, shown_rows))]})
         if options.run is not None and not implied(options.run, Path(out_dir).name):
             write_record(stage, options.run)
         elif options.run is not None:  # the plain suite's report keeps none: a damaged one copied here goes
@@ -197,6 +249,111 @@ def write_suite_report(suite: Suite | None, store_root: Path, out_dir: Path, opt
                     tuple(failures), tuple(unscored))
 
 
+def _left_out(catalog: Catalog, wanted: list | None, methods: list[str] | None,
+              damaged: dict[str, str] | None = None) -> list[LeftOut]:
+    """The cells the report leaves out (:meth:`bench.catalog.Catalog.left_out`); for a
+    store reported alone with ``--methods``, only those of the methods shown and their bases."""
+    left_out = catalog.left_out(wanted, damaged)
+    if wanted is None and methods:
+        left_out = [c for c in left_out if c.method in catalog.rows(methods, bases=True)]
+    return left_out
+
+
+def _shown_cells(catalog: Catalog, rows: set[str]) -> dict[tuple[str, str, int], str]:
+    """``(dataset, method row, seed) -> cell key`` of the cells used by the rows shown."""
+    return {(d, m, s): cd.key for (d, m, s), cd in catalog.cells.items() if m in rows}
+
+
+def _configuration(config: object) -> str | None:
+    """A digest of a cell's resolved config without its seed (what the cells of one
+    configuration share; ``cell.json``'s ``config``, or a planned cell's), None for none."""
+    if not isinstance(config, dict):
+        return None
+    text = json.dumps({k: v for k, v in config.items() if k != "seed"}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _earlier_cells(out_dir: Path, options: ReportOptions, catalog: Catalog) -> list[tuple]:
+    """The cells the report in ``out_dir`` shows, ``(key, dataset, method row, seed,
+    configuration)``, from its :data:`CELLS_RECORD`; for a report written before that
+    record, from its ``analysis/analysis.json`` (the seeds of each trained method row; key
+    and configuration None).  [] when there is no report there, or it is another run's."""
+    if options.run is not None and owner(out_dir) not in (None, identity(options.run)):
+        return []
+    record = read_json_object(out_dir / CELLS_RECORD)
+    try:
+        return [(str(c["key"]), str(c["dataset"]), str(c["method"]), int(c["seed"]), c.get("configuration"))
+                for c in record["cells"]]
+    except (KeyError, TypeError, ValueError, AttributeError):  # no record (None), or a damaged one
+        pass
+    meta = read_json_object(out_dir / ANALYSIS_DIR / "analysis.json") or {}
+    trained = {m.name for m in catalog.methods if m.kind == "trained"}
+    try:
+        return [(None, str(d), str(m), int(s), None) for d, m, seeds in meta.get("seeds", []) if m in trained
+                for s in seeds]
+    except (TypeError, ValueError):
+        return []
+
+
+def _check(catalog: Catalog, rows: set[str], left_out: list[LeftOut], earlier: list, configured: dict | None,
+           out_dir: Path, options: ReportOptions, store_only: bool) -> str:
+    """Refuse (:class:`Refused`) a report that leaves out cells without ``options.partial``,
+    or that lacks a cell the earlier report ``earlier`` of the same run shows
+    (:func:`_earlier_cells`) of the run's present configuration (``configured``: (dataset,
+    method) -> :func:`_configuration` of its planned cells; an earlier cell of unknown
+    configuration counts as of the present one; None: the store alone, whose every cell
+    counts).  A cell of the same dataset, method row and seed shown now is no loss.  Returns the command
+    that completes the left-out cells ("" when none is to run)."""
+    command = _completing_command(options, store_only) if any(c.state != "running" for c in left_out) else ""
+    now = _shown_cells(catalog, rows)
+    keys = set(now.values())
+    lost = []
+    for key, d, m, s, config in earlier:
+        if key in keys or (d, m, s) in now:
+            continue  # shown now (or a cell of its dataset, method and seed: the one of the present configuration)
+        if configured is None or ((d, m) in configured and config in (None, configured[(d, m)])):
+            lost.append((key, d, m, s))
+    if not lost and (options.partial or not left_out):
+        return command
+    if not lost:
+        waiting = not command  # every cell left out is being trained by a live runner
+        lines = [f"not written: {left_out_summary(left_out, 'are left out')}; "
+                 "a report leaves out cells only with --partial:", *_cell_lines(left_out, command)]
+        if waiting and options.after_run:
+            lines[-1] = "  the runner training them writes the report when they are done"
+        lines.append("  or add --partial for a report of the cells there, marked incomplete")
+        raise Refused(lines, waiting)
+    states = {c.key: c for c in left_out}
+    by_cell = {(c.dataset, c.method, c.seed): c for c in left_out}
+    lines = [f"not written: the report {out_dir} shows {len(lost)} cell(s) of this run that this one would not; "
+             "it is left as it was:"]
+    for key, d, m, s in lost:
+        cell = states.get(key) or by_cell.get((d, m, s))
+        why = _state(cell) if cell is not None else "not selected (--methods, --datasets or --seeds)"
+        lines.append(f"  {d} / {m} / seed {s}{f' ({key})' if key else ''}: {why}")
+    if command:
+        lines.append(f"  to complete them: {command}")
+    lines.append(f"  to write this report beside it: add {'--partial ' if left_out else ''}--reports DIR")
+    raise Refused(lines)
+
+
+def _cell_lines(left_out: list[LeftOut] | tuple, command: str) -> list[str]:
+    """One line per left-out cell, then the command that completes them (or, when they are
+    all running, when to report again)."""
+    lines = [f"  {c.label} ({c.key}): {_state(c)}" for c in left_out]
+    if command:
+        lines.append(f"  to complete them: {command}")
+    elif left_out:
+        lines.append("  they are being trained by the runner named: report again once it is done")
+    return lines
+
+
+def _state(cell: LeftOut) -> str:
+    """``failed: why`` of a left-out cell (a detail that repeats the state is said once)."""
+    detail = cell.detail.removeprefix(f"{cell.state}: ")
+    return f"{cell.state}: {detail}" if detail else cell.state
+
+
 def _scores(options: ReportOptions, suite: Suite | None) -> list[str] | None:
     """The OOD scores to analyse: ``--scores``, else the suite's ``scores``, else None
     (the default scores)."""
@@ -206,21 +363,35 @@ def _scores(options: ReportOptions, suite: Suite | None) -> list[str] | None:
 
 
 def _completing_command(options: ReportOptions, store_only: bool) -> str:
-    """The ``run`` command that trains the cells a report leaves out: the report's suite,
-    store and selection (a store reported alone needs the suite file that made it)."""
-    suite = "SUITE.toml" if store_only else options.suite
-    parts = ["python", "run_suite.py", "--suite", suite]
+    """The ``run`` command that trains the cells a report leaves out, as the README writes
+    commands (``.venv/bin/python run_suite.py ...``; ``make suite`` for the default suite's
+    own run): the report's suite (a built-in one by its name), store and selection (a store
+    reported alone needs the suite file that made it)."""
+    suite = "SUITE.toml" if store_only else _suite_argument(options.suite)
+    flags = []
     if options.run is not None and not implied(options.run, options.run.get("name")) and not store_only:
-        parts += resume_flags(options.run)  # the run's own command: its overrides (and --name)
+        flags += resume_flags(options.run)  # the run's own command: its overrides (and --name)
         options = replace(options, datasets=None, seeds=None, methods=None, epochs=None)
     if options.results != Path("results"):
-        parts += ["--results", str(options.results)]
+        flags += ["--results", str(options.results)]
     if options.data_root is not None:
-        parts += ["--data-root", str(options.data_root)]
+        flags += ["--data-root", str(options.data_root)]
     for flag, value in (("--datasets", options.datasets), ("--seeds", options.seeds), ("--methods", options.methods)):
         if value:
-            parts += [flag, ",".join(map(str, value))]
+            flags += [flag, ",".join(map(str, value))]
     if options.epochs is not None:
-        parts += ["--epochs", str(options.epochs)]
+        flags += ["--epochs", str(options.epochs)]
+    if suite == "default" and not flags:
+        return "make suite"
+    parts = [".venv/bin/python", "run_suite.py", *(["--suite", suite] if suite != "default" else []), *flags]
     command = " ".join(shlex.quote(p) for p in parts)
     return command + (" (SUITE.toml: the suite file that made this store)" if store_only else "")
+
+
+def _suite_argument(given: str) -> str:
+    """``--suite`` as a user types it: a built-in suite by its name (a run records its
+    file's absolute path), any other suite file as given."""
+    path = Path(given)
+    if path.suffix == ".toml" and path.resolve().parent == SUITES_DIR and path.is_file():
+        return path.stem
+    return given

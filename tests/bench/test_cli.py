@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import subprocess
 import sys
@@ -286,7 +287,7 @@ def snapshot(*roots: Path) -> dict[Path, bytes]:
 
 def test_report_of_a_method_without_cells_is_exit_2_and_changes_nothing(tmp_path, rep, capsys):
     fake_store(tmp_path / "results", rep, only={("msp", 0)})
-    assert report(tmp_path, rep) == 0
+    assert report(tmp_path, rep, "--partial") == 0
     before = snapshot(tmp_path / "reports", tmp_path / "results")
     capsys.readouterr()
     for suite in (rep, "rep"):  # with the suite file, and the store reported alone
@@ -331,7 +332,7 @@ def test_report_names_missing_failed_and_running_cells(tmp_path, rep, capsys):
     lock = CellLock(tmp_path / "results" / "rep" / f"{keys[('msp', 3)]}{LOCK_SUFFIX}")
     assert lock.acquire()  # this test process is the runner training seed 3
     try:
-        assert report(tmp_path, rep) == 1  # a failed cell
+        assert report(tmp_path, rep, "--partial") == 1  # a failed cell
     finally:
         lock.release()
     err = capsys.readouterr().err
@@ -349,17 +350,206 @@ def test_report_names_missing_failed_and_running_cells(tmp_path, rep, capsys):
     failed = readme.split("## Failed cells\n", 1)[1].split("\n## ", 1)[0]
     assert "| 3 |" not in failed and keys[("msp", 3)] not in failed, failed  # running is not failed
 
-    assert report(tmp_path, rep) == 1  # the runner is gone: the cell is interrupted now
+    assert report(tmp_path, rep, "--partial") == 1  # the runner is gone: the cell is interrupted now
     head = (tmp_path / "reports" / "rep" / "README.md").read_text().split("\n## ", 2)[1]
     assert "| interrupted " in next(line for line in head.splitlines() if keys[("msp", 3)] in line)
 
 
-def test_strict_report_exits_1_when_a_cell_is_missing(tmp_path, rep, capsys):
+def test_a_first_report_of_a_partial_store_is_written_only_with_partial(tmp_path, rep, capsys):
+    """No earlier report, cells missing: exit 1, nothing written, stderr names each missing
+    cell and the command that trains them; --partial writes it (exit 0; with --strict 1)."""
     keys = fake_store(tmp_path / "results", rep, only={("msp", 0)})
-    assert report(tmp_path, rep) == 0  # a partial report is allowed...
-    assert keys[("msp", 1)] in capsys.readouterr().err
-    assert report(tmp_path, rep, "--strict") == 1  # ...unless --strict
+    assert report(tmp_path, rep) == 1
+    err = capsys.readouterr().err
+    assert not (tmp_path / "reports").exists()
+    for method, seed in (("msp", 1), ("mc_dropout", 0), ("mc_dropout", 1)):
+        assert f"mnist5k / {method} / seed {seed} ({keys[(method, seed)]}): missing" in err, err
+    assert keys[("msp", 0)] not in err
+    assert f"to complete them: .venv/bin/python run_suite.py --suite {rep} --results {tmp_path / 'results'}" in err
+    assert "--partial" in err
+    assert report(tmp_path, rep, "--partial") == 0
     assert "## Incomplete" in (tmp_path / "reports" / "rep" / "README.md").read_text()
+    assert report(tmp_path, rep, "--partial", "--strict") == 1
+
+
+def test_the_completing_command_is_written_as_the_readme_teaches_it(tmp_path, monkeypatch, capsys):
+    """A partial store of the default suite in the default folders: the command that
+    completes it is ``make suite``; with a plan flag, ``.venv/bin/python run_suite.py`` and
+    the flag, the suite by its name (issue 39 row 5)."""
+    from bench.cli import main
+    from bench.spec import SUITES_DIR
+
+    monkeypatch.chdir(tmp_path)
+    fake_store(tmp_path / "results", SUITES_DIR / "default.toml", only={("msp", 0)})
+    assert main(["report", "--suite", "default", "--quiet"]) == 1
+    assert "  to complete them: make suite\n" in capsys.readouterr().err
+    assert main(["report", "--suite", "default", "--seeds", "0", "--quiet"]) == 1
+    assert "  to complete them: .venv/bin/python run_suite.py --seeds 0\n" in capsys.readouterr().err
+    assert not (tmp_path / "reports").exists()
+
+
+def test_a_partial_store_never_replaces_the_report_of_more_cells(tmp_path, rep, capsys):
+    """Issue 43 row 2: a complete report of msp and mc_dropout at seeds 0 and 1, then one
+    mc_dropout cell folder removed: ``report`` and ``report --partial`` exit 1 naming the
+    cell and the command that trains it, and the report stays byte for byte; ``--partial
+    --reports DIR`` writes the partial report there, with the Incomplete banner and
+    without the hand-written notes."""
+    import shutil
+
+    keys = fake_store(tmp_path / "results", rep)
+    out = tmp_path / "reports" / "rep"
+    out.mkdir(parents=True)
+    (out / "NOTES.md").write_text("msp and mc_dropout agree.\n")
+    assert report(tmp_path, rep) == 0
+    before = snapshot(tmp_path / "reports")
+    gone = keys[("mc_dropout", 1)]
+    shutil.rmtree(tmp_path / "results" / "rep" / gone)
+    capsys.readouterr()
+    for extra in ((), ("--partial",)):
+        assert report(tmp_path, rep, *extra) == 1
+        err = capsys.readouterr().err
+        assert f"mnist5k / mc_dropout / seed 1 ({gone}): missing" in err, err
+        assert f"to complete them: .venv/bin/python run_suite.py --suite {rep}" in err, err
+        assert snapshot(tmp_path / "reports") == before
+    assert "--partial --reports DIR" in err
+    elsewhere = tmp_path / "elsewhere" / "rep"
+    elsewhere.mkdir(parents=True)
+    shutil.copy(out / "NOTES.md", elsewhere / "NOTES.md")
+    assert report(tmp_path, rep, "--partial", "--reports", str(elsewhere.parent)) == 0
+    readme = (elsewhere / "README.md").read_text()
+    banner = readme.split("\n## ", 2)[1]
+    assert banner.startswith("Incomplete") and "This report is incomplete" in banner and gone in banner, readme
+    assert "msp and mc_dropout agree" not in readme and "`NOTES.md`, written by hand, describes the complete run" in readme
+
+
+def test_a_run_that_ends_with_a_failed_cell_keeps_the_report_of_more_cells(tiny_store, tmp_path, monkeypatch,
+                                                                           capsys):
+    """The report step of ``run``: the tiny run reported, one cell folder removed, and its
+    retraining fails: exit 1 naming the cell, the report byte for byte as it was, with
+    ``--partial`` too (the report shows the cell)."""
+    import shutil
+
+    import bench.cell
+    from bench.errors import NonFiniteLoss
+    from tests.helpers.suites import run_in_process
+
+    for part in ("results", "reports"):
+        shutil.copytree(tiny_store / part, tmp_path / part)
+    before = snapshot(tmp_path / "reports")
+    gone = sorted(p for p in (tmp_path / "results" / "hard").iterdir() if (p / "cell.json").is_file())[0]
+    shutil.rmtree(gone)
+
+    def nan(*_args, **_kwargs):
+        raise NonFiniteLoss("loss became nan at epoch 1")
+
+    monkeypatch.setattr(bench.cell, "fit", nan)
+    suite = (tiny_store / "hard.toml").read_text()
+    for extra in ((), ("--partial",)):
+        code, err = run_in_process(tmp_path, *extra, suite=suite, capsys=capsys)
+        assert code == 1, err
+        assert f"({gone.name}): failed: loss became nan" in err, err
+        assert snapshot(tmp_path / "reports") == before
+
+
+def test_a_report_made_before_reports_recorded_their_cells_is_judged_by_its_analysis_files(tmp_path, rep, capsys):
+    """The committed reference reports hold no cells.json: their analysis.json (the seeds
+    of each method) tells the cells, so a partial store does not replace them either."""
+    import shutil
+
+    keys = fake_store(tmp_path / "results", rep)
+    assert report(tmp_path, rep) == 0
+    (tmp_path / "reports" / "rep" / "cells.json").unlink()
+    before = snapshot(tmp_path / "reports")
+    shutil.rmtree(tmp_path / "results" / "rep" / keys[("msp", 1)])
+    capsys.readouterr()
+    assert report(tmp_path, rep, "--partial") == 1
+    assert "mnist5k / msp / seed 1: missing" in capsys.readouterr().err
+    assert snapshot(tmp_path / "reports") == before
+
+
+def test_a_report_of_another_configuration_is_no_report_of_more_cells(tmp_path, rep, capsys):
+    """The suite file edited to 2 epochs after a complete 1-epoch report: the one cell of
+    the new configuration is a partial report (refused without --partial), which the
+    report of the old configuration's two cells does not hold back."""
+    from bench.spec import Overrides
+
+    rep.write_text(fake_suite("rep"))  # msp alone, seeds 0 and 1
+    fake_store(tmp_path / "results", rep)
+    assert report(tmp_path, rep) == 0
+    before = snapshot(tmp_path / "reports")
+    keys = fake_store(tmp_path / "results", rep, overrides=Overrides(epochs=2), only={("msp", 0)})
+    text = rep.read_text()
+    assert "epochs = 1\n" in text
+    rep.write_text(text.replace("epochs = 1\n", "epochs = 2\n"))
+    capsys.readouterr()
+    assert report(tmp_path, rep) == 1 and snapshot(tmp_path / "reports") == before
+    assert report(tmp_path, rep, "--partial") == 0, capsys.readouterr().err
+    readme = (tmp_path / "reports" / "rep" / "README.md").read_text()
+    assert "1 cell(s) are not in this report (1 missing)" in readme and keys[("msp", 1)] in readme
+    assert [c["key"] for c in json.loads((tmp_path / "reports" / "rep" / "cells.json").read_text())["cells"]] == \
+        [keys[("msp", 0)]]
+
+
+def test_a_narrower_selection_never_replaces_the_report_of_more_cells(tmp_path, rep, capsys):
+    """``report --seeds 0`` or ``--methods msp`` after the report of the whole run: exit 1,
+    the cells it would drop named, the report unchanged."""
+    fake_store(tmp_path / "results", rep)
+    assert report(tmp_path, rep) == 0
+    before = snapshot(tmp_path / "reports")
+    capsys.readouterr()
+    for flags, dropped in ((("--seeds", "0"), "mnist5k / msp / seed 1"), (("--methods", "msp"), "mnist5k / mc_dropout")):
+        assert report(tmp_path, rep, *flags) == 1
+        err = capsys.readouterr().err
+        line = next(line for line in err.splitlines() if dropped in line)
+        assert "not selected" in line, err
+        assert snapshot(tmp_path / "reports") == before
+
+
+SLOW_METRIC = '''\
+"""A user's plugin with a metric that waits (a long analysis), marking when it starts."""
+import os
+import time
+from pathlib import Path
+
+from bench.metrics import metric
+
+
+@metric("calibration", "Slow", "%", True, "A metric that takes a minute.")
+def slow(probs, labels):
+    Path(os.environ["SLOW_METRIC_STARTED"]).touch()
+    time.sleep(60)
+    return 0.5
+'''
+
+
+def test_sigterm_during_a_report_leaves_no_staging_folder(tmp_path, rep):
+    """Issue 43 row 10: SIGTERM while the analysis is written into the staging folder: the
+    process ends (exit 143) with the folder removed and the previous report unchanged."""
+    import signal
+    import time
+
+    fake_store(tmp_path / "results", rep, only={("msp", 0), ("msp", 1)})
+    rep.write_text(fake_suite("rep"))
+    assert report(tmp_path, rep) == 0
+    before = snapshot(tmp_path / "reports")
+    (tmp_path / "slow_metric.py").write_text(SLOW_METRIC)
+    started = tmp_path / "started"
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "PYTHONPATH": str(tmp_path),
+           "SLOW_METRIC_STARTED": str(started)}
+    proc = subprocess.Popen([sys.executable, str(REPO / "run_suite.py"), "report", "--suite", str(rep), "--results",
+                             str(tmp_path / "results"), "--reports", str(tmp_path / "reports"), "--quiet",
+                             "--plugin", "slow_metric", "--metrics", "accuracy,slow"],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert started.exists(), proc.communicate(timeout=60)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "Traceback" not in err and "terminated (SIGTERM)" in err, err
+    assert [p.name for p in (tmp_path / "reports").iterdir()] == ["rep"]  # no .NAME.new-... beside it
+    assert snapshot(tmp_path / "reports") == before
 
 
 def test_status_shows_a_cell_locked_by_a_live_runner_as_running(tmp_path, rep, capsys):
@@ -411,7 +601,7 @@ def test_a_report_that_fails_half_way_leaves_the_previous_one_intact(tmp_path, r
 
     monkeypatch.setattr(bench.report, "atomic_write_text", full)
     capsys.readouterr()
-    assert report(tmp_path, rep, "--metrics", "accuracy,nll") == 1
+    assert report(tmp_path, rep, "--significance", "samples_seeds_fixed") == 1  # other intervals and marks
     assert snapshot(tmp_path / "reports") == before
     assert sorted(p.name for p in (tmp_path / "reports").iterdir()) == ["rep"]
     err = capsys.readouterr().err
@@ -462,7 +652,8 @@ def test_a_plugin_metric_that_raises_shows_error_and_the_report_goes_on(tmp_path
     proc = run_with_plugin(tmp_path, "--metrics", "accuracy,boom,boot_boom")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.count("kaboom in a plugin") == 1, proc.stderr  # named once
-    out = tmp_path / "reports" / "rep"
+    (out,) = (tmp_path / "reports").iterdir()  # a view of the run, beside where its own report goes
+    assert out.name.startswith("rep+raising_metrics+metrics-"), out
     summary = (out / "tables" / "summary.md").read_text().splitlines()
     header = [c.strip() for c in summary[0].strip("|").split("|")]
     cells = [dict(zip(header, (c.strip() for c in line.strip("|").split("|")))) for line in summary[2:]]
@@ -484,4 +675,5 @@ def test_a_plot_that_raises_leaves_the_previous_report_intact(tmp_path, rep):
     assert snapshot(tmp_path / "reports") == before
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.count("\n") == 1 and "ValueError" in proc.stderr, proc.stderr
-    assert f"the report {tmp_path / 'reports' / 'rep'} was not written" in proc.stderr
+    assert f"the report {tmp_path / 'reports' / 'rep+raising_metrics+metrics-'}" in proc.stderr
+    assert "was not written" in proc.stderr

@@ -24,8 +24,9 @@ def copy_store(tiny_store: Path, tmp_path: Path) -> tuple[Path, list[Path]]:
 
 
 def report(tmp_path: Path, capsys, *extra: str) -> tuple[int, str, str]:
+    """``report --partial`` of the copied store: a report that names the cells it leaves out."""
     code = main(["report", "--suite", str(tmp_path / "hard.toml"), "--results", str(tmp_path / "results"),
-                 "--reports", str(tmp_path / "reports"), "--data-root", str(tmp_path / "data"), *extra])
+                 "--reports", str(tmp_path / "reports"), "--data-root", str(tmp_path / "data"), "--partial", *extra])
     err = capsys.readouterr().err
     readme = tmp_path / "reports" / "hard" / "README.md"
     return code, err, readme.read_text() if readme.exists() else ""

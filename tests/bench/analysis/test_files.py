@@ -27,7 +27,13 @@ def test_switching_stores_a_b_a_reuses_the_analysis_of_a(tiny_store, tmp_path, c
     shutil.copytree(tiny_store / "results", b)
     seed1 = next(d for d in (b / "hard").iterdir()
                  if (d / "cell.json").is_file() and json.loads((d / "cell.json").read_text())["seed"] == 1)
-    shutil.rmtree(seed1)  # store b: the same suite, one cell fewer, so other store content
+    from bench.store import CellDir
+
+    cell = CellDir(seed1)  # store b: the same cells, seed 1's test predictions in reverse order: other content
+    arrays = cell.read_arrays("test")
+    cell.write_preds("test", *(arrays.pop(k)[::-1].copy() for k in ("log_probs", "labels")),
+                     **{k: v[::-1].copy() for k, v in arrays.items()})
+    cell.seal(cell.read_cell())
     analysis = reports / "hard" / "analysis"
 
     assert "(analysed the store;" in _report(tiny_store, a, reports, capsys)
