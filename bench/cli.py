@@ -34,6 +34,7 @@ import argparse
 import dataclasses
 import math
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -341,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{exc}", file=sys.stderr)
         return stop.code
     except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
+        print("\nterminated (SIGTERM)" if stop.signum == signal.SIGTERM else "\ninterrupted", file=sys.stderr)
         return stop.code
     finally:
         progress.configure(before)

@@ -278,7 +278,7 @@ def _earlier_cells(out_dir: Path, options: ReportOptions, catalog: Catalog) -> l
     configuration)``, from its :data:`CELLS_RECORD`; for a report written before that
     record, from its ``analysis/analysis.json`` (the seeds of each trained method row; key
     and configuration None).  [] when there is no report there, or it is another run's."""
-    if options.run is not None and owner(out_dir) not in (None, identity(options.run)):
+    if options.run is not None and owner(out_dir, "report") not in (None, identity(options.run)):
         return []
     record = read_json_object(out_dir / CELLS_RECORD)
     try:
