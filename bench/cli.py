@@ -114,6 +114,7 @@ COMMANDS = {
     "status": "done / failed / running / missing cells of a run and the time left",
     "verify": "check every cell of a run's store against its manifest",
     "runs": "list the runs of a store root: name, suite, overrides, cells done/failed/missing, last change",
+    "compare": "check that a run reproduces a reference report within stated tolerances",
     "list": "the registered methods, datasets, attention layers, metrics, OOD scores and suites",
 }
 
@@ -254,6 +255,26 @@ def build_parser() -> argparse.ArgumentParser:
                             description=COMMANDS["verify"] + "; exit 1 when a cell is damaged.")
     named(verify)
     verify.add_argument("--suite", default=None, help="the suite whose store <results>/NAME to check (instead of NAME)")
+    compare = sub.add_parser(
+        "compare", parents=[results, reports, common], help=COMMANDS["compare"],
+        description="Check that the run NAME (its store <results>/NAME) reproduces the reference report REFERENCE: "
+                    "the store is analysed afresh as `report` analyses it (the reference's metrics, OOD scores and "
+                    "analysis options; in a temporary folder, nothing is written), and every per-seed value and "
+                    "mean over seeds is compared with REFERENCE/analysis/ per dataset, method, split, metric and "
+                    "OOD score; timings are not compared. The rule: a value is within tolerance when |run - "
+                    "reference| <= max(a tenth of the reference's std over seeds, one sample of its split: 1/N for N "
+                    "images; for an OOD split the smaller of the OOD set and the test split). Exit 0 with one line "
+                    "when every value is within; 1 listing the metrics outside, worst first; 2 when the run and "
+                    "the reference are of different plans (cells, configurations, methods, seeds or splits) or "
+                    "REFERENCE is no report folder.")
+    compare.add_argument("run", metavar="NAME", help="the run to check (its store <results>/NAME)")
+    compare.add_argument("reference", metavar="REFERENCE", type=Path,
+                         help="the reference's report folder, e.g. a copy of the committed reports/default (the run's "
+                              "own report <reports>/NAME is refused: its run rewrites it)")
+    compare.add_argument("--details", action="store_true",
+                         help="also print, per dataset and metric, the largest difference (in the report's units and "
+                              "in seed stds) and where it is")
+    compare.set_defaults(suite=None)
     # every command takes --results and --reports (a wrapper script may pass them to all)
     sub.add_parser("runs", parents=[results, reports, common], help=COMMANDS["runs"],
                    description=COMMANDS["runs"] + ".")
@@ -387,6 +408,8 @@ def _main(args: argparse.Namespace) -> int:
         return cmd_verify(args)
     if args.command == "status":
         return status(args, record)
+    if args.command == "compare":
+        return _compare(args, record)
 
     from bench.data import configure_data
 
@@ -423,19 +446,17 @@ def _report(args: argparse.Namespace, record: dict | None) -> int:
     """``report``: a run by NAME (its recorded plan), a store alone (``--suite NAME`` of no
     suite file), or ``--suite`` with the run's flags."""
     from bench.report.suite import report_suite
-    from bench.runs import check_owner, owner, read_record, recorded_source, report_record, view_name
-    from bench.spec import Overrides, build_suite, load_suite, select
+    from bench.runs import check_owner, owner, read_record, report_record, view_name
+    from bench.spec import Overrides, load_suite
 
     options = _report_options(args)  # unknown --metrics, --format or --severity: an error here, before any work
     suite = None
     if args.run is not None:
         name = args.run
-        if record is not None and (source := recorded_source(record)) is not None:
+        suite = _recorded_suite(record)
+        if suite is not None:
             given = record.get("overrides") or {}
-            full = build_suite(source, Overrides(seeds=_tuple(given.get("seeds")), epochs=given.get("epochs"),
-                                                           methods=_tuple(given.get("methods"))))
-            suite = select(full, _tuple(given.get("methods")), _tuple(given.get("datasets")), to_run=False)
-            options = dataclasses.replace(options, suite=str(record.get("suite_file", full.name)),
+            options = dataclasses.replace(options, suite=str(record.get("suite_file", suite.name)),
                                           seeds=_tuple(given.get("seeds")), epochs=given.get("epochs"),
                                           datasets=args.datasets or _tuple(given.get("datasets")))
     elif _store_only(args):
@@ -452,6 +473,37 @@ def _report(args: argparse.Namespace, record: dict | None) -> int:
     check_owner(out, "report", name, mine)
     options = dataclasses.replace(options, run=report_record(name, mine))
     return report_suite(suite, store_root, out, options)
+
+
+def _recorded_suite(record: dict | None):
+    """The plan a run's store record keeps, as the :class:`~bench.spec.Suite` its cells were
+    planned from (its suite file's contents with its overrides, narrowed to its methods and
+    datasets); None when the record keeps no suite file (a store reported alone)."""
+    from bench.runs import recorded_source
+    from bench.spec import Overrides, build_suite, select
+
+    source = recorded_source(record) if record is not None else None
+    if source is None:
+        return None
+    given = record.get("overrides") or {}
+    full = build_suite(source, Overrides(seeds=_tuple(given.get("seeds")), epochs=given.get("epochs"),
+                                         methods=_tuple(given.get("methods"))))
+    return select(full, _tuple(given.get("methods")), _tuple(given.get("datasets")), to_run=False)
+
+
+def _compare(args: argparse.Namespace, record: dict | None) -> int:
+    """``compare NAME REFERENCE`` (:mod:`bench.report.compare`): exit 0 with one line when
+    the run reproduces the reference, 1 listing what is outside its tolerances."""
+    from bench.report.compare import compare_run
+
+    comparison = compare_run(args.results / args.run, args.reference, _recorded_suite(record),
+                             own_report=args.reports / args.run)
+    for note in comparison.notes:
+        print(f"compare: {note}", file=sys.stderr)
+    if args.details:
+        print("\n".join(comparison.details()))
+    print("\n".join(comparison.verdict()))
+    return 0 if comparison.reproduces else 1
 
 
 def _additions(args: argparse.Namespace, record: dict | None) -> tuple[list, list, list] | None:

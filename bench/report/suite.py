@@ -222,10 +222,7 @@ def write_suite_report(suite: Suite | None, store_root: Path, out_dir: Path, opt
         left_out = _left_out(catalog, wanted, methods, damaged)  # with the cells found damaged while analysing
         command = _check(catalog, shown_rows, left_out, earlier, configured, Path(out_dir), options, suite is None)
         render_report(results, stage, options.formats, rows, picked, options.severity, left_out, command)
-        atomic_write_json(stage / CELLS_RECORD, {"cells": [
-            {"key": catalog.cells[cell].key, "dataset": cell[0], "method": cell[1], "seed": cell[2],
-             "configuration": _configuration((catalog.cells[cell].read_cell() or {}).get("config"))}
-            for cell in sorted(_shown_cells(catalog, shown_rows))]})
+        atomic_write_json(stage / CELLS_RECORD, {"cells": cells_record(catalog, shown_rows)})
         if options.run is not None and not implied(options.run, Path(out_dir).name):
             write_record(stage, options.run)
         elif options.run is not None:  # the plain suite's report keeps none: a damaged one copied here goes
@@ -259,6 +256,26 @@ def _left_out(catalog: Catalog, wanted: list | None, methods: list[str] | None,
     return left_out
 
 
+def cells_record(catalog: Catalog, rows: set[str]) -> list[dict]:
+    """What :data:`CELLS_RECORD` holds: per cell used by the rows ``rows``, its ``key``,
+    ``dataset``, ``method`` row, ``seed`` and ``configuration`` (:func:`_configuration`),
+    sorted by (dataset, method row, seed)."""
+    return [{"key": catalog.cells[cell].key, "dataset": cell[0], "method": cell[1], "seed": cell[2],
+             "configuration": _configuration((catalog.cells[cell].read_cell() or {}).get("config"))}
+            for cell in sorted(_shown_cells(catalog, rows))]
+
+
+def read_cells_record(folder: Path) -> list[tuple] | None:
+    """The cells the :data:`CELLS_RECORD` of the report ``folder`` names, as ``(key,
+    dataset, method row, seed, configuration)``; None when it has none or it is damaged."""
+    record = read_json_object(Path(folder) / CELLS_RECORD)
+    try:
+        return [(str(c["key"]), str(c["dataset"]), str(c["method"]), int(c["seed"]), c.get("configuration"))
+                for c in record["cells"]]
+    except (KeyError, TypeError, ValueError, AttributeError):  # no record (None), or a damaged one
+        return None
+
+
 def _shown_cells(catalog: Catalog, rows: set[str]) -> dict[tuple[str, str, int], str]:
     """``(dataset, method row, seed) -> cell key`` of the cells used by the rows shown."""
     return {(d, m, s): cd.key for (d, m, s), cd in catalog.cells.items() if m in rows}
@@ -280,12 +297,9 @@ def _earlier_cells(out_dir: Path, options: ReportOptions, catalog: Catalog) -> l
     and configuration None).  [] when there is no report there, or it is another run's."""
     if options.run is not None and owner(out_dir, "report") not in (None, identity(options.run)):
         return []
-    record = read_json_object(out_dir / CELLS_RECORD)
-    try:
-        return [(str(c["key"]), str(c["dataset"]), str(c["method"]), int(c["seed"]), c.get("configuration"))
-                for c in record["cells"]]
-    except (KeyError, TypeError, ValueError, AttributeError):  # no record (None), or a damaged one
-        pass
+    recorded = read_cells_record(out_dir)
+    if recorded is not None:
+        return recorded
     meta = read_json_object(out_dir / ANALYSIS_DIR / "analysis.json") or {}
     trained = {m.name for m in catalog.methods if m.kind == "trained"}
     try:
