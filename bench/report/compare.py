@@ -38,7 +38,6 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from bench.analysis import ANALYSIS_DIR, ANALYSIS_SCHEMA, AnalysisResults, analyse_store, load, read_manifest
