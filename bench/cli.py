@@ -14,6 +14,9 @@
   reported on its own.
 * ``status [NAME]``, ``verify [NAME]``: a run's cells (by name, or by ``--suite`` and the
   flags it ran with); ``runs``: the runs of a store root.
+* ``compare NAME REFERENCE``: whether the run reproduces a reference report within stated
+  tolerances (:mod:`bench.report.compare`): exit 0 with one line, 1 listing what is outside,
+  2 for a reference of another plan.
 * ``list``: the registered methods, datasets, attention layers, metrics, OOD scores and suites.
 
 A report that leaves out cells of its run is written only with ``--partial``, and never
