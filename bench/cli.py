@@ -32,17 +32,21 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
+import inspect
 import math
 import os
+import re
 import signal
 import sys
+import textwrap
 from pathlib import Path
 
 from bench.data import SEVERITIES
 from bench.commands import CtrlC, Interrupted, cmd_runs, cmd_verify, status, stopped_at, stored_run
 from bench.errors import ConfigError, one_line
 from bench.executor_config import EXECUTORS, ExecutorConfig
-from bench.registry import import_plugins
+from bench.registry import did_you_mean, import_plugins
 from bench.stats import SEEDS_AND_SAMPLES as SIGNIFICANCE, SIGNIFICANCE_TESTS
 
 
@@ -55,7 +59,8 @@ def _csv(kind):
             try:
                 return tuple(int(x) for x in items)
             except ValueError:
-                raise argparse.ArgumentTypeError(f"seeds must be integers, got {text!r}") from None
+                raise argparse.ArgumentTypeError(f"expected comma-separated integers, e.g. 0,1,2; got {text!r}") \
+                    from None
         return items
 
     return parse
@@ -118,7 +123,30 @@ COMMANDS = {
 }
 
 
-class _CommandLine(argparse.ArgumentParser):
+class _OneLineErrors(argparse.ArgumentParser):
+    """A parser whose errors are one line on stderr, exit 2, as every other bad input's:
+    the message, a "did you mean" where a name given is close to a valid one (a choice,
+    a command, a flag), and where ``--help`` lists the options (no usage block)."""
+
+    def error(self, message: str):
+        hint = ""
+        if (choice := re.match(r"argument (\S+): invalid choice: '([^']*)' \(choose from (.*)\)$", message)):
+            known = re.findall(r"'([^']*)'", choice.group(3))
+            hint = did_you_mean(choice.group(2), known)
+        elif message.startswith("unrecognized arguments: "):
+            flags = {f for a in self._actions for f in a.option_strings}
+            commands = next((a for a in self._actions if isinstance(a, argparse._SubParsersAction)), None)
+            if commands is not None:  # the top-level parser: the flags of every command
+                flags |= {f for q in commands.choices.values() for a in q._actions for f in a.option_strings}
+            given = [g.split("=")[0] for g in message.split(": ", 1)[1].split() if g.startswith("--")]
+            bare = {f.lstrip("-"): f for f in flags if f.startswith("--")}  # compared without the dashes
+            hint = next((f" (did you mean {bare[c]!r}?)" for g in given
+                         for c in difflib.get_close_matches(g.lstrip("-"), sorted(bare), n=1, cutoff=0.7)), "")
+        self.exit(2, f"error: {message}{hint} (`{self.prog} --help` lists the options)\n")
+
+
+
+class _CommandLine(_OneLineErrors):
     """The top-level parser: it reads a command line through :func:`_with_command` (the
     command moved to the front, ``run`` when there is none) before parsing it."""
 
@@ -137,8 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Without a command, run is meant (run_suite.py --epochs 1 = run_suite.py run --epochs 1). "
                "run_suite.py COMMAND --help shows the options of a command.",
     )
-    sub = p.add_subparsers(dest="command", metavar="COMMAND", title="commands",
-                           parser_class=argparse.ArgumentParser)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", title="commands", parser_class=_OneLineErrors)
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--plugin", action="append", default=[], metavar="MODULE",
@@ -272,33 +299,47 @@ def _with_command(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]
     # the flags that take a value, of any command (argparse keeps its actions in _actions)
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     valued = {flag for q in commands.choices.values() for a in q._actions if a.nargs != 0 for flag in a.option_strings}
+    flags = {flag for q in commands.choices.values() for a in q._actions for flag in a.option_strings}
     i = 0
     while i < len(argv):
         token = argv[i]
         if not token.startswith("-"):  # the first positional: the command (or a misspelt one)
             return [token, *argv[:i], *argv[i + 1:]]
-        i += 2 if token in valued else 1
+        # a flag taking a value, also abbreviated as argparse allows (--epoch 3)
+        takes_value = token in valued or (token not in flags and any(f.startswith(token) for f in valued))
+        i += 2 if takes_value else 1
     return ["run", *argv]
+
+
+def first_sentence(obj) -> str:
+    """The first sentence of an object's docstring (else of its module's), whole: the
+    first paragraph up to a sentence end followed by two spaces (the docstrings' style),
+    its lines joined and its double backquotes single."""
+    doc = inspect.cleandoc(obj.__doc__ or sys.modules[obj.__module__].__doc__ or "")
+    paragraph = " ".join(doc.split("\n\n", 1)[0].splitlines()).strip().replace("``", "`")
+    return re.split(r"(?<=[.!?])\s{2,}", paragraph, maxsplit=1)[0]
+
+
+def _described(name: str, text: str, width: int = 100) -> str:
+    """``  name   text`` wrapped to ``width`` columns, continued under the text."""
+    return textwrap.fill(" ".join(text.split()), width=width, initial_indent=f"  {name:<22} ",
+                         subsequent_indent=" " * 25, break_on_hyphens=False, break_long_words=False)
 
 
 def cmd_list() -> int:
     from bench.registry import ATTENTIONS, DATASETS, METHODS, METRICS, SCORES
     from bench.spec import available_suites
 
-    def first_line(obj) -> str:
-        doc = (obj.__doc__ or sys.modules[obj.__module__].__doc__ or "").strip().splitlines()
-        return doc[0] if doc else ""
-
     print("methods:")
     for name in METHODS.names():
         cls = METHODS.get(name)
-        print(f"  {name:<22} [{cls.kind}] {first_line(cls)}")
+        print(_described(name, f"[{cls.kind}] {first_sentence(cls)}"))
     print("datasets:")
     for name in DATASETS.names():
-        print(f"  {name:<22} {first_line(DATASETS.get(name))}")
+        print(_described(name, first_sentence(DATASETS.get(name))))
     print("attention layers:")
     for name in ATTENTIONS.names():
-        print(f"  {name:<22} {first_line(ATTENTIONS.get(name))}")
+        print(_described(name, first_sentence(ATTENTIONS.get(name))))
     print("metrics (name [kind] label (unit), higher/lower is better; * = a default column):")
     for name in METRICS.names():
         m = METRICS.get(name)

@@ -31,7 +31,6 @@ its key path and raised as one :class:`~bench.errors.ConfigError`.  A suite's ``
 from __future__ import annotations
 
 import copy
-import difflib
 import re
 import tomllib
 from dataclasses import dataclass, field, replace
@@ -41,7 +40,7 @@ from typing import Any, Literal
 from bench.errors import ConfigError
 from bench.executor_config import ExecutorConfig, parse_executor
 from bench.options import ALLOW_LARGE_HINT, Problems, allow_large, parse
-from bench.registry import ATTENTIONS, DATASETS, METHODS, SCORES
+from bench.registry import ATTENTIONS, DATASETS, METHODS, SCORES, closest, did_you_mean
 from bench import scores as _scores  # noqa: F401  (registers the built-in OOD scores a suite may name)
 
 SUITES_DIR = Path(__file__).resolve().parent / "suites"
@@ -245,8 +244,8 @@ def resolve_suite_path(name_or_path: str) -> Path:
     builtin = SUITES_DIR / f"{name_or_path}.toml"
     if not builtin.is_file():
         raise ConfigError(
-            f"unknown suite {name_or_path!r}: neither a built-in suite ({', '.join(available_suites())}) "
-            "nor a path to a .toml file"
+            f"unknown suite {name_or_path!r}{did_you_mean(name_or_path, available_suites())}: neither a built-in "
+            f"suite ({', '.join(available_suites())}) nor a path to a .toml file"
         )
     return builtin
 
@@ -510,8 +509,8 @@ def _check_stage1(m: MethodSpec, by_name: dict[str, MethodSpec], problems: Probl
 
 
 def _closest(name: str, known: list[str]) -> str:
-    close = difflib.get_close_matches(name, known, n=1)
-    return f" Did you mean {close[0]!r}?" if close else ""
+    match = closest(name, known)
+    return f" Did you mean {match!r}?" if match is not None else ""
 
 
 def select(

@@ -22,7 +22,7 @@ import numpy as np
 from bench.analysis import CONVERGENCE_FIELDS, EFFICIENCY_FIELDS
 from bench.errors import ConfigError
 from bench.metrics import get_metric, selection
-from bench.registry import METRICS
+from bench.registry import METRICS, did_you_mean
 from bench.report.rows import NO_STAT, SEVERITY_STATS, SUMMARY_STATS, ResultsIndex, Row, Stat, table_rows
 
 if TYPE_CHECKING:
@@ -215,7 +215,9 @@ def validate_metrics(metrics: Sequence[str]) -> list[str]:
     :func:`bench.report.write_report`); what it returns is passed on unchecked."""
     unknown = [m for m in metrics if m not in METRICS]
     if unknown:
-        raise ConfigError(f"unknown metric(s) {unknown} for the report; known: {', '.join(METRICS.names())}")
+        labels = {get_metric(m).label: m for m in METRICS.names()}  # "ACC" means accuracy
+        raise ConfigError(f"unknown metric(s) {unknown} for the report{did_you_mean(unknown[0], METRICS.names(), labels)}"
+                          f"; known: {', '.join(METRICS.names())}")
     return list(dict.fromkeys(metrics))
 
 
