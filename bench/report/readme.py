@@ -18,7 +18,7 @@ from bench.data import is_ood
 from bench.registry import SCORES
 from bench.report.formats import md_escape, to_markdown
 from bench.scores import default_scores, sort_scores
-from bench.report.tables import CI_DECIMALS, IMPROVING_MARK, NOT_REACHED, TABLES, Column, Table, dataset_columns
+from bench.report.tables import IMPROVING_MARK, NOT_REACHED, TABLES, Column, Table, dataset_columns
 from bench.stats import SAMPLES_SEEDS_FIXED
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ def _marks_note(significance: str) -> str:
             "same resampled samples, Holm-corrected across the comparisons of one dataset's "
             "table, p_holm < 0.05); it ignores seed-to-seed variation, so a re-run with new seeds "
             "need not repeat it. `[lo, hi]` is the percentile bootstrap interval over test "
-            f"samples ({CI_DECIMALS} decimal). "
+            "samples (at the estimate's decimals, rounded outward). "
         )
     return (
         "**A mark `▲`/`▼` means that the method is better/worse than the reference, in the "
@@ -54,7 +54,7 @@ def _marks_note(significance: str) -> str:
         "single run (one seed, or an ensemble with one replicate), whose seed variation "
         "cannot be measured; the mark then rests on test-sample noise (and the other side's "
         "seeds) only, and a re-run with new seeds may not repeat it. `[lo, hi]` "
-        f"({CI_DECIMALS} decimal) is the 95% interval of the seed-mean built the same way "
+        "(at the estimate's decimals, rounded outward) is the 95% interval of the seed-mean built the same way "
         "(test samples only for a single run), cut to the metric's range (e.g. [0, 100] for a "
         "percentage). An interval is for the metric's true value: for "
         "an estimator biased upward, as plug-in ECE is, it can lie below the estimate. "
