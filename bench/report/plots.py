@@ -191,9 +191,11 @@ def _aurc_legend(ix: ResultsIndex, dataset: str, method: str, col: Column) -> st
 
 
 def write_plots(
-    results: AnalysisResults, methods: list[str], ix: ResultsIndex, severity_metrics: list[str], plot_dir: Path
+    results: AnalysisResults, methods: list[str], ix: ResultsIndex, severity_metrics: list[str], plot_dir: Path,
+    run: str = "",
 ) -> list[tuple[str, str, Path]]:
-    """Write every plot; return (dataset, caption, path) in display order.
+    """Write every plot; return (dataset, caption, path) in display order.  Every title
+    names the run (``run``; "": none) on its second line.
 
     Per dataset: the training curves (each method's own training log, mean over seeds), the
     reliability diagrams (methods in order, first seed), the risk-coverage
@@ -204,6 +206,9 @@ def write_plots(
     """
     plot_dir.mkdir(parents=True, exist_ok=True)
     out: list[tuple[str, str, Path]] = []
+
+    def titled(subject: str) -> str:
+        return f"{subject}\nrun {run}" if run else subject
     with matplotlib.style.context("default"), matplotlib.rc_context(_PLOT_RC):
         for dataset in results.datasets:
             splits = results.splits.get(dataset, [])
@@ -213,7 +218,7 @@ def write_plots(
             training = _training_lines(results, methods, dataset)
             if training:
                 path = plot_dir / f"training_{sanitize(dataset)}.png"
-                _plot_training(training, f"Training: {dataset} (mean over seeds)", path)
+                _plot_training(training, titled(f"Training: {dataset} (mean over seeds)"), path)
                 out.append((dataset, f"Training curves: {dataset} (validation NLL and training accuracy per "
                                      "epoch, mean over seeds)", path))
             for method in methods:
@@ -224,7 +229,7 @@ def write_plots(
                 probs, labels = results.load_predictions(dataset, method, seed, "test")
                 name = f"{dataset} / {method} (seed {seed}, test)"
                 path = plot_dir / f"reliability_{sanitize(dataset)}_{sanitize(method)}.png"
-                _plot_reliability(probs, labels, f"Reliability: {name}", path)
+                _plot_reliability(probs, labels, titled(f"Reliability: {name}"), path)
                 reliability.append((dataset, f"Reliability diagram: {name}", path))
                 risks = [risk_coverage_curve(*results.load_predictions(dataset, method, s, "test"))[1]
                          if s != seed else risk_coverage_curve(probs, labels)[1] for s in seeds]
@@ -234,12 +239,13 @@ def write_plots(
                     ood = [(s, results.load_predictions(dataset, method, seed, s)[0].max(axis=1))
                            for s in ood_splits]
                     path = plot_dir / f"ood_hist_{sanitize(dataset)}_{sanitize(method)}.png"
-                    _plot_ood_hist(probs.max(axis=1), ood, f"MSP: {name} vs OOD", path)
+                    _plot_ood_hist(probs.max(axis=1), ood, titled(f"MSP: {name} vs OOD"), path)
                     hists.append((dataset, f"MSP histograms, test vs OOD: {name}", path))
             out += reliability
             if curves:
                 path = plot_dir / f"risk_coverage_{sanitize(dataset)}.png"
-                _plot_risk_coverage(curves, f"Risk-coverage: {dataset} (test; curves and AURC: mean over seeds)", path)
+                _plot_risk_coverage(curves, titled(f"Risk-coverage: {dataset} (test; curves and AURC: mean over seeds)"),
+                                    path)
                 out.append((dataset, f"Risk-coverage curves: {dataset}", path))
             for metric in severity_metrics:
                 lines = _severity_lines(ix, methods, dataset, metric)
@@ -248,7 +254,7 @@ def write_plots(
                     shown = results.headlines.get(dataset, {}).get(metric, metric)
                     path = plot_dir / f"severity_{sanitize(dataset)}_{shown}.png"
                     caption = f"{col.label} vs. corruption severity: {dataset} (mean over corruptions, 95% CI band)"
-                    title = f"{col.label} vs. corruption severity: {dataset}\n(mean over corruptions, band = 95% CI)"
+                    title = titled(f"{col.label} vs. corruption severity: {dataset}\n(mean over corruptions, band = 95% CI)")
                     _plot_severity(lines, col, title, _severity_xlabel(ix, methods, dataset), path)
                     out.append((dataset, caption, path))
             out += hists

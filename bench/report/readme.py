@@ -6,7 +6,7 @@ that differs from its authors' code."""
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
@@ -26,6 +26,45 @@ if TYPE_CHECKING:
     from bench.catalog import LeftOut
 
 NOTES = "NOTES.md"  # written by hand, never by the report: inlined at the top of README.md (not of an incomplete one)
+
+
+@dataclass(frozen=True)
+class RunTitle:
+    """Which run a report shows, for its title, the line under it and its plots' titles:
+    the run's ``name`` and ``suite``, its plan overrides as command-line flags
+    (``overrides``, "" for none), what this report narrows or adds (``shown``: e.g.
+    ``--methods msp --metrics ece``), when the run started (``date``, ``YYYY-MM-DD``, or
+    when its newest cell finished: ``finished``; "" when unknown)."""
+
+    name: str
+    suite: str
+    overrides: str = ""
+    shown: str = ""
+    date: str = ""
+    finished: str = ""
+
+    @property
+    def reference(self) -> bool:
+        """The suite's own run: its name, nothing overridden (a committed reference report)."""
+        return self.name == self.suite and not self.overrides
+
+    def lines(self) -> list[str]:
+        """The README's line under the title."""
+        what = f"suite `{self.suite}` with `{self.overrides}`" if self.overrides else \
+            f"suite `{self.suite}` with no overrides"
+        when = f", started {self.date}" if self.date else f", its last cell finished {self.finished}" \
+            if self.finished else ""
+        if self.reference:
+            verdict = "the suite's reference run (its file's plan, nothing overridden)."
+        elif self.overrides:
+            verdict = ("**not the suite's reference run**: its overrides change what was trained, so its numbers "
+                       f"are not those of suite `{self.suite}`.")
+        else:
+            verdict = "the suite's plan, nothing overridden, under a name of its own."
+        line = f"Run `{self.name}`: {what}{when}; {verdict}"
+        if self.shown:
+            line += f" This report shows `{self.shown}` of it."
+        return [line, ""]
 
 
 def _marks_note(significance: str) -> str:
@@ -232,9 +271,13 @@ def readme_text(
     severity: int,
     left_out: Sequence[LeftOut] = (),
     complete_with: str = "",
+    run: RunTitle | None = None,
 ) -> str:
+    """The README; ``run`` names the run in the title and the line under it (None: the
+    suite's name alone, a report made without a run)."""
     flagged = set().union(*(t.flagged for t in tables))  # (dataset, method) rows the tables mark
-    parts = [f"# uqbench report: {results.suite}", ""]
+    parts = [f"# uqbench report: {run.name if run is not None else results.suite}", ""]
+    parts += run.lines() if run is not None else []
     parts += _left_out(left_out, complete_with)
     parts += _convergence_header(results, methods, flagged)
     notes = out_dir / NOTES

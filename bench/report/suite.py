@@ -38,11 +38,12 @@ from bench.catalog import Catalog, LeftOut, open_store, write_store_description
 from bench.data import SEVERITIES, check_severity
 from bench.errors import ConfigError, one_line
 from bench.plan import make_plan
-from bench.report import render_report, staged
+from bench.report import RunTitle, render_report, staged
 from bench.report.formats import FORMATS, validate_formats
 from bench.report.readme import left_out_summary
 from bench.report.tables import validate_metrics
-from bench.runs import RUN_RECORD, identity, implied, owner, resume_flags, write_record
+from bench.runs import (RUN_RECORD, DamagedRecord, identity, implied, override_flags, owner, read_record,
+                        resume_flags, started, write_record)
 from bench.scores import validate_scores
 from bench.spec import SUITES_DIR, Suite, select
 from bench.store import STORE_SUITE, atomic_write_json, read_json_object
@@ -221,7 +222,8 @@ def write_suite_report(suite: Suite | None, store_root: Path, out_dir: Path, opt
         damaged = dict(zip(results.damaged["cell"], results.damaged["reason"]))
         left_out = _left_out(catalog, wanted, methods, damaged)  # with the cells found damaged while analysing
         command = _check(catalog, shown_rows, left_out, earlier, configured, Path(out_dir), options, suite is None)
-        render_report(results, stage, options.formats, rows, picked, options.severity, left_out, command)
+        render_report(results, stage, options.formats, rows, picked, options.severity, left_out, command,
+                      _run_title(options, store_root, catalog, shown_rows))
         atomic_write_json(stage / CELLS_RECORD, {"cells": [
             {"key": catalog.cells[cell].key, "dataset": cell[0], "method": cell[1], "seed": cell[2],
              "configuration": _configuration((catalog.cells[cell].read_cell() or {}).get("config"))}
@@ -247,6 +249,27 @@ def write_suite_report(suite: Suite | None, store_root: Path, out_dir: Path, opt
                 for (d, m, why), names in grouped.items()]
     return Reported(Path(out_dir) / "README.md", reused, len(failed) + len(damaged), tuple(left_out), command,
                     tuple(failures), tuple(unscored))
+
+
+def _run_title(options: ReportOptions, store_root: Path, catalog: Catalog, rows: set[str]) -> RunTitle | None:
+    """The run the report shows (``options.run``; None: a report made without one): its
+    overrides, what this report narrows or adds, the day it started (the store's
+    ``run.json``) or else the day its newest shown cell finished."""
+    if options.run is None:
+        return None
+    overrides = options.run.get("overrides") or {}
+    shown = [("--methods", options.methods), ("--metrics", options.metrics), ("--scores", options.scores)]
+    if options.datasets and list(options.datasets) != overrides.get("datasets"):
+        shown.insert(1, ("--datasets", options.datasets))
+    try:
+        date = started(read_record(store_root))[:10]
+    except DamagedRecord:
+        date = ""
+    finished = [str((cd.read_cell() or {}).get("finished", ""))[:10]
+                for (_, method, _), cd in catalog.cells.items() if method in rows]
+    return RunTitle(str(options.run.get("name")), str(options.run.get("suite")), " ".join(override_flags(overrides)),
+                    " ".join(f"{flag} {','.join(map(str, value))}" for flag, value in shown if value), date,
+                    max(finished, default=""))
 
 
 def _left_out(catalog: Catalog, wanted: list | None, methods: list[str] | None,

@@ -624,8 +624,9 @@ def test_a_report_that_fails_half_way_leaves_the_previous_one_intact(tmp_path, r
     (out / "NOTES.md").write_text("Written by hand.\n")
     assert report(tmp_path, rep, "--strict") == 0  # complete: no list of missing cells, as before
     readme = (out / "README.md").read_text()
-    title, convergence, notes, reference = readme.split("\n\n")[:4]  # the convergence statement, then NOTES
+    title, run, convergence, notes, reference = readme.split("\n\n")[:5]  # the run, convergence, then NOTES
     assert (title, notes) == ("# uqbench report: rep", "Written by hand.") and reference.startswith("Reference method:")
+    assert run.startswith("Run `rep`: suite `rep` with no overrides")
     assert convergence.startswith("**Convergence**")
     before = snapshot(tmp_path / "reports")
     assert out / "NOTES.md" in before and out / "analysis" / "analysis.json" in before

@@ -15,7 +15,7 @@ import pytest
 from matplotlib.figure import Figure
 
 from bench.metrics import calibration_bins, risk_coverage_curve
-from bench.report import write_report
+from bench.report import RunTitle, write_report
 from tests.bench.report.test_report import (SAMPLES_PER_SPLIT, SEEDS, TRAINING_EPOCHS, make_results, md_rows,
                                             readme_section, training_value)
 
@@ -29,6 +29,7 @@ def figures(monkeypatch) -> dict[str, list[dict]]:
     def savefig(fig: Figure, fname, *args, **kwargs):
         seen[Path(fname).name] = [{
             "title": ax.get_title(), "xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel(),
+            "suptitle": fig._suptitle.get_text() if fig._suptitle is not None else "",
             "legend": [t.get_text() for t in ax.get_legend().get_texts()] if ax.get_legend() else [],
             "bars": [p.get_height() for p in ax.patches if hasattr(p, "get_height")],
             "lines": [(line.get_label(), line.get_xdata(), line.get_ydata()) for line in ax.get_lines()],
@@ -158,3 +159,13 @@ def test_training_curves_show_validation_nll_and_training_accuracy_mean_over_see
     readme = (tmp_path / "README.md").read_text(encoding="utf-8")
     assert "![Training curves: toy_a (validation NLL and training accuracy per epoch, mean over seeds)]" \
            "(plots/training_toy_a.png)" in readme
+
+
+def test_every_plot_title_names_the_run(tmp_path, figures):
+    """A plot copied out of its report still says which run it shows (a 1-epoch try must
+    not pass for the reference run)."""
+    write_report(make_results(), tmp_path, formats=("md",), run=RunTitle("try1", "default", "--epochs 1"))
+    assert len(figures) >= 5
+    for name, axes in figures.items():
+        titles = [ax["title"] for ax in axes] + [ax["suptitle"] for ax in axes]
+        assert any("run try1" in t.splitlines() for t in titles), (name, titles)
