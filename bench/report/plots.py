@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 N_BINS = 15  # reliability diagram, same (lo, hi] bins as the faithful ECE
 HIST_BINS = 40
 FIGSIZE = (4.8, 4.0)
-RELIABILITY_FIGSIZE = (4.8, 5.0)  # the diagram over its bin-count histogram
+RELIABILITY_FIGSIZE = (4.8, 5.8)  # the diagram over its bin-count histogram, the legend under both
 TRAINING_FIGSIZE = (9.6, 4.0)  # validation NLL and training accuracy side by side
 DPI = 100
 _PLOT_RC = {"font.size": 9.0, "axes.titlesize": 9.0, "legend.fontsize": 7.5}
@@ -45,39 +45,59 @@ def sanitize(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
 
 
-def _new_figure(figsize: tuple[float, float] = FIGSIZE) -> Figure:
-    fig = Figure(figsize=figsize, dpi=DPI)
+def _new_figure(figsize: tuple[float, float] = FIGSIZE, layout: str | None = None) -> Figure:
+    fig = Figure(figsize=figsize, dpi=DPI, layout=layout)
     FigureCanvasAgg(fig)  # Agg canvas attached explicitly: no pyplot, no global backend
     return fig
 
 
 def _save(fig: Figure, path: Path) -> None:
-    fig.tight_layout()
+    if fig.get_layout_engine() is None:  # a figure made with a layout engine keeps its own
+        fig.tight_layout()
     fig.savefig(path, format="png", dpi=DPI, metadata={"Software": None})
     fig.clear()
     progress.advance()  # the report's "plots" task
 
 
+ACCURACY_COLOUR = "#4C72B0"
+OVER_COLOUR = "#C44E52"  # confidence above accuracy
+UNDER_COLOUR = "#E5AE38"  # accuracy above confidence (drawn over the accuracy bar: a colour apart from it)
+SPARSE_SHARE = 0.01  # a reliability bin holding fewer than this share of the images is drawn in outline
+
+
 def _plot_reliability(probs: np.ndarray, labels: np.ndarray, title: str, path: Path) -> None:
-    """Accuracy and the gap to confidence per bin, over a histogram of each bin's image
-    count (as torchmetrics' and netcal's reliability diagrams)."""
+    """Accuracy per bin, and the gap between it and the bin's mean confidence coloured by
+    its sign: over-confident (confidence above accuracy) and under-confident (accuracy
+    above confidence) each in their own colour and legend entry, so neither passes for
+    calibration.  A bin holding fewer than :data:`SPARSE_SHARE` of the images is drawn in
+    outline only (its accuracy rests on a handful of images); under the diagram, a
+    histogram of each bin's image count (as torchmetrics' and netcal's diagrams)."""
     stats = calibration_bins(probs, labels, n_bins=N_BINS)
     edges, width = stats["edges"], 1.0 / N_BINS
-    filled = stats["count"] > 0
-    left = edges[:-1][filled]
-    acc, conf = stats["acc"][filled], stats["conf"][filled]
-    fig = _new_figure(RELIABILITY_FIGSIZE)
+    count = stats["count"][:N_BINS]
+    filled = count > 0
+    left, acc, conf = edges[:-1][filled], stats["acc"][filled], stats["conf"][filled]
+    full = count[filled] >= SPARSE_SHARE * len(labels)
+    fig = _new_figure(RELIABILITY_FIGSIZE, layout="constrained")  # room for the legend under the axes
     ax, counts = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
-    ax.bar(left, acc, width=width, align="edge", color="#4C72B0", edgecolor="black",
+    ax.bar(left[full], acc[full], width=width, align="edge", color=ACCURACY_COLOUR, edgecolor="black",
            linewidth=0.5, label="accuracy")
-    ax.bar(left, conf - acc, bottom=acc, width=width, align="edge", color="#DD8452",
-           alpha=0.45, edgecolor="#C44E52", hatch="//", linewidth=0.5, label="gap to confidence")
+    if not full.all():
+        ax.bar(left[~full], acc[~full], width=width, align="edge", fill=False, edgecolor=ACCURACY_COLOUR,
+               linestyle="--", linewidth=0.8, label=f"accuracy, bin with < {SPARSE_SHARE:.0%} of images")
+    for side, colour, hatch, label in ((conf > acc, OVER_COLOUR, "//", "over-confident (confidence > accuracy)"),
+                                       (conf < acc, UNDER_COLOUR, "\\\\", "under-confident (accuracy > confidence)")):
+        for drawn, alpha in ((side & full, 0.55), (side & ~full, 0.2)):
+            if drawn.any():  # the gap, from the lower of accuracy and confidence up to the higher
+                ax.bar(left[drawn], np.abs(conf - acc)[drawn], bottom=np.minimum(acc, conf)[drawn], width=width,
+                       align="edge", color=colour, alpha=alpha, edgecolor=colour, hatch=hatch, linewidth=0.5,
+                       label=label)
+                label = "_nolegend_"  # one legend entry per side
     ax.plot([0, 1], [0, 1], "--", color="gray", linewidth=1.0, label="perfect calibration")
     ax.set(xlim=(0, 1), ylim=(0, 1), ylabel="accuracy")
     ax.set_title(f"{title}\nECE = {100 * ece(probs, labels, n_bins=N_BINS):.2f}% ({N_BINS} bins)")
-    ax.legend(loc="upper left")
-    counts.bar(edges[:-1], stats["count"][:N_BINS], width=width, align="edge", color="#8C8C8C",
-               edgecolor="black", linewidth=0.5)
+    fig.legend(loc="outside lower center", ncols=2, fontsize=6.5)  # under the axes: never over a bar
+    counts.bar(edges[:-1], count, width=width, align="edge", color="#8C8C8C", edgecolor="black", linewidth=0.5)
     counts.set(xlim=(0, 1), xlabel="confidence (max probability)", ylabel=f"samples per bin\n(of {len(labels):,})")
     _save(fig, path)
 

@@ -169,3 +169,75 @@ def test_every_plot_title_names_the_run(tmp_path, figures):
     for name, axes in figures.items():
         titles = [ax["title"] for ax in axes] + [ax["suptitle"] for ax in axes]
         assert any("run try1" in t.splitlines() for t in titles), (name, titles)
+
+
+def _calibrated_as(confidence: float, accuracy: float, n: int = 1000, extra: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` test images of 10 classes whose top probability is ``confidence`` (± 0.01)
+    and whose top class is right for a share ``accuracy`` of them; ``extra`` more images at
+    confidence 0.97, all wrong (a bin holding a handful of images)."""
+    rng = np.random.default_rng(0)
+    top = np.concatenate([np.clip(confidence + rng.uniform(-0.01, 0.01, n), 0.11, 0.99), np.full(extra, 0.97)])
+    labels = rng.integers(0, 10, n + extra)
+    right = np.concatenate([np.arange(n) < round(accuracy * n), np.zeros(extra, bool)])
+    predicted = np.where(right, labels, (labels + 1) % 10)
+    probs = np.repeat(((1 - top) / 9)[:, None], 10, axis=1)
+    probs[np.arange(n + extra), predicted] = top
+    return probs, labels
+
+
+@pytest.fixture
+def diagrams(monkeypatch) -> dict[str, dict]:
+    """File name -> the reliability diagram saved there: its bar groups (label and, per bar,
+    bottom, height, face colour, filled) and the figure's legend texts."""
+    seen: dict[str, dict] = {}
+
+    def savefig(fig: Figure, fname, *args, **kwargs):
+        ax = fig.axes[0]
+        seen[Path(fname).name] = {
+            "bars": [(c.get_label(), [(p.get_y(), p.get_height(), p.get_facecolor(), p.get_fill()) for p in c.patches])
+                     for c in ax.containers],
+            "legend": [t.get_text() for legend in [*fig.legends, ax.get_legend()] if legend for t in legend.get_texts()],
+        }
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    return seen
+
+
+def _diagram(tmp_path, diagrams, probs, labels) -> dict:
+    results = replace(make_results(), load_predictions=lambda *_: (probs, labels))
+    write_report(results, tmp_path, formats=("md",), methods=["msp"])
+    return diagrams["reliability_toy_a_msp.png"]
+
+
+def test_a_reliability_diagram_tells_under_from_over_confidence_by_colour_and_legend(tmp_path, diagrams):
+    """An under-confident model (confidence 0.5, accuracy 0.95) does not look calibrated:
+    its gaps are bars from the confidence up to the accuracy (no negative height covering
+    the accuracy bar), in a colour of their own that the legend names; an over-confident
+    model's gaps (confidence 0.95, accuracy 0.5) are in another."""
+    under = _diagram(tmp_path / "under", diagrams, *_calibrated_as(0.5, 0.95))
+    over = _diagram(tmp_path / "over", diagrams, *_calibrated_as(0.95, 0.5))
+    for drawn in (under, over):
+        assert all(height >= 0 for _, bars in drawn["bars"] for _, height, _, _ in bars), drawn["bars"]
+    assert any(t.startswith("under-confident") for t in under["legend"]), under["legend"]
+    assert not any(t.startswith("over-confident") for t in under["legend"]), under["legend"]
+    assert any(t.startswith("over-confident") for t in over["legend"]), over["legend"]
+
+    def gaps(drawn: dict, side: str) -> list[tuple]:
+        (bars,) = [bars for label, bars in drawn["bars"] if label.startswith(side)]
+        return bars
+
+    ((bottom, height, under_colour, _),) = gaps(under, "under-confident")  # the one filled bin, 0.49-0.51
+    assert bottom == pytest.approx(0.5, abs=0.01) and bottom + height == pytest.approx(0.95)
+    ((bottom, height, over_colour, _),) = gaps(over, "over-confident")
+    assert bottom == pytest.approx(0.5) and bottom + height == pytest.approx(0.95, abs=0.01)
+    (accuracy_colour,) = {colour for label, bars in under["bars"] if label == "accuracy" for _, _, colour, _ in bars}
+    assert len({under_colour[:3], over_colour[:3], accuracy_colour[:3]}) == 3
+
+
+def test_a_reliability_bin_of_a_handful_of_images_is_drawn_in_outline(tmp_path, diagrams):
+    """Two of 1,002 images in the 0.93-1.0 bin: its accuracy bar is an outline, named in
+    the legend, beside the full bin's filled one."""
+    drawn = _diagram(tmp_path, diagrams, *_calibrated_as(0.5, 0.5, extra=2))
+    filled = {label: [fill for *_, fill in bars] for label, bars in drawn["bars"] if label.startswith("accuracy")}
+    assert filled == {"accuracy": [True], "accuracy, bin with < 1% of images": [False]}, filled
+    assert "accuracy, bin with < 1% of images" in drawn["legend"]
