@@ -13,6 +13,7 @@ Agg canvas (no pyplot, no global backend).
 from __future__ import annotations
 
 import re
+import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,9 +25,9 @@ from matplotlib.figure import Figure
 
 from bench import progress
 from bench.data import SEVERITIES, is_ood
-from bench.metrics import calibration_bins, ece, risk_coverage_curve
+from bench.metrics import calibration_bins, ece, get_metric, risk_coverage_curve
 from bench.report.rows import NO_STAT, VARIES, ResultsIndex, Stat, sample_count
-from bench.report.tables import Column, shown_column
+from bench.report.tables import APPROXIMATE, Column, shown_column
 
 if TYPE_CHECKING:
     from bench.analysis import AnalysisResults
@@ -35,6 +36,7 @@ N_BINS = 15  # reliability diagram, same (lo, hi] bins as the faithful ECE
 HIST_BINS = 40
 FIGSIZE = (4.8, 4.0)
 RELIABILITY_FIGSIZE = (4.8, 5.8)  # the diagram over its bin-count histogram, the legend under both
+SEVERITY_FIGSIZE = (4.8, 4.8)  # room for a two-line title and a severity axis label of up to five lines
 TRAINING_FIGSIZE = (9.6, 4.0)  # validation NLL and training accuracy side by side
 DPI = 100
 _PLOT_RC = {"font.size": 9.0, "axes.titlesize": 9.0, "legend.fontsize": 7.5}
@@ -116,17 +118,25 @@ def _plot_risk_coverage(curves: list[tuple[str, np.ndarray, np.ndarray, str]], t
     _save(fig, path)
 
 
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")  # one per line of a severity plot, in turn
+DODGE = 0.5  # the severity plot's lines spread over this much of a severity step, so equal lines stay apart
+
+
 def _plot_severity(lines: list[tuple[str, list[int], dict[int, Stat]]], col: Column, title: str, xlabel: str,
                    path: Path) -> None:
-    """One line per method over severity (0 = the same samples clean), shaded band = the 95% CI."""
-    fig = _new_figure()
+    """One line per method over severity (0 = the same samples clean), shaded band = the
+    95% CI.  Each line has its own marker and is shifted sideways a little (the lines
+    together span :data:`DODGE` of a step), so methods with equal values (msp and its
+    temperature scaling in accuracy) do not hide each other."""
+    fig = _new_figure(SEVERITY_FIGSIZE)
     ax = fig.add_subplot()
-    for method, sevs, cells in lines:
-        x = np.asarray(sevs, dtype=float)
+    step = DODGE / max(len(lines), 1)
+    for i, (method, sevs, cells) in enumerate(lines):
+        x = np.asarray(sevs, dtype=float) + (i - (len(lines) - 1) / 2) * step
         mean = np.array([cells[s].mean for s in sevs]) * col.scale
         lo = np.array([cells[s].ci_low for s in sevs]) * col.scale
         hi = np.array([cells[s].ci_high for s in sevs]) * col.scale
-        (line,) = ax.plot(x, mean, marker="o", markersize=3, linewidth=1.2, label=method)
+        (line,) = ax.plot(x, mean, marker=MARKERS[i % len(MARKERS)], markersize=4, linewidth=1.2, label=method)
         ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
     ax.set(xlabel=xlabel, ylabel=col.header, xticks=[0, *SEVERITIES])
     ax.set_title(title)
@@ -195,11 +205,24 @@ def _severity_lines(ix: ResultsIndex, methods: list[str], dataset: str,
     return out
 
 
-def _severity_xlabel(ix: ResultsIndex, methods: list[str], dataset: str) -> str:
-    """The severity axis: what severity 0 is, with the samples per split where one count holds."""
+SMALL_SPLIT = 1000  # fewer samples per split than this: a binned calibration error's upward bias is large
+LABEL_WIDTH = 60  # characters per line of an axis label, so it stays inside the figure
+
+
+def _severity_xlabel(ix: ResultsIndex, methods: list[str], dataset: str, metric: str, col: Column) -> str:
+    """The severity axis: what severity 0 is, with the samples per split where one count
+    holds; for a calibration error on splits of fewer than :data:`SMALL_SPLIT` samples,
+    that its value there is biased upward (a binned estimate), so severity 0 is not the
+    summary's test value.  Wrapped to :data:`LABEL_WIDTH` characters a line."""
     counts = {sample_count(n) for m in methods for n in ix.severity_samples.get((dataset, m), {}).values()}
     each = f"; {next(iter(counts)):,} samples each" if len(counts) == 1 and VARIES not in counts else ""
-    return f"corruption severity (0 = the same samples, clean{each})"
+    lines = [f"corruption severity (0 = the same samples, clean{each})"]
+    sizes = [n for n in counts if n != VARIES]
+    if get_metric(metric).kind == "calibration" and sizes and min(sizes) < SMALL_SPLIT:
+        few = f"{next(iter(counts)):,}" if each else f"as few as {min(sizes):,}"
+        lines.append(f"{col.label} on {few} samples per split is biased upward (binned): compare the severities "
+                     f"with each other, not with the summary's {col.label} on the whole test split")
+    return "\n".join(textwrap.fill(line, LABEL_WIDTH) for line in lines)
 
 
 def _aurc_legend(ix: ResultsIndex, dataset: str, method: str, col: Column) -> str:
@@ -264,8 +287,8 @@ def write_plots(
             out += reliability
             if curves:
                 path = plot_dir / f"risk_coverage_{sanitize(dataset)}.png"
-                _plot_risk_coverage(curves, titled(f"Risk-coverage: {dataset} (test; curves and AURC: mean over seeds)"),
-                                    path)
+                subject = f"Risk-coverage: {dataset} (test; curves and AURC: mean over seeds)"
+                _plot_risk_coverage(curves, titled(subject), path)
                 out.append((dataset, f"Risk-coverage curves: {dataset}", path))
             for metric in severity_metrics:
                 lines = _severity_lines(ix, methods, dataset, metric)
@@ -273,9 +296,11 @@ def write_plots(
                     col = shown_column(metric, results.headlines, [dataset])
                     shown = results.headlines.get(dataset, {}).get(metric, metric)
                     path = plot_dir / f"severity_{sanitize(dataset)}_{shown}.png"
-                    caption = f"{col.label} vs. corruption severity: {dataset} (mean over corruptions, 95% CI band)"
-                    title = titled(f"{col.label} vs. corruption severity: {dataset}\n(mean over corruptions, band = 95% CI)")
-                    _plot_severity(lines, col, title, _severity_xlabel(ix, methods, dataset), path)
+                    band = f"{APPROXIMATE if col.interval else ''}95% CI"  # ≈: the metric's intervals are approximate
+                    caption = f"{col.label} vs. corruption severity: {dataset} (mean over corruptions, {band} band)"
+                    subject = f"{col.label} vs. corruption severity: {dataset}\n(mean over corruptions, band = {band})"
+                    _plot_severity(lines, col, titled(subject), _severity_xlabel(ix, methods, dataset, metric, col),
+                                   path)
                     out.append((dataset, caption, path))
             out += hists
     return out

@@ -17,6 +17,7 @@ from bench.analysis import IMPROVING, RULE, UNJUDGED
 from bench.data import is_ood
 from bench.registry import SCORES
 from bench.report.formats import md_escape, to_markdown
+from bench.report.plots import SMALL_SPLIT
 from bench.scores import default_scores, sort_scores
 from bench.report.tables import IMPROVING_MARK, NOT_REACHED, TABLES, Column, Table, dataset_columns
 from bench.stats import SAMPLES_SEEDS_FIXED
@@ -120,7 +121,10 @@ def _note(reference: str, significance: str) -> str:
         "evaluated at a severity; its severity 0 is the same samples clean (a corruption split "
         "holds the first N test samples, corrupted; *Samples* gives N), so every row compares the "
         "same samples; its CI (`ci_low`/`ci_high` in the CSV, the band of the "
-        "severity plots) is the analysis' 95% interval of that seed-mean, built as above. `n/a` means the metric is undefined for every "
+        "severity plots, `≈` where approximate) is the analysis' 95% interval of that seed-mean, built as above; a "
+        "binned calibration error on splits of few samples is biased upward (the severity plots say so below "
+        f"{SMALL_SPLIT:,} samples), so its severity 0 can exceed the summary's value on the whole test split. `n/a` means the metric "
+        "is undefined for every "
         "seed (e.g. failure AUROC when all predictions are correct) and `failed` that no "
         "seed of the method finished (see *Failed cells*). LaTeX (`tables/*.tex`, "
         "booktabs): best value per column in bold within each dataset and "

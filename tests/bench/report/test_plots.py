@@ -78,7 +78,8 @@ def test_reliability_diagram_has_each_bins_count_under_it(tmp_path, figures):
 def test_severity_axis_says_severity_0_is_the_same_images_clean(tmp_path, figures):
     write_report(make_results(), tmp_path, formats=("md",))
     (ax,) = figures["severity_toy_a_accuracy.png"]
-    assert ax["xlabel"] == f"corruption severity (0 = the same samples, clean; {SAMPLES_PER_SPLIT} samples each)"
+    assert " ".join(ax["xlabel"].split()) == \
+        f"corruption severity (0 = the same samples, clean; {SAMPLES_PER_SPLIT} samples each)"  # wrapped to fit
 
 
 def _with_mcc_for_toy_a(results):
@@ -241,3 +242,59 @@ def test_a_reliability_bin_of_a_handful_of_images_is_drawn_in_outline(tmp_path, 
     filled = {label: [fill for *_, fill in bars] for label, bars in drawn["bars"] if label.startswith("accuracy")}
     assert filled == {"accuracy": [True], "accuracy, bin with < 1% of images": [False]}, filled
     assert "accuracy, bin with < 1% of images" in drawn["legend"]
+
+
+@pytest.fixture
+def rendered(monkeypatch) -> dict[str, dict]:
+    """File name -> a severity plot as saved: title, axis label, whether the axis label
+    lies inside the figure, and per line its label, marker and data."""
+    seen: dict[str, dict] = {}
+
+    def savefig(fig: Figure, fname, *args, **kwargs):
+        if not Path(fname).name.startswith("severity_"):
+            return
+        (ax,) = fig.axes
+        fig.canvas.draw()  # as saving draws it: the label where the PNG has it
+        box = ax.xaxis.label.get_window_extent(fig.canvas.get_renderer())
+        seen[Path(fname).name] = {
+            "title": ax.get_title(), "xlabel": ax.get_xlabel(),
+            "xlabel_inside": fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1 and fig.bbox.y0 <= box.y0,
+            "lines": [(line.get_label(), line.get_marker(), line.get_xdata(), line.get_ydata())
+                      for line in ax.get_lines()],
+        }
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    return seen
+
+
+def _severity_plots(tmp_path, rendered, results=None) -> dict[str, dict]:
+    write_report(results or make_results(), tmp_path, formats=("md",))
+    return {name: plot for name, plot in rendered.items() if name.startswith("severity_toy_a_")}
+
+
+def test_a_severity_plot_says_its_calibration_band_is_approximate_and_biased_on_small_splits(tmp_path, rendered):
+    """ECE's intervals are approximate: its band is '≈95% CI', and on splits of 50 samples
+    the axis says its values are biased upward, not comparable with the summary's ECE;
+    accuracy's plot says neither.  Every axis label fits inside the figure."""
+    plots = _severity_plots(tmp_path, rendered)
+    ece, accuracy = plots["severity_toy_a_ece.png"], plots["severity_toy_a_accuracy.png"]
+    assert "band = ≈95% CI" in ece["title"] and "band = 95% CI" in accuracy["title"]
+    said = " ".join(ece["xlabel"].split())
+    assert f"ECE on {SAMPLES_PER_SPLIT} samples per split is biased upward" in said, said
+    assert "biased" not in accuracy["xlabel"] and "≈" not in accuracy["title"]
+    assert all(plot["xlabel_inside"] for plot in plots.values()), {n: p["xlabel"] for n, p in plots.items()}
+
+
+def test_methods_with_equal_values_stay_apart_on_a_severity_plot(tmp_path, rendered):
+    """mc_dropout given msp's very numbers (as temperature scaling has msp's accuracy): the
+    two lines differ in marker and are shifted sideways, so neither hides the other."""
+    results = make_results()
+    severity = results.severity
+    same = severity[severity.method == "msp"].assign(method="mc_dropout")
+    results = replace(results, severity=pd.concat([severity[severity.method != "mc_dropout"], same]))
+    plot = _severity_plots(tmp_path, rendered, results)["severity_toy_a_accuracy.png"]
+    (msp,) = [line for line in plot["lines"] if line[0] == "msp"]
+    (twin,) = [line for line in plot["lines"] if line[0] == "mc_dropout"]
+    np.testing.assert_array_equal(msp[3], twin[3])  # the same values
+    assert msp[1] != twin[1] and not np.allclose(msp[2], twin[2])
+    np.testing.assert_allclose(np.round(msp[2]), np.round(twin[2]))  # each still at its severity
