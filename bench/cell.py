@@ -36,7 +36,7 @@ from bench.registry import DATASETS, METHODS
 from bench.scores import detector_cost
 from bench.spec import DatasetSpec
 from bench.store import TRAIN_LOG, CellDir
-from bench.train import TrainResult, fit, optimiser_steps, predict, seed_everything
+from bench.train import LOG_COLUMNS, TrainResult, fit, optimiser_steps, predict, seed_everything
 from bench.train_state import UnusableState, read_training_state, state_dict_problem, training_state_bytes
 
 
@@ -57,7 +57,8 @@ class Console:
 
 TENSORBOARD = "tensorboard"  # <store>/tensorboard/<dataset>/<method>/seed<seed>/: one TensorBoard run per cell
 #: a training-log column -> its TensorBoard tag (other columns, the method's own: ``method/<column>``)
-TENSORBOARD_TAGS = {"train_loss": "loss/train", "train_acc": "accuracy/train", "val_acc": "accuracy/val",
+TENSORBOARD_TAGS = {"train_loss": "loss/train", "train_ce": "loss/train_cross_entropy", "train_acc": "accuracy/train",
+                    "val_acc": "accuracy/val",
                     "val_nll": "nll/val", "lr": "learning_rate", "seconds": "time/epoch_seconds"}
 
 
@@ -200,7 +201,8 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
             console.warn(f"{cell.label}: torch.compile {result.compile}")
         if result.log:
             log_buf = io.StringIO()
-            writer = csv.DictWriter(log_buf, fieldnames=list(result.log[0]))
+            # every column of any row (a resumed cell's first rows may predate a column)
+            writer = csv.DictWriter(log_buf, fieldnames=list(dict.fromkeys(k for row in result.log for k in row)))
             writer.writeheader()
             writer.writerows(result.log)
             cd.write_bytes(TRAIN_LOG, log_buf.getvalue().encode())
@@ -338,13 +340,26 @@ def _train(cell: Cell, method, model: torch.nn.Module, data: DataBundle, cd: Cel
 
     with progress.task(f"{cell.label}: training", total=steps, unit="step") as task:
         def on_epoch(row: dict) -> None:
-            task.note(f"epoch {row['epoch']}/{train.epochs}: loss {row['train_loss']:.4f}, "
+            task.note(f"epoch {row['epoch']}/{train.epochs}: {epoch_losses(row)}, "
                       f"acc {row['train_acc']:.3f}, val acc {row['val_acc']:.3f} ({progress.duration(row['seconds'])})")
             if events is not None:
                 events.epoch(row)
 
         return fit(method, model, data, train, device, cell.seed, on_epoch=on_epoch, resume=resume,
                    on_checkpoint=lambda state: _save_state(cd, state), on_step=task.advance)
+
+
+def epoch_losses(row: dict) -> str:
+    """An epoch's losses as its progress line gives them: the data term first
+    (``cross-entropy 0.4321``), then each of the method's own columns by name and the
+    objective they make together (``; kl 3.39e+04, ksvd 1.32 (the method's, as logged);
+    objective 3.389e+04``), so a large method term is not read as a diverging fit."""
+    text = f"cross-entropy {row['train_ce']:.4f}"
+    own = [(k, v) for k, v in row.items() if k not in LOG_COLUMNS and isinstance(v, (int, float))]
+    if own:
+        text += (f"; {', '.join(f'{k} {v:.4g}' for k, v in own)} (the method's, as logged); "
+                 f"objective {row['train_loss']:.4g}")
+    return text
 
 
 def scored_split(split: str) -> bool:
