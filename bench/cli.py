@@ -43,7 +43,8 @@ import textwrap
 from pathlib import Path
 
 from bench.data import SEVERITIES
-from bench.commands import CtrlC, Interrupted, cmd_runs, cmd_verify, status, stopped_at, stored_run
+from bench.commands import (CtrlC, Interrupted, as_tuple, cmd_runs, cmd_suite, cmd_verify, recorded_suite, status,
+                            stopped_at, stored_run)
 from bench.errors import ConfigError, one_line
 from bench.executor_config import EXECUTORS, ExecutorConfig
 from bench.registry import did_you_mean, import_plugins
@@ -119,7 +120,7 @@ COMMANDS = {
     "status": "done / failed / running / missing cells of a run and the time left",
     "verify": "check every cell of a run's store against its manifest",
     "runs": "list the runs of a store root: name, suite, overrides, cells done/failed/missing, last change",
-    "list": "the registered methods, datasets, attention layers, metrics, OOD scores and suites",
+    "list": "the registered methods, datasets, attention layers, metrics, OOD scores and suites (--suite: a suite's methods)",
 }
 
 
@@ -284,8 +285,11 @@ def build_parser() -> argparse.ArgumentParser:
     # every command takes --results and --reports (a wrapper script may pass them to all)
     sub.add_parser("runs", parents=[results, reports, common], help=COMMANDS["runs"],
                    description=COMMANDS["runs"] + ".")
-    sub.add_parser("list", parents=[results, reports, common], help=COMMANDS["list"],
-                   description=COMMANDS["list"] + ".")
+    listing = sub.add_parser("list", parents=[results, reports, common], help=COMMANDS["list"],
+                             description=COMMANDS["list"] + "; with --suite, a suite's methods.")
+    listing.add_argument("--suite", default=None,
+                         help="list this suite's data sets, seeds and methods, derived ones included (a built-in "
+                              "suite's name or a .toml path)")
     return p
 
 
@@ -420,10 +424,11 @@ def _directory_problem(flag: str, path: Path) -> str | None:
 def _main(args: argparse.Namespace) -> int:
     if args.command == "runs":
         return cmd_runs(args)
+    if args.command == "list":
+        import_plugins(args.plugin)
+        return cmd_list() if args.suite is None else cmd_suite(args.suite)
     record = _named_run(args)
     import_plugins(list(dict.fromkeys([*args.plugin, *(record or {}).get("plugins", [])])))
-    if args.command == "list":
-        return cmd_list()
     if args.command == "verify":
         return cmd_verify(args)
     if args.command == "status":
@@ -464,21 +469,18 @@ def _report(args: argparse.Namespace, record: dict | None) -> int:
     """``report``: a run by NAME (its recorded plan), a store alone (``--suite NAME`` of no
     suite file), or ``--suite`` with the run's flags."""
     from bench.report.suite import report_suite
-    from bench.runs import check_owner, owner, read_record, recorded_source, report_record, view_name
-    from bench.spec import Overrides, build_suite, load_suite, select
+    from bench.runs import check_owner, owner, read_record, report_record, view_name
+    from bench.spec import Overrides, load_suite
 
     options = _report_options(args)  # unknown --metrics, --format or --severity: an error here, before any work
     suite = None
     if args.run is not None:
         name = args.run
-        if record is not None and (source := recorded_source(record)) is not None:
+        if record is not None and (suite := recorded_suite(record)) is not None:
             given = record.get("overrides") or {}
-            full = build_suite(source, Overrides(seeds=_tuple(given.get("seeds")), epochs=given.get("epochs"),
-                                                           methods=_tuple(given.get("methods"))))
-            suite = select(full, _tuple(given.get("methods")), _tuple(given.get("datasets")), to_run=False)
-            options = dataclasses.replace(options, suite=str(record.get("suite_file", full.name)),
-                                          seeds=_tuple(given.get("seeds")), epochs=given.get("epochs"),
-                                          datasets=args.datasets or _tuple(given.get("datasets")))
+            options = dataclasses.replace(options, suite=str(record.get("suite_file", suite.name)),
+                                          seeds=as_tuple(given.get("seeds")), epochs=given.get("epochs"),
+                                          datasets=args.datasets or as_tuple(given.get("datasets")))
     elif _store_only(args):
         name = args.suite
     else:
@@ -581,10 +583,6 @@ def _run(args: argparse.Namespace) -> int:
     console.log(f"run {name!r}: store {store_root}, report {out / 'README.md'}; "
                 f"see it again with `run_suite.py status {name}{more}`")
     return status
-
-
-def _tuple(value) -> tuple | None:
-    return None if value is None else tuple(value)
 
 
 #: executor flag (argparse dest) -> the [executor] key it overrides

@@ -36,7 +36,7 @@ class Planned:
         return f"{self.dataset} / {self.method} / seed {self.seed}"
 
 
-def cmd_status(cells: list[Planned], store_root: Path) -> int:
+def cmd_status(cells: list[Planned], store_root: Path, suite=None) -> int:
     """Print, for every planned cell in the store ``store_root``, whether it is done, failed
     (with the reason), running (a live runner holds its lock: who, since when), interrupted
     (with its last saved epoch), damaged or missing; then counts and the estimated time
@@ -80,6 +80,10 @@ def cmd_status(cells: list[Planned], store_root: Path) -> int:
     estimate = duration(left) if done_all else "unknown (no cell done yet)"
     print(f"{store.root}: " + ", ".join(f"{v} {k}" for k, v in counts.items())
           + f"; estimated time left for the {len(pending)} cell(s) to run: {estimate}")
+    derived = [line for m, line in zip(suite.methods, method_lines(suite)) if m.kind == "derived"] if suite else []
+    if derived:
+        print("derived methods (no cells: computed in analysis from their base's cells above):")
+        print("\n".join(derived))
     return 0
 
 
@@ -98,11 +102,74 @@ def status(args: argparse.Namespace, record: dict | None) -> int:
                  for c in record.get("cells", [])]
         cells = [c for c in cells if (args.methods is None or c.method in args.methods)
                  and (args.datasets is None or c.dataset in args.datasets) and (args.seeds is None or c.seed in args.seeds)]
-        return cmd_status(cells, args.results / args.run)
+        suite = recorded_suite(record)
+        if suite is not None and (args.methods or args.datasets):
+            suite = select(suite, args.methods, args.datasets, to_run=False)
+        return cmd_status(cells, args.results / args.run, suite)
     suite = load_suite(args.suite or "default", Overrides(seeds=args.seeds, epochs=args.epochs, methods=args.methods))
-    plan = make_plan(select(suite, args.methods, args.datasets, to_run=False))
+    selected = select(suite, args.methods, args.datasets, to_run=False)
+    plan = make_plan(selected)
     cells = [Planned(c.key, c.dataset.name, c.method.name, c.seed, c.method.train.epochs) for c in plan.cells]
-    return cmd_status(cells, args.results / stored_run(args, suite.name))
+    return cmd_status(cells, args.results / stored_run(args, suite.name), selected)
+
+
+def method_lines(suite) -> list[str]:
+    """One line per method of a suite (a :class:`bench.spec.Suite`), in its order, derived
+    ones included: what it is and where its numbers come from (trained: epochs, a
+    two-stage or post-hoc method's stage 1; derived: the base whose cells it is computed
+    from in analysis, nothing trained)."""
+    from bench.registry import METHODS
+    from bench.spec import stage1_of
+
+    lines = []
+    for m in suite.methods:
+        method = METHODS.get(m.type)(m.options)
+        if m.kind == "derived":
+            members = method.members_per_replicate()
+            what = (f"derived: {members} seeds of {m.options.base} per replicate" if members > 1
+                    else f"derived: from each seed of {m.options.base}") + ", computed in analysis (nothing trained)"
+        elif (base := stage1_of(m)) and method.post_hoc():
+            what = f"trained post hoc: fitted on {base}'s cell of each seed (no training of its own)"
+        elif base:
+            what = f"trained: {m.train.epochs} epochs, starting from {base}'s cell of each seed"
+        else:
+            what = f"trained: {m.train.epochs} epochs"
+        lines.append(f"  {m.name:<22} {f'[{m.type}] ' if m.type != m.name else ''}{what}")
+    return lines
+
+
+def recorded_suite(record: dict):
+    """The suite a run's store record (:func:`bench.runs.store_record`) planned: its suite
+    file's contents as recorded, with its overrides and selection (None: a record that
+    keeps no contents)."""
+    from bench.runs import recorded_source
+    from bench.spec import Overrides, build_suite, select
+
+    if (source := recorded_source(record)) is None:
+        return None
+    given = record.get("overrides") or {}
+    full = build_suite(source, Overrides(seeds=as_tuple(given.get("seeds")), epochs=given.get("epochs"),
+                                         methods=as_tuple(given.get("methods"))))
+    return select(full, as_tuple(given.get("methods")), as_tuple(given.get("datasets")), to_run=False)
+
+
+def as_tuple(value) -> tuple | None:
+    """A JSON list (a record's overrides) as a tuple; None stays None."""
+    return None if value is None else tuple(value)
+
+
+def cmd_suite(name: str) -> int:
+    """``list --suite NAME``: a suite's data sets, seeds and methods, derived ones included
+    (:func:`method_lines`)."""
+    from bench.spec import load_suite
+
+    suite = load_suite(name)
+    print(f"suite {suite.name}" + (f": {suite.description}" if suite.description else ""))
+    print(f"datasets: {', '.join(d.name for d in suite.datasets)}")
+    print(f"seeds: {', '.join(map(str, suite.seeds))}")
+    print(f"methods ({len(suite.methods)}; reference {suite.reference_method}):")
+    print("\n".join(method_lines(suite)))
+    return 0
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
