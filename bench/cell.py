@@ -186,7 +186,7 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
         reset_peak_memory(device)
         if distributed.active():  # the other torchrun ranks train this cell with this one
             distributed.announce({"key": cell.key, "resume": resume})
-        if cell.stage1 is not None and method.post_hoc():  # nothing to train: the stage-1 network as stored
+        if cell.post_hoc:  # nothing to train: the stage-1 network as stored
             first = info["stage1"]
             result = TrainResult({k: v.detach().clone() for k, v in model.state_dict().items()},
                                  first["best_epoch"], first["best_val_acc"])
@@ -277,6 +277,11 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
         info["ood_detectors"] = detectors
     (cd.path / TRAIN_STATE).unlink(missing_ok=True)  # the finished cell needs no resumable state
     cd.seal(info)
+    if cell.post_hoc:  # its "best epoch" is its stage 1's: it trained nothing
+        first = info["stage1"]
+        where = f"{first['method']}'s stored cell" if first["reused"] else \
+            f"{first['method']}'s network, trained in this cell (its cell was not in the store)"
+        return "complete", f"fitted on {where}, test acc {test_acc:.3f}"
     return "complete", f"best epoch {result.best_epoch}, test acc {test_acc:.3f}"
 
 

@@ -572,7 +572,8 @@ def _run(args: argparse.Namespace) -> int:
         distributed.teardown()
     if rank > 0:
         return 0  # rank 0 stores, analyses and reports
-    console.log(f"done: {len(summary.done)} trained, {len(summary.skipped)} skipped, {len(summary.failed)} failed"
+    fitted = f", {len(summary.fitted)} fitted on a stored cell (post hoc)" if summary.fitted else ""
+    console.log(f"done: {len(summary.done)} trained{fitted}, {len(summary.skipped)} skipped, {len(summary.failed)} failed"
                 + (f", {len(summary.elsewhere)} running elsewhere" if summary.elsewhere else ""))
     status = 1 if summary.failed else 0
     try:

@@ -119,16 +119,15 @@ def method_lines(suite) -> list[str]:
     two-stage or post-hoc method's stage 1; derived: the base whose cells it is computed
     from in analysis, nothing trained)."""
     from bench.registry import METHODS
-    from bench.spec import stage1_of
+    from bench.spec import post_hoc_of, stage1_of
 
     lines = []
     for m in suite.methods:
-        method = METHODS.get(m.type)(m.options)
         if m.kind == "derived":
-            members = method.members_per_replicate()
+            members = METHODS.get(m.type)(m.options).members_per_replicate()
             what = (f"derived: {members} seeds of {m.options.base} per replicate" if members > 1
                     else f"derived: from each seed of {m.options.base}") + ", computed in analysis (nothing trained)"
-        elif (base := stage1_of(m)) and method.post_hoc():
+        elif (base := stage1_of(m)) and post_hoc_of(m):
             what = f"trained post hoc: fitted on {base}'s cell of each seed (no training of its own)"
         elif base:
             what = f"trained: {m.train.epochs} epochs, starting from {base}'s cell of each seed"

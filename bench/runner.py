@@ -56,7 +56,8 @@ def preflight(plan: Plan, datasets: dict[str, DataBundle], to_run: set[str] | No
 
 @dataclass
 class RunSummary:
-    done: list[str] = field(default_factory=list)
+    done: list[str] = field(default_factory=list)  # trained here
+    fitted: list[str] = field(default_factory=list)  # post-hoc cells fitted here on their stage-1 cell (none trained)
     skipped: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     elsewhere: list[str] = field(default_factory=list)  # locked by another runner on the same store
@@ -141,20 +142,23 @@ def _run_jobs(plan, store, device: str, console, describe, executor, workers, ce
         console.log(f"executor {executor}: {len(jobs)} job(s), scripts and logs in {folder}")
         outcomes = submitit_run(jobs, folder, executor, slurm or SlurmOptions())
     with progress.task("cells", total=len(jobs), unit="cell") as bar:
-        _log_outcomes(outcomes, summary, console, bar, total, len(jobs), executor != "local")
+        _log_outcomes(outcomes, summary, console, bar, total, len(jobs), executor != "local",
+                      {c.key for c in plan.cells if c.post_hoc})
     return summary
 
 
-def _log_outcomes(outcomes, summary: RunSummary, console: Console, bar, total: int, jobs: int, queued: bool) -> None:
+def _log_outcomes(outcomes, summary: RunSummary, console: Console, bar, total: int, jobs: int, queued: bool,
+                  post_hoc: set[str] = frozenset()) -> None:
     """Log each cell's outcome as it comes (with ``queued``: the counts of an executor
-    that runs several at once) and record it in ``summary``."""
+    that runs several at once) and record it in ``summary`` (a complete cell of
+    ``post_hoc``, the keys of cells that train nothing, as fitted)."""
     finished = len(summary.skipped)
     for n_out, out in enumerate(outcomes, 1):
         finished += 1
         prefix = f"[{finished}/{total}] {out.label}"
         if out.status == "complete":
             console.log(f"{prefix}: complete in {progress.duration(out.seconds)}, {out.detail}")
-            summary.done.append(out.key)
+            (summary.fitted if out.key in post_hoc else summary.done).append(out.key)
         elif out.status == "skipped":
             console.log(f"{prefix}: completed by another runner, skipped ({out.key})")
             summary.skipped.append(out.key)
@@ -165,7 +169,7 @@ def _log_outcomes(outcomes, summary: RunSummary, console: Console, bar, total: i
             console.warn(f"{prefix}: FAILED after {progress.duration(out.seconds)}: {out.detail}")
             summary.failed.append(out.key)
         if queued:
-            console.log(f"  {len(summary.done)} done, {len(summary.failed)} failed, "
+            console.log(f"  {len(summary.done) + len(summary.fitted)} done, {len(summary.failed)} failed, "
                         f"{jobs - n_out} queued or running")
         bar.advance()
 

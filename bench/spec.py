@@ -495,6 +495,12 @@ def stage1_of(m: MethodSpec) -> str:
     return "" if m.kind != "trained" else METHODS.get(m.type)(m.options).stage1()
 
 
+def post_hoc_of(m: MethodSpec) -> bool:
+    """Whether a trained method trains nothing of its own: a two-stage method fitted on
+    its stage 1's stored network (``TrainedMethod.post_hoc``: last-layer Laplace on msp)."""
+    return bool(stage1_of(m)) and METHODS.get(m.type)(m.options).post_hoc()
+
+
 def _check_stage1(m: MethodSpec, by_name: dict[str, MethodSpec], problems: Problems) -> None:
     """A stage 1 is checked as a derived method's ``base`` is, and must be single-stage."""
     base = stage1_of(m)

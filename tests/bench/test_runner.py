@@ -106,3 +106,22 @@ def test_out_of_memory_fails_only_its_cell_with_a_hint(tmp_path, capsys, monkeyp
     cells = [p for p in (tmp_path / "results" / "hard").iterdir() if p.is_dir()]
     info = json.loads((cells[0] / "cell.json").read_text())
     assert info["status"] == "failed" and "out of memory" in info["reason"] and "batch_size 64" in info["reason"]
+
+
+def test_a_post_hoc_cell_says_it_was_fitted_not_trained(tmp_path, capsys, one_torch_thread):
+    """Last-layer Laplace on msp's stored cell trains nothing: its line says what it was
+    fitted on, not a best epoch (its stage 1's), and the run counts it apart from the
+    cells trained (issue 39 row 7)."""
+    from bench.cli import main
+
+    suite = tmp_path / "hard.toml"
+    suite.write_text(tiny_suite("hard", methods='[methods.msp]\n[methods.laplace_last_layer]\nbase = "msp"\n'))
+    code = main(["--suite", str(suite), "--results", str(tmp_path / "results"), "--reports", str(tmp_path / "reports"),
+                 "--data-root", str(tmp_path / "data"), "--format", "csv"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    (line,) = [ln for ln in err.splitlines() if "laplace_last_layer / seed 0: complete" in ln]
+    assert "fitted on msp's stored cell" in line and "best epoch" not in line, line
+    (msp,) = [ln for ln in err.splitlines() if "/ msp / seed 0: complete" in ln]
+    assert "best epoch" in msp, msp
+    assert "done: 1 trained, 1 fitted on a stored cell (post hoc), 0 skipped, 0 failed" in err, err
