@@ -222,7 +222,7 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
             scored = scored_split(split)
             passes = f"{method.samples} passes" if method.samples > 1 else "1 pass"
             with progress.task(f"{cell.label}: predict {split}", total=len(s) * method.samples, unit="img",
-                               done=f"{len(s)} images x {passes}") as task:
+                               done=f"{len(s)} images x {passes}", detail=True) as task:
                 lp = predict(method, model, s, data, device, train.eval_batch_size, extras,
                              precision=train.precision, batch_passes=train.batch_passes,
                              features=cell.store.features and scored, on_pass=task.advance)
@@ -406,7 +406,7 @@ def _store_training_features(cell: Cell, method, model: torch.nn.Module, data: D
     extras: dict[str, np.ndarray] = {}
     t = cell.method.train
     with progress.task(f"{cell.label}: predict training features", total=len(subset) * method.samples, unit="img",
-                       done=f"{len(subset)} images") as task:
+                       done=f"{len(subset)} images", detail=True) as task:
         predict(method, model, subset, data, device, t.eval_batch_size, extras, precision=t.precision,
                 batch_passes=t.batch_passes, features=True, on_pass=task.advance)
     if "features" in extras:

@@ -175,6 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="lift the sanity limits on sizes (epochs, model size, more than 10,000 cells, image "
                              "pixels, text length, ...), as UQBENCH_ALLOW_LARGE=1 does")
     common.add_argument("--quiet", action="store_true", help="no progress bars, progress lines or per-cell lines")
+    common.add_argument("--verbose", action="store_true",
+                        help="when stderr is no terminal: a line per epoch and per predicted split (default: a line "
+                             "per cell, and a long training's latest epoch once a minute)")
     common.add_argument("--debug", action="store_true", help="show the full traceback of any error")
 
     results = argparse.ArgumentParser(add_help=False)
@@ -366,8 +369,8 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    before = progress.mode()
-    progress.configure(progress.auto(args.quiet))
+    before = progress.mode(), progress.verbose()
+    progress.configure(progress.auto(args.quiet), verbose=args.verbose)
     stop = CtrlC()
     try:
         with stop, allowing_large(args.allow_large):
@@ -390,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\nterminated (SIGTERM)" if stop.signum == signal.SIGTERM else "\ninterrupted", file=sys.stderr)
         return stop.code
     finally:
-        progress.configure(before)
+        progress.configure(*before)
 
 
 def check_directories(args: argparse.Namespace) -> None:

@@ -4,8 +4,10 @@ One process-wide setting (:func:`configure`) says how progress is shown on stder
 
 * ``"bars"``: tqdm bars (a terminal): training per step, prediction per pass and image,
   analysis per cell, plots one by one;
-* ``"lines"``: no bars but one line per finished unit that matters (an epoch, a split,
-  the analysis, the plots), for logs that are files (CI, SLURM, ``nohup``);
+* ``"lines"``: no bars, for logs that are files (CI, SLURM, ``nohup``): a line per
+  finished step (a cell, the analysis, the plots), and a long training's latest epoch at
+  most once every :data:`HEARTBEAT` seconds; *verbose* (``--verbose``), every epoch and
+  every predicted split too (the tasks opened with ``detail=True``);
 * ``"off"``: nothing (``--quiet``, and any process nobody configured: a library user, a
   test, a worker whose runner is quiet).
 
@@ -23,7 +25,9 @@ from contextlib import contextmanager
 from typing import Iterator
 
 MODES = ("bars", "lines", "off")
+HEARTBEAT = 60.0  # lines mode, not verbose: a task's notes at most once in this many seconds
 _MODE = "off"
+_VERBOSE = False
 _OPEN: list["Task"] = []  # the tasks open in this process, innermost last
 
 
@@ -36,16 +40,21 @@ def auto(quiet: bool, stream=None) -> str:
     return "bars" if stream.isatty() else "lines"
 
 
-def configure(mode: str) -> None:
-    """Set how this process shows progress (one of :data:`MODES`)."""
-    global _MODE
+def configure(mode: str, verbose: bool = False) -> None:
+    """Set how this process shows progress (one of :data:`MODES`; ``verbose``: in lines
+    mode, every note and every detail task's line)."""
+    global _MODE, _VERBOSE
     if mode not in MODES:
         raise ValueError(f"progress mode must be one of {MODES}, got {mode!r}")
-    _MODE = mode
+    _MODE, _VERBOSE = mode, verbose
 
 
 def mode() -> str:
     return _MODE
+
+
+def verbose() -> bool:
+    return _VERBOSE
 
 
 def duration(seconds: float) -> str:
@@ -82,12 +91,13 @@ def line(text: str) -> None:
 
 class Task:
     """One long step: a bar in ``bars`` mode; in ``lines`` mode :meth:`note` prints a line
-    and closing prints ``done`` (when given) with the time taken."""
+    (unless verbose, at most once every :data:`HEARTBEAT` seconds) and closing prints
+    ``done`` (when given) with the time taken, for a ``detail`` task only when verbose."""
 
-    def __init__(self, desc: str, total: int | None, unit: str, done: str | None) -> None:
-        self.desc, self.total, self.unit, self.done = desc, total, unit, done
+    def __init__(self, desc: str, total: int | None, unit: str, done: str | None, detail: bool = False) -> None:
+        self.desc, self.total, self.unit, self.done, self.detail = desc, total, unit, done, detail
         self.count = 0
-        self.started = time.perf_counter()
+        self.started = self.noted = time.perf_counter()
         self._bar = None
         if _MODE == "bars":
             from tqdm import tqdm
@@ -106,12 +116,15 @@ class Task:
         if self._bar is not None:
             self._bar.set_postfix_str(text, refresh=False)
         elif _MODE == "lines":
-            line(f"{self.desc}: {text}")
+            now = time.perf_counter()
+            if _VERBOSE or now - self.noted >= HEARTBEAT:
+                self.noted = now
+                line(f"{self.desc}: {text}")
 
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
-        elif _MODE == "lines" and self.done is not None:
+        elif _MODE == "lines" and self.done is not None and (_VERBOSE or not self.detail):
             took = duration(time.perf_counter() - self.started)
             line(f"{self.desc}: {self.done.replace('{count}', str(self.count))} in {took}")
 
@@ -125,11 +138,13 @@ def _terminal_columns() -> int:
 
 
 @contextmanager
-def task(desc: str, total: int | None = None, unit: str = "it", done: str | None = None) -> Iterator[Task]:
+def task(desc: str, total: int | None = None, unit: str = "it", done: str | None = None,
+         detail: bool = False) -> Iterator[Task]:
     """A :class:`Task` for the block, closed when it ends (an error included).  ``done``
     is what the ``lines`` mode's closing line says, ``{count}`` replaced by the units
-    advanced (the time taken is added)."""
-    t = Task(desc, total, unit, done)
+    advanced (the time taken is added); a ``detail`` task (one split of a cell) says it
+    only when verbose."""
+    t = Task(desc, total, unit, done, detail)
     _OPEN.append(t)
     try:
         yield t

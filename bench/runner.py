@@ -124,7 +124,7 @@ def _run_jobs(plan, store, device: str, console, describe, executor, workers, ce
     # a worker process shows a line per epoch and split unless the run is quiet; this one keeps its mode
     shown = progress.mode() if executor == "local" else "off" if progress.mode() == "off" else "lines"
     jobs = [Job(c, str(store.root), device, tuple(plugins), str(settings.root) if settings.root else None,
-                settings.download, settings.strict, tensorboard=tensorboard, progress=shown)
+                settings.download, settings.strict, tensorboard=tensorboard, progress=shown, verbose=progress.verbose())
             for c in plan.cells if conditions[c.key][0] != "complete"]
     if executor == "local":
         preload(datasets)
