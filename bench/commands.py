@@ -37,16 +37,16 @@ class Planned:
 
 
 def cmd_status(cells: list[Planned], store_root: Path, suite=None) -> int:
-    """Print, for every planned cell in the store ``store_root``, whether it is done, failed
-    (with the reason), running (a live runner holds its lock: who, since when), interrupted
-    (with its last saved epoch), damaged or missing; then counts and the estimated time
-    left, from the recorded timings of the done cells of the same method (else of all done
-    cells), on the machine(s) they ran on."""
-    import numpy as np
-
+    """Print every planned cell in the store ``store_root``: done (with what it cost),
+    failed (with the reason), running (a live runner holds its lock: who, since when),
+    interrupted (with its last saved epoch), damaged or missing; then counts and the
+    estimated time left (:func:`bench.progress.time_left`: each cell still to run at the
+    recorded cost of the done cells of its method, else of all done cells), or that
+    nothing is left; then the derived methods of ``suite`` (a :class:`bench.spec.Suite`),
+    computed from these cells."""
     from bench.catalog import describe_runner, live_runner
     from bench.cell import TRAIN_STATE, saved_epoch
-    from bench.progress import duration
+    from bench.progress import duration, time_left
     from bench.store import Store
 
     store = Store(store_root)
@@ -57,10 +57,9 @@ def cmd_status(cells: list[Planned], store_root: Path, suite=None) -> int:
         cd = store.cell(cell.key)
         state, problem = cd.condition()
         if state == "complete":
-            info = cd.read_cell() or {}
             counts["done"] += 1
-            seconds.setdefault(cell.method, []).append(
-                float(info.get("train_seconds", 0.0)) + float(info.get("predict_seconds", 0.0)))
+            seconds.setdefault(cell.method, []).append(cd.seconds())
+            print(f"{cell.label}: done in {duration(seconds[cell.method][-1])} ({cell.key})")
             continue
         detail = {"missing": "", "failed": (problem or "")[len("failed: "):], "damaged": problem}.get(state, "")
         if state == "interrupted":
@@ -75,11 +74,14 @@ def cmd_status(cells: list[Planned], store_root: Path, suite=None) -> int:
         if state != "failed":
             pending.append(cell.method)
         print(f"{cell.label}: {state}{': ' + detail if detail else ''} ({cell.key})")
-    done_all = [x for v in seconds.values() for x in v]
-    left = sum(float(np.mean(seconds.get(m) or done_all)) for m in pending) if done_all else float("nan")
-    estimate = duration(left) if done_all else "unknown (no cell done yet)"
-    print(f"{store.root}: " + ", ".join(f"{v} {k}" for k, v in counts.items())
-          + f"; estimated time left for the {len(pending)} cell(s) to run: {estimate}")
+    left = time_left(pending, seconds)
+    if not pending:
+        tail = "nothing left to run" + (" (the failed cells run again with the run's command)"
+                                        if counts["failed"] else "")
+    else:
+        estimate = duration(left) if left == left else "unknown (no cell done yet)"
+        tail = f"estimated time left for the {len(pending)} cell(s) to run: {estimate}"
+    print(f"{store.root}: " + ", ".join(f"{v} {k}" for k, v in counts.items()) + f"; {tail}")
     derived = [line for m, line in zip(suite.methods, method_lines(suite)) if m.kind == "derived"] if suite else []
     if derived:
         print("derived methods (no cells: computed in analysis from their base's cells above):")

@@ -73,6 +73,18 @@ def duration(seconds: float) -> str:
     return f"{minutes // 60} h {minutes % 60} min" if minutes % 60 else f"{minutes // 60} h"
 
 
+def time_left(pending: list[str], measured: dict[str, list[float]], parallel: int = 1) -> float:
+    """Seconds until the ``pending`` cells (their methods' names, one per cell) are done:
+    each at the mean measured time of its method's cells (``measured``: method -> seconds
+    per cell), a method not measured yet at the mean of all, divided over ``parallel``
+    cells at once (at most one per pending cell); NaN when nothing is measured yet."""
+    every = [x for v in measured.values() for x in v]
+    if not every:
+        return float("nan") if pending else 0.0
+    total = sum(sum(measured.get(m) or every) / len(measured.get(m) or every) for m in pending)
+    return total / max(1, min(parallel, len(pending)))
+
+
 def write(text: str) -> None:
     """One line on stderr, above any open bar."""
     if any(t._bar is not None for t in _OPEN):
@@ -94,7 +106,8 @@ class Task:
     (unless verbose, at most once every :data:`HEARTBEAT` seconds) and closing prints
     ``done`` (when given) with the time taken, for a ``detail`` task only when verbose."""
 
-    def __init__(self, desc: str, total: int | None, unit: str, done: str | None, detail: bool = False) -> None:
+    def __init__(self, desc: str, total: int | None, unit: str, done: str | None, detail: bool = False,
+                 initial: int = 0, rate: bool = True) -> None:
         self.desc, self.total, self.unit, self.done, self.detail = desc, total, unit, done, detail
         self.count = 0
         self.started = self.noted = time.perf_counter()
@@ -103,13 +116,20 @@ class Task:
             from tqdm import tqdm
 
             sized = _terminal_columns() > 0  # a terminal that reports no size (0 columns) would get no bar at all
+            # without ``rate``, no rate or time left of tqdm's: the caller's estimate, if any, is the suffix
+            fmt = None if rate else "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]"
             self._bar = tqdm(total=total, desc=desc, unit=unit, leave=False, file=sys.stderr, dynamic_ncols=sized,
-                             ncols=None if sized else 100)
+                             ncols=None if sized else 100, initial=initial, bar_format=fmt)
 
     def advance(self, n: int = 1) -> None:
         self.count += n
         if self._bar is not None:
             self._bar.update(n)
+
+    def suffix(self, text: str) -> None:
+        """Text after the bar (bars mode only: e.g. the time left, which lines give otherwise)."""
+        if self._bar is not None:
+            self._bar.set_postfix_str(text, refresh=True)
 
     def note(self, text: str) -> None:
         """The latest state in words (e.g. an epoch's loss): the bar's suffix, or a line."""
@@ -139,12 +159,13 @@ def _terminal_columns() -> int:
 
 @contextmanager
 def task(desc: str, total: int | None = None, unit: str = "it", done: str | None = None,
-         detail: bool = False) -> Iterator[Task]:
+         detail: bool = False, initial: int = 0, rate: bool = True) -> Iterator[Task]:
     """A :class:`Task` for the block, closed when it ends (an error included).  ``done``
     is what the ``lines`` mode's closing line says, ``{count}`` replaced by the units
     advanced (the time taken is added); a ``detail`` task (one split of a cell) says it
-    only when verbose."""
-    t = Task(desc, total, unit, done, detail)
+    only when verbose.  ``initial``: units done before (the bar starts there); ``rate``
+    False: the bar shows no rate or time left of its own (:meth:`Task.suffix` gives one)."""
+    t = Task(desc, total, unit, done, detail, initial, rate)
     _OPEN.append(t)
     try:
         yield t

@@ -42,3 +42,26 @@ def test_status_names_the_derived_methods_after_the_cells(tmp_path, capsys):
     out = capsys.readouterr().out
     derived = out.split("derived methods", 1)[1]
     assert "temperature_scaling" in derived and "deep_ensemble" in derived and "2 seeds of msp" in derived, out
+
+
+def test_status_of_a_finished_run_lists_its_cells_and_says_nothing_is_left(tiny_store, capsys):
+    """``status NAME`` of a run whose cells are all done names each of them, with what it
+    cost, and says nothing is left to run (not 'the time left for the 0 cell(s)')."""
+    import json
+
+    assert main(["status", "hard", "--results", str(tiny_store / "results")]) == 0
+    out = capsys.readouterr().out
+    for cell in json.loads((tiny_store / "results" / "hard" / "run.json").read_text())["cells"]:
+        assert f"{cell['dataset']} / {cell['method']} / seed {cell['seed']}: done in " in out and cell["key"] in out, out
+    assert "2 done" in out and "nothing left to run" in out and "0 cell(s)" not in out, out
+
+
+def test_the_time_left_is_each_pending_cell_at_its_methods_measured_cost():
+    from bench.progress import time_left
+
+    measured = {"msp": [10.0, 20.0], "kep_svgp": [100.0]}
+    assert time_left(["msp", "msp", "kep_svgp"], measured) == 15 + 15 + 100
+    assert time_left(["sgpa"], measured) == (10 + 20 + 100) / 3  # not measured yet: the mean of every cell
+    assert time_left(["msp", "kep_svgp"], measured, parallel=2) == (15 + 100) / 2
+    assert time_left(["msp"], {}) != time_left(["msp"], {})  # NaN: nothing measured yet
+    assert time_left([], {}) == 0.0
