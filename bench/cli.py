@@ -523,7 +523,7 @@ def _run(args: argparse.Namespace) -> int:
     from bench.plan import make_plan
     from bench.report.suite import report_suite
     from bench.runner import run_plan
-    from bench.runs import (check_name, check_owner, default_name, describe, foreign_cells, plan_overrides,
+    from bench.runs import (COMMAND, check_name, check_owner, default_name, describe, foreign_cells, plan_overrides,
                             report_record, store_record)
     from bench.spec import Overrides, build_suite, resolve_suite_path, select, suite_source, unstored_scores_problem
     from bench.store import Store
@@ -585,7 +585,7 @@ def _run(args: argparse.Namespace) -> int:
         raise Interrupted(stopped_at(plan, store_root)) from None
     more = f" --results {args.results}" if args.results != Path("results") else ""
     console.log(f"run {name!r}: store {store_root}, report {out / 'README.md'}; "
-                f"see it again with `run_suite.py status {name}{more}`")
+                f"see it again with `{' '.join(COMMAND)} status {name}{more}`")
     return status
 
 

@@ -93,13 +93,14 @@ def status(args: argparse.Namespace, record: dict | None) -> int:
     """``status NAME`` (the cells its record names, narrowed by --methods, --datasets and
     --seeds) or ``status --suite ...`` (the suite's plan, in its run's store)."""
     from bench.plan import make_plan
+    from bench.runs import COMMAND
     from bench.spec import Overrides, load_suite, select
 
     if args.run is not None:
         if record is None:
             raise ConfigError(f"status {args.run}: the store {args.results / args.run} has no record of its plan (made "
                               "before runs had names): give the suite file and the flags it ran with instead, "
-                              "e.g. status --suite FILE --epochs N")
+                              f"e.g. `{' '.join(COMMAND)} status --suite FILE --epochs N`")
         cells = [Planned(str(c["key"]), str(c["dataset"]), str(c["method"]), int(c["seed"]), int(c["epochs"]))
                  for c in record.get("cells", [])]
         cells = [c for c in cells if (args.methods is None or c.method in args.methods)
@@ -178,6 +179,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     suite's store): print one line per cell that is not complete; exit 0 when nothing is
     damaged, 1 otherwise (failed and interrupted cells are listed but are not damage)."""
     from bench.cell import TENSORBOARD
+    from bench.runs import COMMAND
     from bench.spec import suite_name_problem
     from bench.store import DAMAGED_MARK, CellDir
 
@@ -190,7 +192,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             raise ConfigError(f"--suite: {why}")
     root = args.results / name
     if not root.is_dir():
-        raise ConfigError(f"verify: no store at {root}; give a run's NAME (run_suite.py runs lists them) or "
+        raise ConfigError(f"verify: no store at {root}; give a run's NAME (`{' '.join(COMMAND)} runs` lists them) or "
                           "--results DIR")
     counts = {"complete": 0, "failed": 0, "interrupted": 0, "damaged": 0}
     for path in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".") and p.name != TENSORBOARD):

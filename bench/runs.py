@@ -42,10 +42,12 @@ from pathlib import Path
 
 from bench.errors import ConfigError
 from bench.lock import guard
-from bench.spec import suite_name_problem
+from bench.spec import SUITES_DIR, suite_name_problem
 from bench.store import CELL, DAMAGED_MARK, MANIFEST, STORE_SUITE, CellDir, atomic_write_json, read_json_object
 
 RUN_RECORD = "run.json"
+#: how a hint writes the command line, as the README teaches it (from the repository root)
+COMMAND = (".venv/bin/python", "run_suite.py")
 PLAN_OVERRIDES = ("methods", "datasets", "seeds", "epochs")  # the flags that change a run's plan, in tag order
 #: the fields of a store's record (:func:`store_record`) and of a report's (:func:`report_record`), with their types
 STORE_FIELDS = {"name": str, "suite": str, "suite_file": str, "overrides": dict, "plugins": list, "source": str,
@@ -210,6 +212,15 @@ def read_record(folder: Path, kind: str = "store") -> dict | None:
     return record
 
 
+def suite_argument(given: str) -> str:
+    """``--suite`` as a user types it: a built-in suite by its name (a run records its
+    file's absolute path), any other suite file as given."""
+    path = Path(given)
+    if path.suffix == ".toml" and path.resolve().parent == SUITES_DIR and path.is_file():
+        return path.stem
+    return given
+
+
 def rewrite_hint(folder: Path, record: object, kind: str) -> str:
     """How a damaged record of ``folder`` is rewritten: the run's own ``run`` command, with
     what the damaged record still tells of it (its suite file and overrides) and
@@ -218,7 +229,7 @@ def rewrite_hint(folder: Path, record: object, kind: str) -> str:
     suite_file = known.get("suite_file") if isinstance(known.get("suite_file"), str) else "SUITE.toml"
     overrides = known.get("overrides")
     flags_known = _overrides_problem(overrides) is None
-    parts = ["python", "run_suite.py", "run", "--suite", suite_file]
+    parts = [*COMMAND, "--suite", suite_argument(suite_file)]
     if flags_known:
         parts += override_flags(overrides)
     parts += ["--name", Path(folder).name]

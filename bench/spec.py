@@ -520,28 +520,37 @@ def _closest(name: str, known: list[str]) -> str:
 
 
 def select(
-    suite: Suite, methods: tuple[str, ...] | None = None, datasets: tuple[str, ...] | None = None, *, to_run: bool = True
+    suite: Suite, methods: tuple[str, ...] | None = None, datasets: tuple[str, ...] | None = None, *, to_run: bool = True,
+    run: str = "",
 ) -> Suite:
     """The part of a suite to run (or report): only these datasets and methods, plus the
     trained methods that the selected derived ones are computed from.  ``to_run`` also
     checks that every selected combinator has enough seeds for one replicate.  A selection
-    of more than :data:`MAX_CELLS` cells is an error unless :func:`~bench.options.allow_large`."""
+    of more than :data:`MAX_CELLS` cells is an error unless :func:`~bench.options.allow_large`.
+    ``run``: the run whose datasets and methods ``suite`` holds (a report of it), named in
+    the error for a name it lacks; "" names the suite, and a method it lacks may be any
+    registered one."""
+    whose = f"run {run!r}" if run else f"suite {suite.name!r}"
     if datasets is not None:
         known = [d.name for d in suite.datasets]
         for name in datasets:
             if name not in known:
                 raise ConfigError(
-                    f"--datasets: suite {suite.name!r} has no dataset {name!r}.{_closest(name, known)} It has: {', '.join(known)}"
+                    f"--datasets: {whose} has no dataset {name!r}.{_closest(name, known)} It has: {', '.join(known)}"
                 )
     chosen_methods = suite.methods
     if methods is not None:
         known = [m.name for m in suite.methods]
         for name in methods:
-            if name not in known:
-                raise ConfigError(
-                    f"--methods: unknown method {name!r}.{_closest(name, known + METHODS.names())} "
-                    f"Suite {suite.name!r} has: {', '.join(known)}; registered methods: {', '.join(METHODS.names())}"
-                )
+            if name in known:
+                continue
+            if run:  # a report shows what the run has: only its methods can be meant
+                raise ConfigError(f"--methods: {whose} has no method {name!r}.{_closest(name, known)} "
+                                  f"It has: {', '.join(known)}")
+            raise ConfigError(
+                f"--methods: unknown method {name!r}.{_closest(name, known + METHODS.names())} "
+                f"Suite {suite.name!r} has: {', '.join(known)}; registered methods: {', '.join(METHODS.names())}"
+            )
         wanted = set(methods)
         wanted |= {m.options.base for m in suite.methods if m.name in wanted and m.kind == "derived"}
         wanted |= {stage1_of(m) for m in suite.methods if m.name in wanted and stage1_of(m)}

@@ -42,10 +42,10 @@ from bench.report import RunTitle, render_report, staged
 from bench.report.formats import FORMATS, validate_formats
 from bench.report.readme import left_out_summary
 from bench.report.tables import validate_metrics
-from bench.runs import (RUN_RECORD, DamagedRecord, identity, implied, override_flags, owner, read_record,
-                        resume_flags, started, write_record)
+from bench.runs import (COMMAND, RUN_RECORD, DamagedRecord, identity, implied, override_flags, owner, read_record,
+                        resume_flags, started, suite_argument, write_record)
 from bench.scores import validate_scores
-from bench.spec import SUITES_DIR, Suite, select
+from bench.spec import Suite, select
 from bench.store import STORE_SUITE, atomic_write_json, read_json_object
 
 #: the cells a report shows (key, dataset, method row, seed, configuration digest), beside
@@ -184,13 +184,15 @@ def write_suite_report(suite: Suite | None, store_root: Path, out_dir: Path, opt
     if not Path(store_root).is_dir():
         name = suite.name if suite is not None else Path(store_root).name
         raise ConfigError(f"no results for suite {name!r} under {store_root}; run the suite first "
-                          f"(python run_suite.py --suite {name}) or pass --results DIR")
+                          f"(`{' '.join(COMMAND)}{'' if name == 'default' else ' --suite ' + name}`) or pass "
+                          "--results DIR")
     methods = list(options.methods) if options.methods else None
     planned, wanted, configured = set(), None, None
     if suite is not None:  # the run's configuration: each planned dataset and method's config, whatever is shown
         configured = {(c.dataset.name, c.method.name): _configuration(c.config) for c in make_plan(suite).cells}
-        shown = select(suite, methods, options.datasets, to_run=False)  # unknown names: an error here
-        reported = select(suite, None, options.datasets, to_run=False)  # analysed (its files reused whatever is shown)
+        run = str(options.run.get("name", "")) if options.run is not None else ""
+        shown = select(suite, methods, options.datasets, to_run=False, run=run)  # unknown names: an error here
+        reported = select(suite, None, options.datasets, to_run=False, run=run)  # analysed, whatever is shown
         planned = {c.key for c in make_plan(reported).cells}
         wanted = [(c.key, c.dataset.name, c.method.name, c.seed) for c in make_plan(shown).cells]
         suite = reported
@@ -390,7 +392,7 @@ def _completing_command(options: ReportOptions, store_only: bool) -> str:
     commands (``.venv/bin/python run_suite.py ...``; ``make suite`` for the default suite's
     own run): the report's suite (a built-in one by its name), store and selection (a store
     reported alone needs the suite file that made it)."""
-    suite = "SUITE.toml" if store_only else _suite_argument(options.suite)
+    suite = "SUITE.toml" if store_only else suite_argument(options.suite)
     flags = []
     if options.run is not None and not implied(options.run, options.run.get("name")) and not store_only:
         flags += resume_flags(options.run)  # the run's own command: its overrides (and --name)
@@ -406,15 +408,6 @@ def _completing_command(options: ReportOptions, store_only: bool) -> str:
         flags += ["--epochs", str(options.epochs)]
     if suite == "default" and not flags:
         return "make suite"
-    parts = [".venv/bin/python", "run_suite.py", *(["--suite", suite] if suite != "default" else []), *flags]
+    parts = [*COMMAND, *(["--suite", suite] if suite != "default" else []), *flags]
     command = " ".join(shlex.quote(p) for p in parts)
     return command + (" (SUITE.toml: the suite file that made this store)" if store_only else "")
-
-
-def _suite_argument(given: str) -> str:
-    """``--suite`` as a user types it: a built-in suite by its name (a run records its
-    file's absolute path), any other suite file as given."""
-    path = Path(given)
-    if path.suffix == ".toml" and path.resolve().parent == SUITES_DIR and path.is_file():
-        return path.stem
-    return given
