@@ -36,7 +36,7 @@ from bench.registry import DATASETS, METHODS
 from bench.scores import detector_cost
 from bench.spec import DatasetSpec
 from bench.store import TRAIN_LOG, CellDir
-from bench.train import TrainResult, fit, optimiser_steps, predict, seed_everything
+from bench.train import LOG_COLUMNS, TrainResult, fit, optimiser_steps, predict, seed_everything
 from bench.train_state import UnusableState, read_training_state, state_dict_problem, training_state_bytes
 
 
@@ -57,7 +57,8 @@ class Console:
 
 TENSORBOARD = "tensorboard"  # <store>/tensorboard/<dataset>/<method>/seed<seed>/: one TensorBoard run per cell
 #: a training-log column -> its TensorBoard tag (other columns, the method's own: ``method/<column>``)
-TENSORBOARD_TAGS = {"train_loss": "loss/train", "train_acc": "accuracy/train", "val_acc": "accuracy/val",
+TENSORBOARD_TAGS = {"train_loss": "loss/train", "train_ce": "loss/train_cross_entropy", "train_acc": "accuracy/train",
+                    "val_acc": "accuracy/val",
                     "val_nll": "nll/val", "lr": "learning_rate", "seconds": "time/epoch_seconds"}
 
 
@@ -185,7 +186,7 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
         reset_peak_memory(device)
         if distributed.active():  # the other torchrun ranks train this cell with this one
             distributed.announce({"key": cell.key, "resume": resume})
-        if cell.stage1 is not None and method.post_hoc():  # nothing to train: the stage-1 network as stored
+        if cell.post_hoc:  # nothing to train: the stage-1 network as stored
             first = info["stage1"]
             result = TrainResult({k: v.detach().clone() for k, v in model.state_dict().items()},
                                  first["best_epoch"], first["best_val_acc"])
@@ -200,7 +201,8 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
             console.warn(f"{cell.label}: torch.compile {result.compile}")
         if result.log:
             log_buf = io.StringIO()
-            writer = csv.DictWriter(log_buf, fieldnames=list(result.log[0]))
+            # every column of any row (a resumed cell's first rows may predate a column)
+            writer = csv.DictWriter(log_buf, fieldnames=list(dict.fromkeys(k for row in result.log for k in row)))
             writer.writeheader()
             writer.writerows(result.log)
             cd.write_bytes(TRAIN_LOG, log_buf.getvalue().encode())
@@ -220,7 +222,7 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
             scored = scored_split(split)
             passes = f"{method.samples} passes" if method.samples > 1 else "1 pass"
             with progress.task(f"{cell.label}: predict {split}", total=len(s) * method.samples, unit="img",
-                               done=f"{len(s)} images x {passes}") as task:
+                               done=f"{len(s)} images x {passes}", detail=True) as task:
                 lp = predict(method, model, s, data, device, train.eval_batch_size, extras,
                              precision=train.precision, batch_passes=train.batch_passes,
                              features=cell.store.features and scored, on_pass=task.advance)
@@ -275,6 +277,11 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
         info["ood_detectors"] = detectors
     (cd.path / TRAIN_STATE).unlink(missing_ok=True)  # the finished cell needs no resumable state
     cd.seal(info)
+    if cell.post_hoc:  # its "best epoch" is its stage 1's: it trained nothing
+        first = info["stage1"]
+        where = f"{first['method']}'s stored cell" if first["reused"] else \
+            f"{first['method']}'s network, trained in this cell (its cell was not in the store)"
+        return "complete", f"fitted on {where}, test acc {test_acc:.3f}"
     return "complete", f"best epoch {result.best_epoch}, test acc {test_acc:.3f}"
 
 
@@ -338,13 +345,26 @@ def _train(cell: Cell, method, model: torch.nn.Module, data: DataBundle, cd: Cel
 
     with progress.task(f"{cell.label}: training", total=steps, unit="step") as task:
         def on_epoch(row: dict) -> None:
-            task.note(f"epoch {row['epoch']}/{train.epochs}: loss {row['train_loss']:.4f}, "
+            task.note(f"epoch {row['epoch']}/{train.epochs}: {epoch_losses(row)}, "
                       f"acc {row['train_acc']:.3f}, val acc {row['val_acc']:.3f} ({progress.duration(row['seconds'])})")
             if events is not None:
                 events.epoch(row)
 
         return fit(method, model, data, train, device, cell.seed, on_epoch=on_epoch, resume=resume,
                    on_checkpoint=lambda state: _save_state(cd, state), on_step=task.advance)
+
+
+def epoch_losses(row: dict) -> str:
+    """An epoch's losses as its progress line gives them: the data term first
+    (``cross-entropy 0.4321``), then each of the method's own columns by name and the
+    objective they make together (``; kl 3.39e+04, ksvd 1.32 (the method's, as logged);
+    objective 3.389e+04``), so a large method term is not read as a diverging fit."""
+    text = f"cross-entropy {row['train_ce']:.4f}"
+    own = [(k, v) for k, v in row.items() if k not in LOG_COLUMNS and isinstance(v, (int, float))]
+    if own:
+        text += (f"; {', '.join(f'{k} {v:.4g}' for k, v in own)} (the method's, as logged); "
+                 f"objective {row['train_loss']:.4g}")
+    return text
 
 
 def scored_split(split: str) -> bool:
@@ -386,7 +406,7 @@ def _store_training_features(cell: Cell, method, model: torch.nn.Module, data: D
     extras: dict[str, np.ndarray] = {}
     t = cell.method.train
     with progress.task(f"{cell.label}: predict training features", total=len(subset) * method.samples, unit="img",
-                       done=f"{len(subset)} images") as task:
+                       done=f"{len(subset)} images", detail=True) as task:
         predict(method, model, subset, data, device, t.eval_batch_size, extras, precision=t.precision,
                 batch_passes=t.batch_passes, features=True, on_pass=task.advance)
     if "features" in extras:

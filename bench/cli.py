@@ -35,17 +35,22 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
+import inspect
 import math
 import os
+import re
 import signal
 import sys
+import textwrap
 from pathlib import Path
 
 from bench.data import SEVERITIES
-from bench.commands import CtrlC, Interrupted, cmd_runs, cmd_verify, status, stopped_at, stored_run
+from bench.commands import (CtrlC, Interrupted, as_tuple, cmd_runs, cmd_suite, cmd_verify, recorded_suite, status,
+                            stopped_at, stored_run)
 from bench.errors import ConfigError, one_line
 from bench.executor_config import EXECUTORS, ExecutorConfig
-from bench.registry import import_plugins
+from bench.registry import did_you_mean, import_plugins
 from bench.stats import SEEDS_AND_SAMPLES as SIGNIFICANCE, SIGNIFICANCE_TESTS
 
 
@@ -58,7 +63,8 @@ def _csv(kind):
             try:
                 return tuple(int(x) for x in items)
             except ValueError:
-                raise argparse.ArgumentTypeError(f"seeds must be integers, got {text!r}") from None
+                raise argparse.ArgumentTypeError(f"expected comma-separated integers, e.g. 0,1,2; got {text!r}") \
+                    from None
         return items
 
     return parse
@@ -118,11 +124,34 @@ COMMANDS = {
     "verify": "check every cell of a run's store against its manifest",
     "runs": "list the runs of a store root: name, suite, overrides, cells done/failed/missing, last change",
     "compare": "check that a run reproduces a reference report within stated tolerances",
-    "list": "the registered methods, datasets, attention layers, metrics, OOD scores and suites",
+    "list": "the registered methods, datasets, attention layers, metrics, OOD scores and suites (--suite: a suite's methods)",
 }
 
 
-class _CommandLine(argparse.ArgumentParser):
+class _OneLineErrors(argparse.ArgumentParser):
+    """A parser whose errors are one line on stderr, exit 2, as every other bad input's:
+    the message, a "did you mean" where a name given is close to a valid one (a choice,
+    a command, a flag), and where ``--help`` lists the options (no usage block)."""
+
+    def error(self, message: str):
+        hint = ""
+        if (choice := re.match(r"argument (\S+): invalid choice: '([^']*)' \(choose from (.*)\)$", message)):
+            known = re.findall(r"'([^']*)'", choice.group(3))
+            hint = did_you_mean(choice.group(2), known)
+        elif message.startswith("unrecognized arguments: "):
+            flags = {f for a in self._actions for f in a.option_strings}
+            commands = next((a for a in self._actions if isinstance(a, argparse._SubParsersAction)), None)
+            if commands is not None:  # the top-level parser: the flags of every command
+                flags |= {f for q in commands.choices.values() for a in q._actions for f in a.option_strings}
+            given = [g.split("=")[0] for g in message.split(": ", 1)[1].split() if g.startswith("--")]
+            bare = {f.lstrip("-"): f for f in flags if f.startswith("--")}  # compared without the dashes
+            hint = next((f" (did you mean {bare[c]!r}?)" for g in given
+                         for c in difflib.get_close_matches(g.lstrip("-"), sorted(bare), n=1, cutoff=0.7)), "")
+        self.exit(2, f"error: {message}{hint} (`{self.prog} --help` lists the options)\n")
+
+
+
+class _CommandLine(_OneLineErrors):
     """The top-level parser: it reads a command line through :func:`_with_command` (the
     command moved to the front, ``run`` when there is none) before parsing it."""
 
@@ -141,8 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Without a command, run is meant (run_suite.py --epochs 1 = run_suite.py run --epochs 1). "
                "run_suite.py COMMAND --help shows the options of a command.",
     )
-    sub = p.add_subparsers(dest="command", metavar="COMMAND", title="commands",
-                           parser_class=argparse.ArgumentParser)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", title="commands", parser_class=_OneLineErrors)
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--plugin", action="append", default=[], metavar="MODULE",
@@ -151,6 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="lift the sanity limits on sizes (epochs, model size, more than 10,000 cells, image "
                              "pixels, text length, ...), as UQBENCH_ALLOW_LARGE=1 does")
     common.add_argument("--quiet", action="store_true", help="no progress bars, progress lines or per-cell lines")
+    common.add_argument("--verbose", action="store_true",
+                        help="when stderr is no terminal: a line per epoch and per predicted split (default: a line "
+                             "per cell, and a long training's latest epoch once a minute)")
     common.add_argument("--debug", action="store_true", help="show the full traceback of any error")
 
     results = argparse.ArgumentParser(add_help=False)
@@ -281,8 +312,11 @@ def build_parser() -> argparse.ArgumentParser:
     # every command takes --results and --reports (a wrapper script may pass them to all)
     sub.add_parser("runs", parents=[results, reports, common], help=COMMANDS["runs"],
                    description=COMMANDS["runs"] + ".")
-    sub.add_parser("list", parents=[results, reports, common], help=COMMANDS["list"],
-                   description=COMMANDS["list"] + ".")
+    listing = sub.add_parser("list", parents=[results, reports, common], help=COMMANDS["list"],
+                             description=COMMANDS["list"] + "; with --suite, a suite's methods.")
+    listing.add_argument("--suite", default=None,
+                         help="list this suite's data sets, seeds and methods, derived ones included (a built-in "
+                              "suite's name or a .toml path)")
     return p
 
 
@@ -296,33 +330,47 @@ def _with_command(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]
     # the flags that take a value, of any command (argparse keeps its actions in _actions)
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     valued = {flag for q in commands.choices.values() for a in q._actions if a.nargs != 0 for flag in a.option_strings}
+    flags = {flag for q in commands.choices.values() for a in q._actions for flag in a.option_strings}
     i = 0
     while i < len(argv):
         token = argv[i]
         if not token.startswith("-"):  # the first positional: the command (or a misspelt one)
             return [token, *argv[:i], *argv[i + 1:]]
-        i += 2 if token in valued else 1
+        # a flag taking a value, also abbreviated as argparse allows (--epoch 3)
+        takes_value = token in valued or (token not in flags and any(f.startswith(token) for f in valued))
+        i += 2 if takes_value else 1
     return ["run", *argv]
+
+
+def first_sentence(obj) -> str:
+    """The first sentence of an object's docstring (else of its module's), whole: the
+    first paragraph up to a sentence end followed by two spaces (the docstrings' style),
+    its lines joined and its double backquotes single."""
+    doc = inspect.cleandoc(obj.__doc__ or sys.modules[obj.__module__].__doc__ or "")
+    paragraph = " ".join(doc.split("\n\n", 1)[0].splitlines()).strip().replace("``", "`")
+    return re.split(r"(?<=[.!?])\s{2,}", paragraph, maxsplit=1)[0]
+
+
+def _described(name: str, text: str, width: int = 100) -> str:
+    """``  name   text`` wrapped to ``width`` columns, continued under the text."""
+    return textwrap.fill(" ".join(text.split()), width=width, initial_indent=f"  {name:<22} ",
+                         subsequent_indent=" " * 25, break_on_hyphens=False, break_long_words=False)
 
 
 def cmd_list() -> int:
     from bench.registry import ATTENTIONS, DATASETS, METHODS, METRICS, SCORES
     from bench.spec import available_suites
 
-    def first_line(obj) -> str:
-        doc = (obj.__doc__ or sys.modules[obj.__module__].__doc__ or "").strip().splitlines()
-        return doc[0] if doc else ""
-
     print("methods:")
     for name in METHODS.names():
         cls = METHODS.get(name)
-        print(f"  {name:<22} [{cls.kind}] {first_line(cls)}")
+        print(_described(name, f"[{cls.kind}] {first_sentence(cls)}"))
     print("datasets:")
     for name in DATASETS.names():
-        print(f"  {name:<22} {first_line(DATASETS.get(name))}")
+        print(_described(name, first_sentence(DATASETS.get(name))))
     print("attention layers:")
     for name in ATTENTIONS.names():
-        print(f"  {name:<22} {first_line(ATTENTIONS.get(name))}")
+        print(_described(name, first_sentence(ATTENTIONS.get(name))))
     print("metrics (name [kind] label (unit), higher/lower is better; * = a default column):")
     for name in METRICS.names():
         m = METRICS.get(name)
@@ -345,8 +393,8 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    before = progress.mode()
-    progress.configure(progress.auto(args.quiet))
+    before = progress.mode(), progress.verbose()
+    progress.configure(progress.auto(args.quiet), verbose=args.verbose)
     stop = CtrlC()
     try:
         with stop, allowing_large(args.allow_large):
@@ -369,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\nterminated (SIGTERM)" if stop.signum == signal.SIGTERM else "\ninterrupted", file=sys.stderr)
         return stop.code
     finally:
-        progress.configure(before)
+        progress.configure(*before)
 
 
 def check_directories(args: argparse.Namespace) -> None:
@@ -403,10 +451,11 @@ def _directory_problem(flag: str, path: Path) -> str | None:
 def _main(args: argparse.Namespace) -> int:
     if args.command == "runs":
         return cmd_runs(args)
+    if args.command == "list":
+        import_plugins(args.plugin)
+        return cmd_list() if args.suite is None else cmd_suite(args.suite)
     record = _named_run(args)
     import_plugins(list(dict.fromkeys([*args.plugin, *(record or {}).get("plugins", [])])))
-    if args.command == "list":
-        return cmd_list()
     if args.command == "verify":
         return cmd_verify(args)
     if args.command == "status":
@@ -456,12 +505,11 @@ def _report(args: argparse.Namespace, record: dict | None) -> int:
     suite = None
     if args.run is not None:
         name = args.run
-        suite = _recorded_suite(record)
-        if suite is not None:
+        if record is not None and (suite := recorded_suite(record)) is not None:
             given = record.get("overrides") or {}
             options = dataclasses.replace(options, suite=str(record.get("suite_file", suite.name)),
-                                          seeds=_tuple(given.get("seeds")), epochs=given.get("epochs"),
-                                          datasets=args.datasets or _tuple(given.get("datasets")))
+                                          seeds=as_tuple(given.get("seeds")), epochs=given.get("epochs"),
+                                          datasets=args.datasets or as_tuple(given.get("datasets")))
     elif _store_only(args):
         name = args.suite
     else:
@@ -478,28 +526,12 @@ def _report(args: argparse.Namespace, record: dict | None) -> int:
     return report_suite(suite, store_root, out, options)
 
 
-def _recorded_suite(record: dict | None):
-    """The plan a run's store record keeps, as the :class:`~bench.spec.Suite` its cells were
-    planned from (its suite file's contents with its overrides, narrowed to its methods and
-    datasets); None when the record keeps no suite file (a store reported alone)."""
-    from bench.runs import recorded_source
-    from bench.spec import Overrides, build_suite, select
-
-    source = recorded_source(record) if record is not None else None
-    if source is None:
-        return None
-    given = record.get("overrides") or {}
-    full = build_suite(source, Overrides(seeds=_tuple(given.get("seeds")), epochs=given.get("epochs"),
-                                         methods=_tuple(given.get("methods"))))
-    return select(full, _tuple(given.get("methods")), _tuple(given.get("datasets")), to_run=False)
-
-
 def _compare(args: argparse.Namespace, record: dict | None) -> int:
     """``compare NAME REFERENCE`` (:mod:`bench.report.compare`): exit 0 with one line when
     the run reproduces the reference, 1 listing what is outside its tolerances."""
     from bench.report.compare import compare_run
 
-    comparison = compare_run(args.results / args.run, args.reference, _recorded_suite(record),
+    comparison = compare_run(args.results / args.run, args.reference, (recorded_suite(record) if record is not None else None),
                              own_report=args.reports / args.run)
     for note in comparison.notes:
         print(f"compare: {note}", file=sys.stderr)
@@ -532,7 +564,7 @@ def _run(args: argparse.Namespace) -> int:
     from bench.plan import make_plan
     from bench.report.suite import report_suite
     from bench.runner import run_plan
-    from bench.runs import (check_name, check_owner, default_name, describe, foreign_cells, plan_overrides,
+    from bench.runs import (COMMAND, check_name, check_owner, default_name, describe, foreign_cells, plan_overrides,
                             report_record, store_record)
     from bench.spec import Overrides, build_suite, resolve_suite_path, select, suite_source, unstored_scores_problem
     from bench.store import Store
@@ -584,7 +616,8 @@ def _run(args: argparse.Namespace) -> int:
         distributed.teardown()
     if rank > 0:
         return 0  # rank 0 stores, analyses and reports
-    console.log(f"done: {len(summary.done)} trained, {len(summary.skipped)} skipped, {len(summary.failed)} failed"
+    fitted = f", {len(summary.fitted)} fitted on a stored cell (post hoc)" if summary.fitted else ""
+    console.log(f"done: {len(summary.done)} trained{fitted}, {len(summary.skipped)} skipped, {len(summary.failed)} failed"
                 + (f", {len(summary.elsewhere)} running elsewhere" if summary.elsewhere else ""))
     status = 1 if summary.failed else 0
     try:
@@ -593,12 +626,8 @@ def _run(args: argparse.Namespace) -> int:
         raise Interrupted(stopped_at(plan, store_root)) from None
     more = f" --results {args.results}" if args.results != Path("results") else ""
     console.log(f"run {name!r}: store {store_root}, report {out / 'README.md'}; "
-                f"see it again with `run_suite.py status {name}{more}`")
+                f"see it again with `{' '.join(COMMAND)} status {name}{more}`")
     return status
-
-
-def _tuple(value) -> tuple | None:
-    return None if value is None else tuple(value)
 
 
 #: executor flag (argparse dest) -> the [executor] key it overrides

@@ -36,17 +36,17 @@ class Planned:
         return f"{self.dataset} / {self.method} / seed {self.seed}"
 
 
-def cmd_status(cells: list[Planned], store_root: Path) -> int:
-    """Print, for every planned cell in the store ``store_root``, whether it is done, failed
-    (with the reason), running (a live runner holds its lock: who, since when), interrupted
-    (with its last saved epoch), damaged or missing; then counts and the estimated time
-    left, from the recorded timings of the done cells of the same method (else of all done
-    cells), on the machine(s) they ran on."""
-    import numpy as np
-
+def cmd_status(cells: list[Planned], store_root: Path, suite=None) -> int:
+    """Print every planned cell in the store ``store_root``: done (with what it cost),
+    failed (with the reason), running (a live runner holds its lock: who, since when),
+    interrupted (with its last saved epoch), damaged or missing; then counts and the
+    estimated time left (:func:`bench.progress.time_left`: each cell still to run at the
+    recorded cost of the done cells of its method, else of all done cells), or that
+    nothing is left; then the derived methods of ``suite`` (a :class:`bench.spec.Suite`),
+    computed from these cells."""
     from bench.catalog import describe_runner, live_runner
     from bench.cell import TRAIN_STATE, saved_epoch
-    from bench.progress import duration
+    from bench.progress import duration, time_left
     from bench.store import Store
 
     store = Store(store_root)
@@ -57,10 +57,9 @@ def cmd_status(cells: list[Planned], store_root: Path) -> int:
         cd = store.cell(cell.key)
         state, problem = cd.condition()
         if state == "complete":
-            info = cd.read_cell() or {}
             counts["done"] += 1
-            seconds.setdefault(cell.method, []).append(
-                float(info.get("train_seconds", 0.0)) + float(info.get("predict_seconds", 0.0)))
+            seconds.setdefault(cell.method, []).append(cd.seconds())
+            print(f"{cell.label}: done in {duration(seconds[cell.method][-1])} ({cell.key})")
             continue
         detail = {"missing": "", "failed": (problem or "")[len("failed: "):], "damaged": problem}.get(state, "")
         if state == "interrupted":
@@ -75,11 +74,18 @@ def cmd_status(cells: list[Planned], store_root: Path) -> int:
         if state != "failed":
             pending.append(cell.method)
         print(f"{cell.label}: {state}{': ' + detail if detail else ''} ({cell.key})")
-    done_all = [x for v in seconds.values() for x in v]
-    left = sum(float(np.mean(seconds.get(m) or done_all)) for m in pending) if done_all else float("nan")
-    estimate = duration(left) if done_all else "unknown (no cell done yet)"
-    print(f"{store.root}: " + ", ".join(f"{v} {k}" for k, v in counts.items())
-          + f"; estimated time left for the {len(pending)} cell(s) to run: {estimate}")
+    left = time_left(pending, seconds)
+    if not pending:
+        tail = "nothing left to run" + (" (the failed cells run again with the run's command)"
+                                        if counts["failed"] else "")
+    else:
+        estimate = duration(left) if left == left else "unknown (no cell done yet)"
+        tail = f"estimated time left for the {len(pending)} cell(s) to run: {estimate}"
+    print(f"{store.root}: " + ", ".join(f"{v} {k}" for k, v in counts.items()) + f"; {tail}")
+    derived = [line for m, line in zip(suite.methods, method_lines(suite)) if m.kind == "derived"] if suite else []
+    if derived:
+        print("derived methods (no cells: computed in analysis from their base's cells above):")
+        print("\n".join(derived))
     return 0
 
 
@@ -87,22 +93,85 @@ def status(args: argparse.Namespace, record: dict | None) -> int:
     """``status NAME`` (the cells its record names, narrowed by --methods, --datasets and
     --seeds) or ``status --suite ...`` (the suite's plan, in its run's store)."""
     from bench.plan import make_plan
+    from bench.runs import COMMAND
     from bench.spec import Overrides, load_suite, select
 
     if args.run is not None:
         if record is None:
             raise ConfigError(f"status {args.run}: the store {args.results / args.run} has no record of its plan (made "
                               "before runs had names): give the suite file and the flags it ran with instead, "
-                              "e.g. status --suite FILE --epochs N")
+                              f"e.g. `{' '.join(COMMAND)} status --suite FILE --epochs N`")
         cells = [Planned(str(c["key"]), str(c["dataset"]), str(c["method"]), int(c["seed"]), int(c["epochs"]))
                  for c in record.get("cells", [])]
         cells = [c for c in cells if (args.methods is None or c.method in args.methods)
                  and (args.datasets is None or c.dataset in args.datasets) and (args.seeds is None or c.seed in args.seeds)]
-        return cmd_status(cells, args.results / args.run)
+        suite = recorded_suite(record)
+        if suite is not None and (args.methods or args.datasets):
+            suite = select(suite, args.methods, args.datasets, to_run=False)
+        return cmd_status(cells, args.results / args.run, suite)
     suite = load_suite(args.suite or "default", Overrides(seeds=args.seeds, epochs=args.epochs, methods=args.methods))
-    plan = make_plan(select(suite, args.methods, args.datasets, to_run=False))
+    selected = select(suite, args.methods, args.datasets, to_run=False)
+    plan = make_plan(selected)
     cells = [Planned(c.key, c.dataset.name, c.method.name, c.seed, c.method.train.epochs) for c in plan.cells]
-    return cmd_status(cells, args.results / stored_run(args, suite.name))
+    return cmd_status(cells, args.results / stored_run(args, suite.name), selected)
+
+
+def method_lines(suite) -> list[str]:
+    """One line per method of a suite (a :class:`bench.spec.Suite`), in its order, derived
+    ones included: what it is and where its numbers come from (trained: epochs, a
+    two-stage or post-hoc method's stage 1; derived: the base whose cells it is computed
+    from in analysis, nothing trained)."""
+    from bench.registry import METHODS
+    from bench.spec import post_hoc_of, stage1_of
+
+    lines = []
+    for m in suite.methods:
+        if m.kind == "derived":
+            members = METHODS.get(m.type)(m.options).members_per_replicate()
+            what = (f"derived: {members} seeds of {m.options.base} per replicate" if members > 1
+                    else f"derived: from each seed of {m.options.base}") + ", computed in analysis (nothing trained)"
+        elif (base := stage1_of(m)) and post_hoc_of(m):
+            what = f"trained post hoc: fitted on {base}'s cell of each seed (no training of its own)"
+        elif base:
+            what = f"trained: {m.train.epochs} epochs, starting from {base}'s cell of each seed"
+        else:
+            what = f"trained: {m.train.epochs} epochs"
+        lines.append(f"  {m.name:<22} {f'[{m.type}] ' if m.type != m.name else ''}{what}")
+    return lines
+
+
+def recorded_suite(record: dict):
+    """The suite a run's store record (:func:`bench.runs.store_record`) planned: its suite
+    file's contents as recorded, with its overrides and selection (None: a record that
+    keeps no contents)."""
+    from bench.runs import recorded_source
+    from bench.spec import Overrides, build_suite, select
+
+    if (source := recorded_source(record)) is None:
+        return None
+    given = record.get("overrides") or {}
+    full = build_suite(source, Overrides(seeds=as_tuple(given.get("seeds")), epochs=given.get("epochs"),
+                                         methods=as_tuple(given.get("methods"))))
+    return select(full, as_tuple(given.get("methods")), as_tuple(given.get("datasets")), to_run=False)
+
+
+def as_tuple(value) -> tuple | None:
+    """A JSON list (a record's overrides) as a tuple; None stays None."""
+    return None if value is None else tuple(value)
+
+
+def cmd_suite(name: str) -> int:
+    """``list --suite NAME``: a suite's data sets, seeds and methods, derived ones included
+    (:func:`method_lines`)."""
+    from bench.spec import load_suite
+
+    suite = load_suite(name)
+    print(f"suite {suite.name}" + (f": {suite.description}" if suite.description else ""))
+    print(f"datasets: {', '.join(d.name for d in suite.datasets)}")
+    print(f"seeds: {', '.join(map(str, suite.seeds))}")
+    print(f"methods ({len(suite.methods)}; reference {suite.reference_method}):")
+    print("\n".join(method_lines(suite)))
+    return 0
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -110,6 +179,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     suite's store): print one line per cell that is not complete; exit 0 when nothing is
     damaged, 1 otherwise (failed and interrupted cells are listed but are not damage)."""
     from bench.cell import TENSORBOARD
+    from bench.runs import COMMAND
     from bench.spec import suite_name_problem
     from bench.store import DAMAGED_MARK, CellDir
 
@@ -122,7 +192,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             raise ConfigError(f"--suite: {why}")
     root = args.results / name
     if not root.is_dir():
-        raise ConfigError(f"verify: no store at {root}; give a run's NAME (run_suite.py runs lists them) or "
+        raise ConfigError(f"verify: no store at {root}; give a run's NAME (`{' '.join(COMMAND)} runs` lists them) or "
                           "--results DIR")
     counts = {"complete": 0, "failed": 0, "interrupted": 0, "damaged": 0}
     for path in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".") and p.name != TENSORBOARD):

@@ -66,6 +66,7 @@ class Job:
     threads: int = 0  # torch threads in a worker process (0: leave as is)
     tensorboard: bool = False  # also write the training log as TensorBoard events
     progress: str = "off"  # how the process running it shows progress (bench.progress)
+    verbose: bool = False  # lines mode: every epoch and split (bench.progress.configure)
 
 
 @dataclass(frozen=True)
@@ -88,14 +89,14 @@ _DEVICE: str | None = None  # a pool worker's device, claimed at its start
 def _set_up_process(job: Job) -> None:
     """Once per process and settings: the registries filled (built-ins and the job's
     plugins), the data settings, torch's thread count, how progress shows."""
-    key = (job.plugins, job.data_root, job.download, job.strict, job.threads, job.progress)
+    key = (job.plugins, job.data_root, job.download, job.strict, job.threads, job.progress, job.verbose)
     if key in _SET_UP:
         return
     import_plugins(list(job.plugins))
     configure_data(job.data_root, download=job.download, strict=job.strict)
     if job.threads:
         torch.set_num_threads(job.threads)
-    progress.configure(job.progress)
+    progress.configure(job.progress, job.verbose)
     _SET_UP.add(key)
 
 

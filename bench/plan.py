@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 
 from bench.options import to_dict
-from bench.spec import DatasetSpec, MethodSpec, StoreConfig, Suite, stage1_of
+from bench.spec import DatasetSpec, MethodSpec, StoreConfig, Suite, post_hoc_of, stage1_of
 from bench.store import STORE_SCHEMA
 
 
@@ -28,6 +28,11 @@ class Cell:
     @property
     def label(self) -> str:
         return f"{self.dataset.name} / {self.method.name} / seed {self.seed}"
+
+    @property
+    def post_hoc(self) -> bool:
+        """A cell that trains nothing: fitted on its stage-1 cell's network (:func:`post_hoc_of`)."""
+        return self.stage1 is not None and post_hoc_of(self.method)
 
 
 #: training settings left out of a cell's key: how a cell is executed, not what it estimates.

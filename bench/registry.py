@@ -30,6 +30,29 @@ def _module_of(obj: object) -> str:
     return str(getattr(getattr(obj, "fn", obj), "__module__", "?"))
 
 
+def closest(name: str, known, aliases: dict[str, str] | None = None) -> str | None:
+    """The name of ``known`` a user most likely meant by ``name``: the one an alias of
+    which ``name`` is (``aliases``: alias -> name, e.g. a metric's label; any case), else
+    the only one ``name`` begins (``acc``: ``accuracy``), else the closest by
+    :func:`difflib.get_close_matches`; None when none is close."""
+    known = sorted(known)
+    lowered = str(name).lower()
+    for alias, target in (aliases or {}).items():
+        if alias.lower() == lowered and target in known:
+            return target
+    starting = [k for k in known if k.lower().startswith(lowered)]
+    if len(starting) == 1 and lowered:
+        return starting[0]
+    close = difflib.get_close_matches(str(name), known, n=1)
+    return close[0] if close else None
+
+
+def did_you_mean(name: str, known, aliases: dict[str, str] | None = None) -> str:
+    """`` (did you mean 'x'?)`` for :func:`closest`, or "" when no known name is close."""
+    match = closest(name, known, aliases)
+    return f" (did you mean {match!r}?)" if match is not None else ""
+
+
 class Registry(Generic[T]):
     """A name -> object map with decorator registration and helpful lookup errors.
 
@@ -89,8 +112,8 @@ class Registry(Generic[T]):
     def unknown_message(self, name: str, key: str | None = None) -> str:
         where = f" (at {key})" if key else ""
         known = ", ".join(self.names()) or "none registered"
-        close = difflib.get_close_matches(str(name), self.names(), n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
+        match = closest(str(name), self.names())
+        hint = f" Did you mean {match!r}?" if match is not None else ""
         return f"unknown {self.kind} {name!r}{where}.{hint} Known {self.kind}s: {known}."
 
     def names(self) -> list[str]:

@@ -56,7 +56,8 @@ def preflight(plan: Plan, datasets: dict[str, DataBundle], to_run: set[str] | No
 
 @dataclass
 class RunSummary:
-    done: list[str] = field(default_factory=list)
+    done: list[str] = field(default_factory=list)  # trained here
+    fitted: list[str] = field(default_factory=list)  # post-hoc cells fitted here on their stage-1 cell (none trained)
     skipped: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     elsewhere: list[str] = field(default_factory=list)  # locked by another runner on the same store
@@ -115,15 +116,17 @@ def _run_jobs(plan, store, device: str, console, describe, executor, workers, ce
         write_store_description(store.root, describe)
     summary = RunSummary()
     total = len(plan.cells)
+    measured: dict[str, list[float]] = {}  # method -> seconds per cell: the time-left estimate's costs
     for cell in plan.cells:
         if conditions[cell.key][0] == "complete":
             console.log(f"[{len(summary.skipped) + 1}/{total}] {cell.label}: complete, skipped ({cell.key})")
             summary.skipped.append(cell.key)
+            measured.setdefault(cell.method.name, []).append(store.cell(cell.key).seconds())
     settings = data_settings()
     # a worker process shows a line per epoch and split unless the run is quiet; this one keeps its mode
     shown = progress.mode() if executor == "local" else "off" if progress.mode() == "off" else "lines"
     jobs = [Job(c, str(store.root), device, tuple(plugins), str(settings.root) if settings.root else None,
-                settings.download, settings.strict, tensorboard=tensorboard, progress=shown)
+                settings.download, settings.strict, tensorboard=tensorboard, progress=shown, verbose=progress.verbose())
             for c in plan.cells if conditions[c.key][0] != "complete"]
     if executor == "local":
         preload(datasets)
@@ -140,34 +143,52 @@ def _run_jobs(plan, store, device: str, console, describe, executor, workers, ce
         folder = store.root / ".submitit"
         console.log(f"executor {executor}: {len(jobs)} job(s), scripts and logs in {folder}")
         outcomes = submitit_run(jobs, folder, executor, slurm or SlurmOptions())
-    with progress.task("cells", total=len(jobs), unit="cell") as bar:
-        _log_outcomes(outcomes, summary, console, bar, total, len(jobs), executor != "local")
+    at_once = {"local": 1, "processes": workers}.get(executor, (slurm or SlurmOptions()).array_limit)
+    with progress.task("cells", total=total, unit="cell", initial=len(summary.skipped), rate=False) as bar:
+        _log_outcomes(outcomes, summary, console, bar, total, [(j.cell.key, j.cell.method.name) for j in jobs],
+                      executor != "local", {c.key for c in plan.cells if c.post_hoc}, measured, at_once)
     return summary
 
 
-def _log_outcomes(outcomes, summary: RunSummary, console: Console, bar, total: int, jobs: int, queued: bool) -> None:
+def _log_outcomes(outcomes, summary: RunSummary, console: Console, bar, total: int, jobs: list[tuple[str, str]],
+                  queued: bool, post_hoc: set[str] = frozenset(), measured: dict[str, list[float]] | None = None,
+                  at_once: int = 1) -> None:
     """Log each cell's outcome as it comes (with ``queued``: the counts of an executor
-    that runs several at once) and record it in ``summary``."""
+    that runs several at once) and record it in ``summary`` (a complete cell of
+    ``post_hoc``, the keys of cells that train nothing, as fitted).  ``jobs``: the cells
+    submitted, ``(key, method)``.  Each line and the bar count every cell of the run, the
+    skipped ones included, and say the time left (:func:`bench.progress.time_left`: the
+    cells still to come at the measured cost of their method, ``measured`` as the store
+    recorded it for the complete cells and as each cell of this run takes, ``at_once``
+    cells at a time)."""
+    measured = {} if measured is None else measured
+    pending = dict(jobs)
     finished = len(summary.skipped)
-    for n_out, out in enumerate(outcomes, 1):
+    for out in outcomes:
         finished += 1
         prefix = f"[{finished}/{total}] {out.label}"
+        method = pending.pop(out.key, None)
+        if out.status == "complete" and method is not None:
+            measured.setdefault(method, []).append(out.seconds)
+        left = progress.time_left(list(pending.values()), measured, at_once)
+        eta = f"; about {progress.duration(left)} left" if pending and left == left else ""
         if out.status == "complete":
-            console.log(f"{prefix}: complete in {progress.duration(out.seconds)}, {out.detail}")
-            summary.done.append(out.key)
+            console.log(f"{prefix}: complete in {progress.duration(out.seconds)}, {out.detail}{eta}")
+            (summary.fitted if out.key in post_hoc else summary.done).append(out.key)
         elif out.status == "skipped":
-            console.log(f"{prefix}: completed by another runner, skipped ({out.key})")
+            console.log(f"{prefix}: completed by another runner, skipped ({out.key}){eta}")
             summary.skipped.append(out.key)
         elif out.status == "elsewhere":
-            console.log(f"{prefix}: running elsewhere, {out.detail}; left to that runner")
+            console.log(f"{prefix}: running elsewhere, {out.detail}; left to that runner{eta}")
             summary.elsewhere.append(out.key)
         else:
-            console.warn(f"{prefix}: FAILED after {progress.duration(out.seconds)}: {out.detail}")
+            console.warn(f"{prefix}: FAILED after {progress.duration(out.seconds)}: {out.detail}{eta}")
             summary.failed.append(out.key)
         if queued:
-            console.log(f"  {len(summary.done)} done, {len(summary.failed)} failed, "
-                        f"{jobs - n_out} queued or running")
+            console.log(f"  {len(summary.done) + len(summary.fitted)} done, {len(summary.failed)} failed, "
+                        f"{len(pending)} queued or running")
         bar.advance()
+        bar.suffix(eta.removeprefix("; "))
 
 
 def _follow(plan: Plan, device: torch.device) -> RunSummary:

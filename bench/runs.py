@@ -11,9 +11,9 @@ never lands in the folders of the plain suite, whose report may be a committed r
 Records, both ``run.json`` (:data:`RUN_RECORD`):
 
 * ``<results>/NAME/run.json`` (written when the run starts, after its checks): the name,
-  the suite's name and file, the overrides, the suite file's contents (JSON text, in the
-  file's order), the plugins and
-  the plan's cells (key, dataset, method, seed, epochs).  ``status NAME``, ``report NAME``
+  the suite's name and file, the overrides, when the run was first started (``started``,
+  kept when it resumes), the suite file's contents (JSON text, in the file's order), the
+  plugins and the plan's cells (key, dataset, method, seed, epochs).  ``status NAME``, ``report NAME``
   and ``verify NAME`` need nothing else, and ``runs`` lists the runs of a store root.
 * ``<reports>/NAME/run.json``: whose report it is (name, suite, overrides; no time, so the
   same store still gives byte-identical reports).
@@ -37,15 +37,17 @@ import hashlib
 import json
 import shlex
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 from bench.errors import ConfigError
 from bench.lock import guard
-from bench.spec import suite_name_problem
+from bench.spec import SUITES_DIR, suite_name_problem
 from bench.store import CELL, DAMAGED_MARK, MANIFEST, STORE_SUITE, CellDir, atomic_write_json, read_json_object
 
 RUN_RECORD = "run.json"
+#: how a hint writes the command line, as the README teaches it (from the repository root)
+COMMAND = (".venv/bin/python", "run_suite.py")
 PLAN_OVERRIDES = ("methods", "datasets", "seeds", "epochs")  # the flags that change a run's plan, in tag order
 #: the fields of a store's record (:func:`store_record`) and of a report's (:func:`report_record`), with their types
 STORE_FIELDS = {"name": str, "suite": str, "suite_file": str, "overrides": dict, "plugins": list, "source": str,
@@ -115,10 +117,15 @@ def check_name(name: str, flag: str = "--name") -> None:
         raise ConfigError(f"{flag}: {why}")
 
 
+def override_flags(overrides: dict) -> list[str]:
+    """A run's plan overrides as the command line gives them: ``["--epochs", "1", "--seeds", "0,1"]``."""
+    return [part for key, value in (overrides or {}).items()
+            for part in (f"--{key}", ",".join(map(str, value)) if isinstance(value, list) else str(value))]
+
+
 def describe(identity: dict) -> str:
     """``suite default with --epochs 1`` (or ``with no overrides``)."""
-    overrides = identity.get("overrides") or {}
-    flags = " ".join(f"--{k} {','.join(map(str, v)) if isinstance(v, list) else v}" for k, v in overrides.items())
+    flags = " ".join(override_flags(identity.get("overrides") or {}))
     return f"suite {identity.get('suite')!r} with {flags or 'no overrides'}"
 
 
@@ -205,6 +212,15 @@ def read_record(folder: Path, kind: str = "store") -> dict | None:
     return record
 
 
+def suite_argument(given: str) -> str:
+    """``--suite`` as a user types it: a built-in suite by its name (a run records its
+    file's absolute path), any other suite file as given."""
+    path = Path(given)
+    if path.suffix == ".toml" and path.resolve().parent == SUITES_DIR and path.is_file():
+        return path.stem
+    return given
+
+
 def rewrite_hint(folder: Path, record: object, kind: str) -> str:
     """How a damaged record of ``folder`` is rewritten: the run's own ``run`` command, with
     what the damaged record still tells of it (its suite file and overrides) and
@@ -213,10 +229,9 @@ def rewrite_hint(folder: Path, record: object, kind: str) -> str:
     suite_file = known.get("suite_file") if isinstance(known.get("suite_file"), str) else "SUITE.toml"
     overrides = known.get("overrides")
     flags_known = _overrides_problem(overrides) is None
-    parts = ["python", "run_suite.py", "run", "--suite", suite_file]
+    parts = [*COMMAND, "--suite", suite_argument(suite_file)]
     if flags_known:
-        parts += [part for key, value in overrides.items()
-                  for part in (f"--{key}", ",".join(map(str, value)) if isinstance(value, list) else str(value))]
+        parts += override_flags(overrides)
     parts += ["--name", Path(folder).name]
     root = Path(folder).parent
     if root != Path("results" if kind == "store" else "reports"):
@@ -272,9 +287,11 @@ def check_owner(folder: Path, kind: str, name: str, mine: dict, rewritable: bool
 
 
 def store_record(name: str, suite: str, suite_file: str, overrides: dict, source: dict, plugins, plan) -> dict:
-    """The record a run keeps in its store (``plan``: a :class:`bench.plan.Plan`)."""
+    """The record a run keeps in its store (``plan``: a :class:`bench.plan.Plan`); its
+    ``started`` (UTC, to the second) is now, and :func:`claim` keeps the first run's."""
     return {
         "name": name, "suite": suite, "suite_file": suite_file, "overrides": overrides, "plugins": list(plugins),
+        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "source": json.dumps(source, default=str),  # text: the tables keep their order (the methods' order)
         "cells": [{"key": c.key, "dataset": c.dataset.name, "method": c.method.name, "seed": c.seed,
                    "epochs": c.method.train.epochs} for c in plan.cells],
@@ -308,8 +325,7 @@ def resume_flags(record: dict) -> list[str]:
     """The flags that name a run (:func:`report_record`) on the ``run`` command line after
     ``--suite``: its overrides, and ``--name`` unless the name is their default."""
     overrides = record.get("overrides") or {}
-    flags = [part for key, value in overrides.items()
-             for part in (f"--{key}", ",".join(map(str, value)) if isinstance(value, list) else str(value))]
+    flags = override_flags(overrides)
     if record.get("name") != default_name(str(record.get("suite")), overrides):
         flags += ["--name", str(record.get("name"))]
     return flags
@@ -327,14 +343,24 @@ def claim(folder: Path, record: dict) -> str | None:
     passed :func:`check_owner` together under one name with different plans, the second to
     claim the name reads the first one's record and is refused.  A damaged record is
     replaced when the store holds no cell of another plan (:func:`foreign_cells`); what was
-    wrong with it is returned (None otherwise)."""
+    wrong with it is returned (None otherwise).  A run resumed keeps the ``started`` of the
+    record it finds (the date its report gives)."""
     folder.mkdir(parents=True, exist_ok=True)
     keys = {c["key"] for c in record["cells"]}
     with guard(folder, "a run claims its store"):
         damage = check_owner(folder, "store", record["name"], identity(record),
                              rewritable=not foreign_cells(folder, keys))
+        if damage is None and (first := started(read_record(folder))):
+            record = {**record, "started": first}
         write_record(folder, record)
     return damage
+
+
+def started(record: dict | None) -> str:
+    """When a run (its store record) was first started, ``2026-11-28T09:14:03+00:00``; ""
+    for a record made before runs kept it, or none."""
+    value = (record or {}).get("started")
+    return value if isinstance(value, str) else ""
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,6 @@ its key path and raised as one :class:`~bench.errors.ConfigError`.  A suite's ``
 from __future__ import annotations
 
 import copy
-import difflib
 import re
 import tomllib
 from dataclasses import dataclass, field, replace
@@ -41,7 +40,7 @@ from typing import Any, Literal
 from bench.errors import ConfigError
 from bench.executor_config import ExecutorConfig, parse_executor
 from bench.options import ALLOW_LARGE_HINT, Problems, allow_large, parse
-from bench.registry import ATTENTIONS, DATASETS, METHODS, SCORES
+from bench.registry import ATTENTIONS, DATASETS, METHODS, SCORES, closest, did_you_mean
 from bench import scores as _scores  # noqa: F401  (registers the built-in OOD scores a suite may name)
 
 SUITES_DIR = Path(__file__).resolve().parent / "suites"
@@ -245,8 +244,8 @@ def resolve_suite_path(name_or_path: str) -> Path:
     builtin = SUITES_DIR / f"{name_or_path}.toml"
     if not builtin.is_file():
         raise ConfigError(
-            f"unknown suite {name_or_path!r}: neither a built-in suite ({', '.join(available_suites())}) "
-            "nor a path to a .toml file"
+            f"unknown suite {name_or_path!r}{did_you_mean(name_or_path, available_suites())}: neither a built-in "
+            f"suite ({', '.join(available_suites())}) nor a path to a .toml file"
         )
     return builtin
 
@@ -496,6 +495,12 @@ def stage1_of(m: MethodSpec) -> str:
     return "" if m.kind != "trained" else METHODS.get(m.type)(m.options).stage1()
 
 
+def post_hoc_of(m: MethodSpec) -> bool:
+    """Whether a trained method trains nothing of its own: a two-stage method fitted on
+    its stage 1's stored network (``TrainedMethod.post_hoc``: last-layer Laplace on msp)."""
+    return bool(stage1_of(m)) and METHODS.get(m.type)(m.options).post_hoc()
+
+
 def _check_stage1(m: MethodSpec, by_name: dict[str, MethodSpec], problems: Problems) -> None:
     """A stage 1 is checked as a derived method's ``base`` is, and must be single-stage."""
     base = stage1_of(m)
@@ -510,33 +515,42 @@ def _check_stage1(m: MethodSpec, by_name: dict[str, MethodSpec], problems: Probl
 
 
 def _closest(name: str, known: list[str]) -> str:
-    close = difflib.get_close_matches(name, known, n=1)
-    return f" Did you mean {close[0]!r}?" if close else ""
+    match = closest(name, known)
+    return f" Did you mean {match!r}?" if match is not None else ""
 
 
 def select(
-    suite: Suite, methods: tuple[str, ...] | None = None, datasets: tuple[str, ...] | None = None, *, to_run: bool = True
+    suite: Suite, methods: tuple[str, ...] | None = None, datasets: tuple[str, ...] | None = None, *, to_run: bool = True,
+    run: str = "",
 ) -> Suite:
     """The part of a suite to run (or report): only these datasets and methods, plus the
     trained methods that the selected derived ones are computed from.  ``to_run`` also
     checks that every selected combinator has enough seeds for one replicate.  A selection
-    of more than :data:`MAX_CELLS` cells is an error unless :func:`~bench.options.allow_large`."""
+    of more than :data:`MAX_CELLS` cells is an error unless :func:`~bench.options.allow_large`.
+    ``run``: the run whose datasets and methods ``suite`` holds (a report of it), named in
+    the error for a name it lacks; "" names the suite, and a method it lacks may be any
+    registered one."""
+    whose = f"run {run!r}" if run else f"suite {suite.name!r}"
     if datasets is not None:
         known = [d.name for d in suite.datasets]
         for name in datasets:
             if name not in known:
                 raise ConfigError(
-                    f"--datasets: suite {suite.name!r} has no dataset {name!r}.{_closest(name, known)} It has: {', '.join(known)}"
+                    f"--datasets: {whose} has no dataset {name!r}.{_closest(name, known)} It has: {', '.join(known)}"
                 )
     chosen_methods = suite.methods
     if methods is not None:
         known = [m.name for m in suite.methods]
         for name in methods:
-            if name not in known:
-                raise ConfigError(
-                    f"--methods: unknown method {name!r}.{_closest(name, known + METHODS.names())} "
-                    f"Suite {suite.name!r} has: {', '.join(known)}; registered methods: {', '.join(METHODS.names())}"
-                )
+            if name in known:
+                continue
+            if run:  # a report shows what the run has: only its methods can be meant
+                raise ConfigError(f"--methods: {whose} has no method {name!r}.{_closest(name, known)} "
+                                  f"It has: {', '.join(known)}")
+            raise ConfigError(
+                f"--methods: unknown method {name!r}.{_closest(name, known + METHODS.names())} "
+                f"Suite {suite.name!r} has: {', '.join(known)}; registered methods: {', '.join(METHODS.names())}"
+            )
         wanted = set(methods)
         wanted |= {m.options.base for m in suite.methods if m.name in wanted and m.kind == "derived"}
         wanted |= {stage1_of(m) for m in suite.methods if m.name in wanted and stage1_of(m)}

@@ -236,6 +236,14 @@ class CellDir:
     def read_cell(self) -> dict | None:
         return read_json_object(self.path / CELL)
 
+    def seconds(self) -> float:
+        """What the cell cost to run, training and prediction (``cell.json``; 0 unrecorded)."""
+        info = self.read_cell() or {}
+        try:
+            return float(info.get("train_seconds", 0.0)) + float(info.get("predict_seconds", 0.0))
+        except (TypeError, ValueError):
+            return 0.0
+
     def condition(self, skip: tuple[str, ...] = ()) -> tuple[str, str | None]:
         """``(state, reason)``, the one classification of a cell directory:
 

@@ -347,6 +347,10 @@ class TrainResult:
     compile: str = "off"  # "on", "off" or "failed, trained eagerly: <reason>"
 
 
+#: the columns every training log row has (:func:`fit`); any other column is the method's own
+LOG_COLUMNS = ("epoch", "lr", "train_loss", "train_ce", "train_acc", "val_acc", "val_nll", "seconds")
+
+
 @flushing_denormals
 def fit(
     method: TrainedMethod,
@@ -375,9 +379,11 @@ def fit(
     averaged gradients, the logged loss and the weights are the single-process ones (up
     to float summation order and per-rank dropout noise).  Only rank 0 validates.
 
-    Each epoch's log row (``on_epoch(row)``, :attr:`TrainResult.log`) holds the epoch, the
-    learning rate, the training loss and accuracy, the validation accuracy and NLL, the
-    seconds, the method's :meth:`~bench.method.TrainedMethod.epoch_log` and the epoch's
+    Each epoch's log row (``on_epoch(row)``, :attr:`TrainResult.log`) holds the columns of
+    :data:`LOG_COLUMNS` -- the epoch, the learning rate, the training objective
+    (``train_loss``: the cross-entropy plus the method's terms, as optimised), its data term
+    alone (``train_ce``: the cross-entropy of the training logits), the training accuracy,
+    the validation accuracy and NLL, the seconds -- then the method's :meth:`~bench.method.TrainedMethod.epoch_log` and the epoch's
     mean of each named regulariser of its :class:`~bench.method.LossTerm` layers
     (:meth:`~bench.method.LossTerm.loss_terms`, summed over layers).  ``on_step()`` is
     called after every optimiser step (progress)."""
@@ -430,6 +436,7 @@ def fit(
         t0 = time.perf_counter()
         perm = torch.randperm(n, generator=gen).to(device)
         loss_sum = torch.zeros((), device=device)
+        ce_sum = torch.zeros((), device=device)  # the data term alone: the cross-entropy of the training logits
         correct = torch.zeros((), device=device)
         bad_step = torch.full((), -1, dtype=torch.long, device=device)  # first non-finite loss of the epoch
         bad_loss = torch.zeros((), device=device)
@@ -465,6 +472,7 @@ def fit(
             opt.step()
             sched.step()
             loss_sum += loss.detach() * len(y)
+            ce_sum += F.cross_entropy(logits.detach().float(), y) * len(y)
             correct += (logits.argmax(-1) == y).sum()
             if on_step is not None:
                 on_step()
@@ -472,6 +480,7 @@ def fit(
             bad_step = distributed.all_min_(torch.where(bad_step >= 0, bad_step, steps_per_epoch))
             bad_step = torch.where(bad_step < steps_per_epoch, bad_step, -1)
             distributed.all_sum_(loss_sum)
+            distributed.all_sum_(ce_sum)
             distributed.all_sum_(correct)
         if int(bad_step) >= 0:  # the epoch's one look at the flag
             value = f" {float(bad_loss)}" if size == 1 else ""
@@ -487,6 +496,7 @@ def fit(
             "epoch": epoch + 1,
             "lr": opt.param_groups[0]["lr"],
             "train_loss": float(loss_sum) / (steps_per_epoch * bs),
+            "train_ce": float(ce_sum) / (steps_per_epoch * bs),
             "train_acc": float(correct) / (steps_per_epoch * bs),
             "val_acc": val_acc,
             "val_nll": val_nll,

@@ -59,7 +59,7 @@ from bench.errors import ConfigError
 from bench.metrics import selection
 from bench.report.formats import FORMATS, render, tex_escape, validate_formats
 from bench.report.plots import sanitize, write_plots
-from bench.report.readme import NOTES, readme_text
+from bench.report.readme import NOTES, RunTitle, readme_text
 from bench.report.rows import ResultsIndex
 from bench.report.tables import TABLES, Column, TableSpec, build_tables, validate_metrics
 from bench.store import atomic_write_text
@@ -67,8 +67,8 @@ from bench.store import atomic_write_text
 if TYPE_CHECKING:
     from bench.analysis import AnalysisResults
 
-__all__ = ["Column", "TableSpec", "TABLES", "FORMATS", "NOTES", "write_report", "render_report", "staged", "sanitize",
-           "tex_escape", "validate_formats", "validate_metrics"]
+__all__ = ["Column", "TableSpec", "TABLES", "FORMATS", "NOTES", "RunTitle", "write_report", "render_report", "staged",
+           "sanitize", "tex_escape", "validate_formats", "validate_metrics"]
 
 
 def write_report(
@@ -80,6 +80,7 @@ def write_report(
     severity: int = SEVERITIES[-1],
     left_out: Sequence = (),
     complete_with: str = "",
+    run: RunTitle | None = None,
 ) -> list[Path]:
     """Write tables, plots and ``README.md`` under ``out_dir``; return the paths written.
 
@@ -91,8 +92,11 @@ def write_report(
     columns is not written.  ``severity`` (1..5) is the severity of the per-corruption
     table (``--severity``).  ``left_out`` (:class:`bench.catalog.LeftOut`) are the cells
     the tables leave out, listed at the top of the README with ``complete_with``, the
-    command that completes them.  Plots of an earlier report that this call does not draw
-    are removed; other files in ``out_dir`` that it does not write are left alone.
+    command that completes them.  ``run`` (:class:`~bench.report.readme.RunTitle`) names the
+    run in the README's title, the line under it and every plot's title (None: the
+    results' suite name in the title alone).  Plots of an earlier report that this call
+    does not draw are removed; other files in ``out_dir`` that it does not write are left
+    alone.
 
     The formats, the metric names and the severity are checked here (:func:`validate_formats`,
     :func:`validate_metrics`, :func:`bench.data.check_severity`: a bad one is a ConfigError);
@@ -101,11 +105,12 @@ def write_report(
     picked = None if metrics is None else validate_metrics(metrics)
     severity = check_severity(severity, "report severity", ConfigError)
     return render_report(results, out_dir, validate_formats(formats), methods, picked, severity, left_out,
-                         complete_with)
+                         complete_with, run)
 
 
 def render_report(results: AnalysisResults, out_dir: Path, formats: Sequence[str], methods: Sequence[str] | None,
-                  metrics: list[str] | None, severity: int, left_out: Sequence = (), complete_with: str = "") -> list[Path]:
+                  metrics: list[str] | None, severity: int, left_out: Sequence = (), complete_with: str = "",
+                  run: RunTitle | None = None) -> list[Path]:
     """:func:`write_report` for arguments checked where they entered, as :func:`validate_formats`,
     :func:`validate_metrics` (``None``: each table's selection) and
     :func:`bench.data.check_severity` return them."""
@@ -127,7 +132,7 @@ def render_report(results: AnalysisResults, out_dir: Path, formats: Sequence[str
 
     plot_metrics = [m for m in selection("severity") if metrics is None or m in metrics]
     with progress.task("plots", unit="plot", done="{count} plots"):
-        plots = write_plots(results, shown, index, plot_metrics, out_dir / "plots")
+        plots = write_plots(results, shown, index, plot_metrics, out_dir / "plots", run.name if run else "")
     written.extend(path for _, _, path in plots)
     fresh = {path for _, _, path in plots}
     for stale in (out_dir / "plots").glob("*.png"):  # an earlier report's plots no longer shown
@@ -136,7 +141,7 @@ def render_report(results: AnalysisResults, out_dir: Path, formats: Sequence[str
 
     readme = out_dir / "README.md"
     atomic_write_text(readme, readme_text(results, shown, built, plots, out_dir, severity, left_out,
-                                          complete_with))
+                                          complete_with, run))
     written.append(readme)
     return written
 

@@ -11,6 +11,7 @@ import pandas as pd
 from tabulate import tabulate
 
 from bench.errors import ConfigError
+from bench.registry import did_you_mean
 from bench.report.rows import NO_STAT
 from bench.report.tables import Column, Table
 
@@ -27,7 +28,8 @@ def validate_formats(formats: Sequence[str]) -> tuple[str, ...]:
     through :class:`bench.report.suite.ReportOptions`, :func:`bench.report.write_report`)."""
     unknown = [f for f in formats if f not in FORMATS]
     if unknown:
-        raise ConfigError(f"unknown report format(s) {unknown}; known: {', '.join(FORMATS)}")
+        raise ConfigError(f"unknown report format(s) {unknown}{did_you_mean(unknown[0], FORMATS)}; known: "
+                          f"{', '.join(FORMATS)}")
     return tuple(dict.fromkeys(formats))
 
 

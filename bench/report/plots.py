@@ -13,6 +13,7 @@ Agg canvas (no pyplot, no global backend).
 from __future__ import annotations
 
 import re
+import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,9 +25,9 @@ from matplotlib.figure import Figure
 
 from bench import progress
 from bench.data import SEVERITIES, is_ood
-from bench.metrics import calibration_bins, ece, risk_coverage_curve
+from bench.metrics import calibration_bins, ece, get_metric, risk_coverage_curve
 from bench.report.rows import NO_STAT, VARIES, ResultsIndex, Stat, sample_count
-from bench.report.tables import Column, shown_column
+from bench.report.tables import APPROXIMATE, Column, shown_column
 
 if TYPE_CHECKING:
     from bench.analysis import AnalysisResults
@@ -34,7 +35,8 @@ if TYPE_CHECKING:
 N_BINS = 15  # reliability diagram, same (lo, hi] bins as the faithful ECE
 HIST_BINS = 40
 FIGSIZE = (4.8, 4.0)
-RELIABILITY_FIGSIZE = (4.8, 5.0)  # the diagram over its bin-count histogram
+RELIABILITY_FIGSIZE = (4.8, 5.8)  # the diagram over its bin-count histogram, the legend under both
+SEVERITY_FIGSIZE = (4.8, 4.8)  # room for a two-line title and a severity axis label of up to five lines
 TRAINING_FIGSIZE = (9.6, 4.0)  # validation NLL and training accuracy side by side
 DPI = 100
 _PLOT_RC = {"font.size": 9.0, "axes.titlesize": 9.0, "legend.fontsize": 7.5}
@@ -45,39 +47,59 @@ def sanitize(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
 
 
-def _new_figure(figsize: tuple[float, float] = FIGSIZE) -> Figure:
-    fig = Figure(figsize=figsize, dpi=DPI)
+def _new_figure(figsize: tuple[float, float] = FIGSIZE, layout: str | None = None) -> Figure:
+    fig = Figure(figsize=figsize, dpi=DPI, layout=layout)
     FigureCanvasAgg(fig)  # Agg canvas attached explicitly: no pyplot, no global backend
     return fig
 
 
 def _save(fig: Figure, path: Path) -> None:
-    fig.tight_layout()
+    if fig.get_layout_engine() is None:  # a figure made with a layout engine keeps its own
+        fig.tight_layout()
     fig.savefig(path, format="png", dpi=DPI, metadata={"Software": None})
     fig.clear()
     progress.advance()  # the report's "plots" task
 
 
+ACCURACY_COLOUR = "#4C72B0"
+OVER_COLOUR = "#C44E52"  # confidence above accuracy
+UNDER_COLOUR = "#E5AE38"  # accuracy above confidence (drawn over the accuracy bar: a colour apart from it)
+SPARSE_SHARE = 0.01  # a reliability bin holding fewer than this share of the images is drawn in outline
+
+
 def _plot_reliability(probs: np.ndarray, labels: np.ndarray, title: str, path: Path) -> None:
-    """Accuracy and the gap to confidence per bin, over a histogram of each bin's image
-    count (as torchmetrics' and netcal's reliability diagrams)."""
+    """Accuracy per bin, and the gap between it and the bin's mean confidence coloured by
+    its sign: over-confident (confidence above accuracy) and under-confident (accuracy
+    above confidence) each in their own colour and legend entry, so neither passes for
+    calibration.  A bin holding fewer than :data:`SPARSE_SHARE` of the images is drawn in
+    outline only (its accuracy rests on a handful of images); under the diagram, a
+    histogram of each bin's image count (as torchmetrics' and netcal's diagrams)."""
     stats = calibration_bins(probs, labels, n_bins=N_BINS)
     edges, width = stats["edges"], 1.0 / N_BINS
-    filled = stats["count"] > 0
-    left = edges[:-1][filled]
-    acc, conf = stats["acc"][filled], stats["conf"][filled]
-    fig = _new_figure(RELIABILITY_FIGSIZE)
+    count = stats["count"][:N_BINS]
+    filled = count > 0
+    left, acc, conf = edges[:-1][filled], stats["acc"][filled], stats["conf"][filled]
+    full = count[filled] >= SPARSE_SHARE * len(labels)
+    fig = _new_figure(RELIABILITY_FIGSIZE, layout="constrained")  # room for the legend under the axes
     ax, counts = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
-    ax.bar(left, acc, width=width, align="edge", color="#4C72B0", edgecolor="black",
+    ax.bar(left[full], acc[full], width=width, align="edge", color=ACCURACY_COLOUR, edgecolor="black",
            linewidth=0.5, label="accuracy")
-    ax.bar(left, conf - acc, bottom=acc, width=width, align="edge", color="#DD8452",
-           alpha=0.45, edgecolor="#C44E52", hatch="//", linewidth=0.5, label="gap to confidence")
+    if not full.all():
+        ax.bar(left[~full], acc[~full], width=width, align="edge", fill=False, edgecolor=ACCURACY_COLOUR,
+               linestyle="--", linewidth=0.8, label=f"accuracy, bin with < {SPARSE_SHARE:.0%} of images")
+    for side, colour, hatch, label in ((conf > acc, OVER_COLOUR, "//", "over-confident (confidence > accuracy)"),
+                                       (conf < acc, UNDER_COLOUR, "\\\\", "under-confident (accuracy > confidence)")):
+        for drawn, alpha in ((side & full, 0.55), (side & ~full, 0.2)):
+            if drawn.any():  # the gap, from the lower of accuracy and confidence up to the higher
+                ax.bar(left[drawn], np.abs(conf - acc)[drawn], bottom=np.minimum(acc, conf)[drawn], width=width,
+                       align="edge", color=colour, alpha=alpha, edgecolor=colour, hatch=hatch, linewidth=0.5,
+                       label=label)
+                label = "_nolegend_"  # one legend entry per side
     ax.plot([0, 1], [0, 1], "--", color="gray", linewidth=1.0, label="perfect calibration")
     ax.set(xlim=(0, 1), ylim=(0, 1), ylabel="accuracy")
     ax.set_title(f"{title}\nECE = {100 * ece(probs, labels, n_bins=N_BINS):.2f}% ({N_BINS} bins)")
-    ax.legend(loc="upper left")
-    counts.bar(edges[:-1], stats["count"][:N_BINS], width=width, align="edge", color="#8C8C8C",
-               edgecolor="black", linewidth=0.5)
+    fig.legend(loc="outside lower center", ncols=2, fontsize=6.5)  # under the axes: never over a bar
+    counts.bar(edges[:-1], count, width=width, align="edge", color="#8C8C8C", edgecolor="black", linewidth=0.5)
     counts.set(xlim=(0, 1), xlabel="confidence (max probability)", ylabel=f"samples per bin\n(of {len(labels):,})")
     _save(fig, path)
 
@@ -96,17 +118,25 @@ def _plot_risk_coverage(curves: list[tuple[str, np.ndarray, np.ndarray, str]], t
     _save(fig, path)
 
 
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")  # one per line of a severity plot, in turn
+DODGE = 0.5  # the severity plot's lines spread over this much of a severity step, so equal lines stay apart
+
+
 def _plot_severity(lines: list[tuple[str, list[int], dict[int, Stat]]], col: Column, title: str, xlabel: str,
                    path: Path) -> None:
-    """One line per method over severity (0 = the same samples clean), shaded band = the 95% CI."""
-    fig = _new_figure()
+    """One line per method over severity (0 = the same samples clean), shaded band = the
+    95% CI.  Each line has its own marker and is shifted sideways a little (the lines
+    together span :data:`DODGE` of a step), so methods with equal values (msp and its
+    temperature scaling in accuracy) do not hide each other."""
+    fig = _new_figure(SEVERITY_FIGSIZE)
     ax = fig.add_subplot()
-    for method, sevs, cells in lines:
-        x = np.asarray(sevs, dtype=float)
+    step = DODGE / max(len(lines), 1)
+    for i, (method, sevs, cells) in enumerate(lines):
+        x = np.asarray(sevs, dtype=float) + (i - (len(lines) - 1) / 2) * step
         mean = np.array([cells[s].mean for s in sevs]) * col.scale
         lo = np.array([cells[s].ci_low for s in sevs]) * col.scale
         hi = np.array([cells[s].ci_high for s in sevs]) * col.scale
-        (line,) = ax.plot(x, mean, marker="o", markersize=3, linewidth=1.2, label=method)
+        (line,) = ax.plot(x, mean, marker=MARKERS[i % len(MARKERS)], markersize=4, linewidth=1.2, label=method)
         ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
     ax.set(xlabel=xlabel, ylabel=col.header, xticks=[0, *SEVERITIES])
     ax.set_title(title)
@@ -175,11 +205,24 @@ def _severity_lines(ix: ResultsIndex, methods: list[str], dataset: str,
     return out
 
 
-def _severity_xlabel(ix: ResultsIndex, methods: list[str], dataset: str) -> str:
-    """The severity axis: what severity 0 is, with the samples per split where one count holds."""
+SMALL_SPLIT = 1000  # fewer samples per split than this: a binned calibration error's upward bias is large
+LABEL_WIDTH = 60  # characters per line of an axis label, so it stays inside the figure
+
+
+def _severity_xlabel(ix: ResultsIndex, methods: list[str], dataset: str, metric: str, col: Column) -> str:
+    """The severity axis: what severity 0 is, with the samples per split where one count
+    holds; for a calibration error on splits of fewer than :data:`SMALL_SPLIT` samples,
+    that its value there is biased upward (a binned estimate), so severity 0 is not the
+    summary's test value.  Wrapped to :data:`LABEL_WIDTH` characters a line."""
     counts = {sample_count(n) for m in methods for n in ix.severity_samples.get((dataset, m), {}).values()}
     each = f"; {next(iter(counts)):,} samples each" if len(counts) == 1 and VARIES not in counts else ""
-    return f"corruption severity (0 = the same samples, clean{each})"
+    lines = [f"corruption severity (0 = the same samples, clean{each})"]
+    sizes = [n for n in counts if n != VARIES]
+    if get_metric(metric).kind == "calibration" and sizes and min(sizes) < SMALL_SPLIT:
+        few = f"{next(iter(counts)):,}" if each else f"as few as {min(sizes):,}"
+        lines.append(f"{col.label} on {few} samples per split is biased upward (binned): compare the severities "
+                     f"with each other, not with the summary's {col.label} on the whole test split")
+    return "\n".join(textwrap.fill(line, LABEL_WIDTH) for line in lines)
 
 
 def _aurc_legend(ix: ResultsIndex, dataset: str, method: str, col: Column) -> str:
@@ -191,9 +234,11 @@ def _aurc_legend(ix: ResultsIndex, dataset: str, method: str, col: Column) -> st
 
 
 def write_plots(
-    results: AnalysisResults, methods: list[str], ix: ResultsIndex, severity_metrics: list[str], plot_dir: Path
+    results: AnalysisResults, methods: list[str], ix: ResultsIndex, severity_metrics: list[str], plot_dir: Path,
+    run: str = "",
 ) -> list[tuple[str, str, Path]]:
-    """Write every plot; return (dataset, caption, path) in display order.
+    """Write every plot; return (dataset, caption, path) in display order.  Every title
+    names the run (``run``; "": none) on its second line.
 
     Per dataset: the training curves (each method's own training log, mean over seeds), the
     reliability diagrams (methods in order, first seed), the risk-coverage
@@ -204,6 +249,9 @@ def write_plots(
     """
     plot_dir.mkdir(parents=True, exist_ok=True)
     out: list[tuple[str, str, Path]] = []
+
+    def titled(subject: str) -> str:
+        return f"{subject}\nrun {run}" if run else subject
     with matplotlib.style.context("default"), matplotlib.rc_context(_PLOT_RC):
         for dataset in results.datasets:
             splits = results.splits.get(dataset, [])
@@ -213,7 +261,7 @@ def write_plots(
             training = _training_lines(results, methods, dataset)
             if training:
                 path = plot_dir / f"training_{sanitize(dataset)}.png"
-                _plot_training(training, f"Training: {dataset} (mean over seeds)", path)
+                _plot_training(training, titled(f"Training: {dataset} (mean over seeds)"), path)
                 out.append((dataset, f"Training curves: {dataset} (validation NLL and training accuracy per "
                                      "epoch, mean over seeds)", path))
             for method in methods:
@@ -224,7 +272,7 @@ def write_plots(
                 probs, labels = results.load_predictions(dataset, method, seed, "test")
                 name = f"{dataset} / {method} (seed {seed}, test)"
                 path = plot_dir / f"reliability_{sanitize(dataset)}_{sanitize(method)}.png"
-                _plot_reliability(probs, labels, f"Reliability: {name}", path)
+                _plot_reliability(probs, labels, titled(f"Reliability: {name}"), path)
                 reliability.append((dataset, f"Reliability diagram: {name}", path))
                 risks = [risk_coverage_curve(*results.load_predictions(dataset, method, s, "test"))[1]
                          if s != seed else risk_coverage_curve(probs, labels)[1] for s in seeds]
@@ -234,12 +282,13 @@ def write_plots(
                     ood = [(s, results.load_predictions(dataset, method, seed, s)[0].max(axis=1))
                            for s in ood_splits]
                     path = plot_dir / f"ood_hist_{sanitize(dataset)}_{sanitize(method)}.png"
-                    _plot_ood_hist(probs.max(axis=1), ood, f"MSP: {name} vs OOD", path)
+                    _plot_ood_hist(probs.max(axis=1), ood, titled(f"MSP: {name} vs OOD"), path)
                     hists.append((dataset, f"MSP histograms, test vs OOD: {name}", path))
             out += reliability
             if curves:
                 path = plot_dir / f"risk_coverage_{sanitize(dataset)}.png"
-                _plot_risk_coverage(curves, f"Risk-coverage: {dataset} (test; curves and AURC: mean over seeds)", path)
+                subject = f"Risk-coverage: {dataset} (test; curves and AURC: mean over seeds)"
+                _plot_risk_coverage(curves, titled(subject), path)
                 out.append((dataset, f"Risk-coverage curves: {dataset}", path))
             for metric in severity_metrics:
                 lines = _severity_lines(ix, methods, dataset, metric)
@@ -247,9 +296,11 @@ def write_plots(
                     col = shown_column(metric, results.headlines, [dataset])
                     shown = results.headlines.get(dataset, {}).get(metric, metric)
                     path = plot_dir / f"severity_{sanitize(dataset)}_{shown}.png"
-                    caption = f"{col.label} vs. corruption severity: {dataset} (mean over corruptions, 95% CI band)"
-                    title = f"{col.label} vs. corruption severity: {dataset}\n(mean over corruptions, band = 95% CI)"
-                    _plot_severity(lines, col, title, _severity_xlabel(ix, methods, dataset), path)
+                    band = f"{APPROXIMATE if col.interval else ''}95% CI"  # ≈: the metric's intervals are approximate
+                    caption = f"{col.label} vs. corruption severity: {dataset} (mean over corruptions, {band} band)"
+                    subject = f"{col.label} vs. corruption severity: {dataset}\n(mean over corruptions, band = {band})"
+                    _plot_severity(lines, col, titled(subject), _severity_xlabel(ix, methods, dataset, metric, col),
+                                   path)
                     out.append((dataset, caption, path))
             out += hists
     return out

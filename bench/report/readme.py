@@ -6,7 +6,7 @@ that differs from its authors' code."""
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
@@ -17,8 +17,9 @@ from bench.analysis import IMPROVING, RULE, UNJUDGED
 from bench.data import is_ood
 from bench.registry import SCORES
 from bench.report.formats import md_escape, to_markdown
+from bench.report.plots import SMALL_SPLIT
 from bench.scores import default_scores, sort_scores
-from bench.report.tables import CI_DECIMALS, IMPROVING_MARK, NOT_REACHED, TABLES, Column, Table, dataset_columns
+from bench.report.tables import IMPROVING_MARK, NOT_REACHED, TABLES, Column, Table, dataset_columns
 from bench.stats import SAMPLES_SEEDS_FIXED
 
 if TYPE_CHECKING:
@@ -26,6 +27,45 @@ if TYPE_CHECKING:
     from bench.catalog import LeftOut
 
 NOTES = "NOTES.md"  # written by hand, never by the report: inlined at the top of README.md (not of an incomplete one)
+
+
+@dataclass(frozen=True)
+class RunTitle:
+    """Which run a report shows, for its title, the line under it and its plots' titles:
+    the run's ``name`` and ``suite``, its plan overrides as command-line flags
+    (``overrides``, "" for none), what this report narrows or adds (``shown``: e.g.
+    ``--methods msp --metrics ece``), when the run started (``date``, ``YYYY-MM-DD``, or
+    when its newest cell finished: ``finished``; "" when unknown)."""
+
+    name: str
+    suite: str
+    overrides: str = ""
+    shown: str = ""
+    date: str = ""
+    finished: str = ""
+
+    @property
+    def reference(self) -> bool:
+        """The suite's own run: its name, nothing overridden (a committed reference report)."""
+        return self.name == self.suite and not self.overrides
+
+    def lines(self) -> list[str]:
+        """The README's line under the title."""
+        what = f"suite `{self.suite}` with `{self.overrides}`" if self.overrides else \
+            f"suite `{self.suite}` with no overrides"
+        when = f", started {self.date}" if self.date else f", its last cell finished {self.finished}" \
+            if self.finished else ""
+        if self.reference:
+            verdict = "the suite's reference run (its file's plan, nothing overridden)."
+        elif self.overrides:
+            verdict = ("**not the suite's reference run**: its overrides change what was trained, so its numbers "
+                       f"are not those of suite `{self.suite}`.")
+        else:
+            verdict = "the suite's plan, nothing overridden, under a name of its own."
+        line = f"Run `{self.name}`: {what}{when}; {verdict}"
+        if self.shown:
+            line += f" This report shows `{self.shown}` of it."
+        return [line, ""]
 
 
 def _marks_note(significance: str) -> str:
@@ -39,7 +79,7 @@ def _marks_note(significance: str) -> str:
             "same resampled samples, Holm-corrected across the comparisons of one dataset's "
             "table, p_holm < 0.05); it ignores seed-to-seed variation, so a re-run with new seeds "
             "need not repeat it. `[lo, hi]` is the percentile bootstrap interval over test "
-            f"samples ({CI_DECIMALS} decimal). "
+            "samples (at the estimate's decimals, rounded outward). "
         )
     return (
         "**A mark `▲`/`▼` means that the method is better/worse than the reference, in the "
@@ -54,7 +94,7 @@ def _marks_note(significance: str) -> str:
         "single run (one seed, or an ensemble with one replicate), whose seed variation "
         "cannot be measured; the mark then rests on test-sample noise (and the other side's "
         "seeds) only, and a re-run with new seeds may not repeat it. `[lo, hi]` "
-        f"({CI_DECIMALS} decimal) is the 95% interval of the seed-mean built the same way "
+        "(at the estimate's decimals, rounded outward) is the 95% interval of the seed-mean built the same way "
         "(test samples only for a single run), cut to the metric's range (e.g. [0, 100] for a "
         "percentage). An interval is for the metric's true value: for "
         "an estimator biased upward, as plug-in ECE is, it can lie below the estimate. "
@@ -81,7 +121,10 @@ def _note(reference: str, significance: str) -> str:
         "evaluated at a severity; its severity 0 is the same samples clean (a corruption split "
         "holds the first N test samples, corrupted; *Samples* gives N), so every row compares the "
         "same samples; its CI (`ci_low`/`ci_high` in the CSV, the band of the "
-        "severity plots) is the analysis' 95% interval of that seed-mean, built as above. `n/a` means the metric is undefined for every "
+        "severity plots, `≈` where approximate) is the analysis' 95% interval of that seed-mean, built as above; a "
+        "binned calibration error on splits of few samples is biased upward (the severity plots say so below "
+        f"{SMALL_SPLIT:,} samples), so its severity 0 can exceed the summary's value on the whole test split. `n/a` means the metric "
+        "is undefined for every "
         "seed (e.g. failure AUROC when all predictions are correct) and `failed` that no "
         "seed of the method finished (see *Failed cells*). LaTeX (`tables/*.tex`, "
         "booktabs): best value per column in bold within each dataset and "
@@ -232,9 +275,13 @@ def readme_text(
     severity: int,
     left_out: Sequence[LeftOut] = (),
     complete_with: str = "",
+    run: RunTitle | None = None,
 ) -> str:
+    """The README; ``run`` names the run in the title and the line under it (None: the
+    suite's name alone, a report made without a run)."""
     flagged = set().union(*(t.flagged for t in tables))  # (dataset, method) rows the tables mark
-    parts = [f"# uqbench report: {results.suite}", ""]
+    parts = [f"# uqbench report: {run.name if run is not None else results.suite}", ""]
+    parts += run.lines() if run is not None else []
     parts += _left_out(left_out, complete_with)
     parts += _convergence_header(results, methods, flagged)
     notes = out_dir / NOTES

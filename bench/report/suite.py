@@ -38,13 +38,14 @@ from bench.catalog import Catalog, LeftOut, open_store, write_store_description
 from bench.data import SEVERITIES, check_severity
 from bench.errors import ConfigError, one_line
 from bench.plan import make_plan
-from bench.report import render_report, staged
+from bench.report import RunTitle, render_report, staged
 from bench.report.formats import FORMATS, validate_formats
 from bench.report.readme import left_out_summary
 from bench.report.tables import validate_metrics
-from bench.runs import RUN_RECORD, identity, implied, owner, resume_flags, write_record
+from bench.runs import (COMMAND, RUN_RECORD, DamagedRecord, identity, implied, override_flags, owner, read_record,
+                        resume_flags, started, suite_argument, write_record)
 from bench.scores import validate_scores
-from bench.spec import SUITES_DIR, Suite, select
+from bench.spec import Suite, select
 from bench.store import STORE_SUITE, atomic_write_json, read_json_object
 
 #: the cells a report shows (key, dataset, method row, seed, configuration digest), beside
@@ -183,13 +184,15 @@ def write_suite_report(suite: Suite | None, store_root: Path, out_dir: Path, opt
     if not Path(store_root).is_dir():
         name = suite.name if suite is not None else Path(store_root).name
         raise ConfigError(f"no results for suite {name!r} under {store_root}; run the suite first "
-                          f"(python run_suite.py --suite {name}) or pass --results DIR")
+                          f"(`{' '.join(COMMAND)}{'' if name == 'default' else ' --suite ' + name}`) or pass "
+                          "--results DIR")
     methods = list(options.methods) if options.methods else None
     planned, wanted, configured = set(), None, None
     if suite is not None:  # the run's configuration: each planned dataset and method's config, whatever is shown
         configured = {(c.dataset.name, c.method.name): _configuration(c.config) for c in make_plan(suite).cells}
-        shown = select(suite, methods, options.datasets, to_run=False)  # unknown names: an error here
-        reported = select(suite, None, options.datasets, to_run=False)  # analysed (its files reused whatever is shown)
+        run = str(options.run.get("name", "")) if options.run is not None else ""
+        shown = select(suite, methods, options.datasets, to_run=False, run=run)  # unknown names: an error here
+        reported = select(suite, None, options.datasets, to_run=False, run=run)  # analysed, whatever is shown
         planned = {c.key for c in make_plan(reported).cells}
         wanted = [(c.key, c.dataset.name, c.method.name, c.seed) for c in make_plan(shown).cells]
         suite = reported
@@ -221,7 +224,8 @@ def write_suite_report(suite: Suite | None, store_root: Path, out_dir: Path, opt
         damaged = dict(zip(results.damaged["cell"], results.damaged["reason"]))
         left_out = _left_out(catalog, wanted, methods, damaged)  # with the cells found damaged while analysing
         command = _check(catalog, shown_rows, left_out, earlier, configured, Path(out_dir), options, suite is None)
-        render_report(results, stage, options.formats, rows, picked, options.severity, left_out, command)
+        render_report(results, stage, options.formats, rows, picked, options.severity, left_out, command,
+                      _run_title(options, store_root, catalog, shown_rows))
         atomic_write_json(stage / CELLS_RECORD, {"cells": cells_record(catalog, shown_rows)})
         if options.run is not None and not implied(options.run, Path(out_dir).name):
             write_record(stage, options.run)
@@ -244,6 +248,27 @@ def write_suite_report(suite: Suite | None, store_root: Path, out_dir: Path, opt
                 for (d, m, why), names in grouped.items()]
     return Reported(Path(out_dir) / "README.md", reused, len(failed) + len(damaged), tuple(left_out), command,
                     tuple(failures), tuple(unscored))
+
+
+def _run_title(options: ReportOptions, store_root: Path, catalog: Catalog, rows: set[str]) -> RunTitle | None:
+    """The run the report shows (``options.run``; None: a report made without one): its
+    overrides, what this report narrows or adds, the day it started (the store's
+    ``run.json``) or else the day its newest shown cell finished."""
+    if options.run is None:
+        return None
+    overrides = options.run.get("overrides") or {}
+    shown = [("--methods", options.methods), ("--metrics", options.metrics), ("--scores", options.scores)]
+    if options.datasets and list(options.datasets) != overrides.get("datasets"):
+        shown.insert(1, ("--datasets", options.datasets))
+    try:
+        date = started(read_record(store_root))[:10]
+    except DamagedRecord:
+        date = ""
+    finished = [str((cd.read_cell() or {}).get("finished", ""))[:10]
+                for (_, method, _), cd in catalog.cells.items() if method in rows]
+    return RunTitle(str(options.run.get("name")), str(options.run.get("suite")), " ".join(override_flags(overrides)),
+                    " ".join(f"{flag} {','.join(map(str, value))}" for flag, value in shown if value), date,
+                    max(finished, default=""))
 
 
 def _left_out(catalog: Catalog, wanted: list | None, methods: list[str] | None,
@@ -381,7 +406,7 @@ def _completing_command(options: ReportOptions, store_only: bool) -> str:
     commands (``.venv/bin/python run_suite.py ...``; ``make suite`` for the default suite's
     own run): the report's suite (a built-in one by its name), store and selection (a store
     reported alone needs the suite file that made it)."""
-    suite = "SUITE.toml" if store_only else _suite_argument(options.suite)
+    suite = "SUITE.toml" if store_only else suite_argument(options.suite)
     flags = []
     if options.run is not None and not implied(options.run, options.run.get("name")) and not store_only:
         flags += resume_flags(options.run)  # the run's own command: its overrides (and --name)
@@ -397,15 +422,6 @@ def _completing_command(options: ReportOptions, store_only: bool) -> str:
         flags += ["--epochs", str(options.epochs)]
     if suite == "default" and not flags:
         return "make suite"
-    parts = [".venv/bin/python", "run_suite.py", *(["--suite", suite] if suite != "default" else []), *flags]
+    parts = [*COMMAND, *(["--suite", suite] if suite != "default" else []), *flags]
     command = " ".join(shlex.quote(p) for p in parts)
     return command + (" (SUITE.toml: the suite file that made this store)" if store_only else "")
-
-
-def _suite_argument(given: str) -> str:
-    """``--suite`` as a user types it: a built-in suite by its name (a run records its
-    file's absolute path), any other suite file as given."""
-    path = Path(given)
-    if path.suffix == ".toml" and path.resolve().parent == SUITES_DIR and path.is_file():
-        return path.stem
-    return given

@@ -22,7 +22,7 @@ import numpy as np
 from bench.analysis import CONVERGENCE_FIELDS, EFFICIENCY_FIELDS
 from bench.errors import ConfigError
 from bench.metrics import get_metric, selection
-from bench.registry import METRICS
+from bench.registry import METRICS, did_you_mean
 from bench.report.rows import NO_STAT, SEVERITY_STATS, SUMMARY_STATS, ResultsIndex, Row, Stat, table_rows
 
 if TYPE_CHECKING:
@@ -58,11 +58,22 @@ class Column:
     def header(self) -> str:
         return f"{self.label} ({self.unit})" if self.unit else self.label
 
-    def text(self, raw: float, decimals: int | None = None) -> str:
-        """The raw value, scaled and formatted (``-0.00`` shows as ``0.00``)."""
+    def text(self, raw: float, decimals: int | None = None, outward: int = 0) -> str:
+        """The raw value, scaled and formatted (``-0.00`` shows as ``0.00``); ``outward``
+        -1 / +1 rounds down / up instead of to the nearest (an interval's lower / upper
+        bound, so the interval shown holds the one computed)."""
         d = self.decimals if decimals is None else decimals
-        s = f"{raw * self.scale:{',' if self.grouping else ''}.{d}f}"
+        value = raw * self.scale
+        if outward:
+            units = round(value * 10**d, 6)  # float noise (99.98 stored as 99.97999...) is no unit
+            value = (math.floor(units) if outward < 0 else math.ceil(units)) / 10**d
+        s = f"{value:{',' if self.grouping else ''}.{d}f}"
         return s[1:] if re.fullmatch(r"-[0.,]+", s) else s
+
+    def bounds(self, low: float, high: float) -> str:
+        """``[lo, hi]`` of raw bounds, at the estimate's precision and rounded outward
+        (``≈[lo, hi]`` where the metric's intervals are only approximate: :attr:`interval`)."""
+        return f"{APPROXIMATE if self.interval else ''}[{self.text(low, outward=-1)}, {self.text(high, outward=1)}]"
 
 
 def metric_column(name: str) -> Column:
@@ -203,7 +214,6 @@ FAILED = "failed"  # every seed of the (dataset, method) failed
 ERROR = "error"  # the metric raised on this split (analysis verdict "error"; the error is among the failures)
 REF_TAG = " (ref)"
 IMPROVING_MARK = " †"  # after a method's name: still improving at the end of training (TableSpec.flags)
-CI_DECIMALS = 1
 NOT_REACHED = "> 1000"  # seeds_needed: no seed count up to 1,000 reaches significance
 APPROXIMATE = "≈"  # before the interval of a metric whose intervals are only approximate (Column.interval)
 
@@ -215,7 +225,9 @@ def validate_metrics(metrics: Sequence[str]) -> list[str]:
     :func:`bench.report.write_report`); what it returns is passed on unchecked."""
     unknown = [m for m in metrics if m not in METRICS]
     if unknown:
-        raise ConfigError(f"unknown metric(s) {unknown} for the report; known: {', '.join(METRICS.names())}")
+        labels = {get_metric(m).label: m for m in METRICS.names()}  # "ACC" means accuracy
+        raise ConfigError(f"unknown metric(s) {unknown} for the report{did_you_mean(unknown[0], METRICS.names(), labels)}"
+                          f"; known: {', '.join(METRICS.names())}")
     return list(dict.fromkeys(metrics))
 
 
@@ -294,9 +306,9 @@ class Table:
         """(cell text, verdict) of one cell; the verdict is "" unless the table has marks.
 
         Text: ``failed``; ``error`` (the metric raised); ``n/a`` (no finite mean); ``mean``,
-        ``mean ± std`` (std finite), then `` [lo, hi]`` (tables with marks, CI finite,
-        :data:`CI_DECIMALS` decimals; ``≈[lo, hi]`` where the metric's intervals are only
-        approximate, :attr:`Column.interval`).
+        ``mean ± std`` (std finite), then `` [lo, hi]`` (tables with marks, CI finite, at
+        the mean's decimals, rounded outward: :meth:`Column.bounds`; ``≈[lo, hi]`` where the
+        metric's intervals are only approximate, :attr:`Column.interval`).
         """
         if row.failed:
             return FAILED, ""
@@ -313,8 +325,7 @@ class Table:
         if not self.spec.marks:
             return text, ""
         if math.isfinite(stat.ci_low) and math.isfinite(stat.ci_high):
-            text += f" {APPROXIMATE if col.interval else ''}[{col.text(stat.ci_low, CI_DECIMALS)}, " \
-                    f"{col.text(stat.ci_high, CI_DECIMALS)}]"
+            text += f" {col.bounds(stat.ci_low, stat.ci_high)}"
         return text, stat.verdict
 
     def best(self) -> np.ndarray:

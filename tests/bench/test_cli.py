@@ -80,6 +80,11 @@ CASES: dict[str, Case] = {
     "epochs_ten": Case(("--suite", SUITE), {"suite.toml": TINY_SUITE.replace("epochs = 2", 'epochs = "ten"')}),
     "epochs_zero": Case(("--epochs", "0")),
     "seeds_not_int": Case(("--seeds", "a,b")),
+    "seeds_x": Case(("--seeds", "x")),
+    "close_metric": Case(("report", "--metrics", "acc")),
+    "close_command": Case(("reprot",)),
+    "close_flag": Case(("report", "--sevrity", "3")),
+    "close_choice": Case(("--significance", "seeds_and_sample")),
     "unknown_suite": Case(("--suite", "nonexistent")),
     "missing_plugin": Case(("--plugin", "no_such_module")),
     "unknown_device": Case(("--device", "tpu")),
@@ -175,6 +180,23 @@ def test_list_prints_every_registry(ran):
     assert not (r.dir / "results").exists() and not (r.dir / "reports").exists()
 
 
+def test_list_gives_each_description_whole(ran):
+    """A method's description is its docstring's first sentence, whole (wrapped under the
+    name), never cut at the first line of the docstring."""
+    out = ran["list"].proc.stdout
+    block = out.split("methods:\n", 1)[1].split("\ndatasets:", 1)[0]
+    entries = {}
+    for line in block.splitlines():
+        if line[2:3].strip():  # a new entry: "  name  [kind] text"
+            name, _, text = line.strip().partition(" ")
+            entries[name] = text.strip()
+        else:
+            entries[name] += " " + line.strip()
+    assert "(two-stage recipe)." in entries["cgpt"], entries["cgpt"]
+    for name, text in entries.items():
+        assert text.endswith((".", ".)")), (name, text)
+
+
 # --------------------------------------------------------------------------- bad input
 
 
@@ -200,11 +222,26 @@ def test_wrong_type_in_suite_file(ran):
 
 
 def test_epochs_zero(ran):
-    assert_bad_input(ran["epochs_zero"], "--epochs")
+    assert_bad_input(ran["epochs_zero"], "--epochs", "'0'")
+    assert one_line(ran["epochs_zero"])
 
 
 def test_seeds_not_integers(ran):
     assert_bad_input(ran["seeds_not_int"], "--seeds")
+    assert_bad_input(ran["seeds_x"], "--seeds", "'x'", "0,1,2")
+    assert one_line(ran["seeds_not_int"]) and one_line(ran["seeds_x"])
+
+
+@pytest.mark.parametrize("case,meant", [("close_metric", "'accuracy'"), ("close_command", "'report'"),
+                                        ("close_flag", "'--severity'"), ("close_choice", "'seeds_and_samples'")])
+def test_a_name_close_to_a_known_one_is_one_line_with_did_you_mean(ran, case, meant):
+    assert_bad_input(ran[case], f"did you mean {meant}?")
+    assert one_line(ran[case])
+
+
+def one_line(r: Ran) -> bool:
+    """The error is one line on stderr (no argparse usage block before it)."""
+    return r.proc.stderr.count("\n") == 1 and not r.proc.stderr.startswith("usage:")
 
 
 def test_unknown_suite_name(ran):
@@ -587,8 +624,9 @@ def test_a_report_that_fails_half_way_leaves_the_previous_one_intact(tmp_path, r
     (out / "NOTES.md").write_text("Written by hand.\n")
     assert report(tmp_path, rep, "--strict") == 0  # complete: no list of missing cells, as before
     readme = (out / "README.md").read_text()
-    title, convergence, notes, reference = readme.split("\n\n")[:4]  # the convergence statement, then NOTES
+    title, run, convergence, notes, reference = readme.split("\n\n")[:5]  # the run, convergence, then NOTES
     assert (title, notes) == ("# uqbench report: rep", "Written by hand.") and reference.startswith("Reference method:")
+    assert run.startswith("Run `rep`: suite `rep` with no overrides")
     assert convergence.startswith("**Convergence**")
     before = snapshot(tmp_path / "reports")
     assert out / "NOTES.md" in before and out / "analysis" / "analysis.json" in before

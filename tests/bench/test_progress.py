@@ -28,17 +28,49 @@ def command(tmp_path: Path, *more: str) -> list[str]:
             str(tmp_path / "reports"), "--data-root", str(tmp_path / "data"), "--format", "csv", *more]
 
 
-def test_a_run_whose_stderr_is_a_file_prints_a_line_per_epoch_and_split(tmp_path, monkeypatch, one_torch_thread):
+def test_a_run_whose_stderr_is_a_file_prints_a_line_per_epoch_and_split_when_verbose(tmp_path, monkeypatch,
+                                                                                      one_torch_thread):
     err = io.StringIO()  # not a terminal
     monkeypatch.setattr(sys, "stderr", err)
-    assert main(command(tmp_path)) == 0
+    assert main(command(tmp_path, "--verbose")) == 0
     lines = err.getvalue().splitlines()
     assert "\r" not in err.getvalue()  # no bar redrawn in a log file
     for epoch in (1, 2):
-        assert any(f"training: epoch {epoch}/2" in line and "loss" in line for line in lines), lines
+        assert any(f"training: epoch {epoch}/2" in line and "cross-entropy" in line for line in lines), lines
     for split in ("val", "test"):
         assert any(f"predict {split}:" in line and "2 passes" in line for line in lines), lines
     assert any(line.startswith("analysis:") for line in lines) and any(line.startswith("plots:") for line in lines)
+
+
+def test_a_run_whose_stderr_is_a_file_prints_one_line_per_cell_by_default(tmp_path, monkeypatch, one_torch_thread):
+    """Without --verbose a log file gets the cell's outcome, not its epochs and splits
+    (90 lines for one 1-epoch cell before); a training whose epochs take longer than
+    bench.progress.HEARTBEAT still shows its latest epoch now and then (issue 39 row 8)."""
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    assert main(command(tmp_path)) == 0
+    lines = err.getvalue().splitlines()
+    assert not any("predict" in line or "training: epoch" in line for line in lines), lines
+    assert sum(": complete in " in line for line in lines) == 1, lines
+    assert len(lines) <= 8, lines  # the run, its cell, done, analysis, plots, report, the end
+
+
+def test_a_long_training_shows_its_latest_epoch_once_a_heartbeat(monkeypatch):
+    from bench import progress
+
+    clock = iter([0.0, 10.0, 70.0, 80.0, 200.0])  # the task's start, then each note's time
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: next(clock))
+    shown: list[str] = []
+    monkeypatch.setattr(progress, "write", shown.append)
+    before = progress.mode(), progress.verbose()
+    progress.configure("lines")
+    try:
+        with progress.task("cell: training") as task:
+            for epoch in (1, 2, 3, 4):
+                task.note(f"epoch {epoch}")
+    finally:
+        progress.configure(*before)
+    assert shown == ["cell: training: epoch 2", "cell: training: epoch 4"]
 
 
 def test_quiet_prints_nothing(tmp_path, capsys, one_torch_thread):

@@ -106,3 +106,65 @@ def test_out_of_memory_fails_only_its_cell_with_a_hint(tmp_path, capsys, monkeyp
     cells = [p for p in (tmp_path / "results" / "hard").iterdir() if p.is_dir()]
     info = json.loads((cells[0] / "cell.json").read_text())
     assert info["status"] == "failed" and "out of memory" in info["reason"] and "batch_size 64" in info["reason"]
+
+
+def test_a_post_hoc_cell_says_it_was_fitted_not_trained(tmp_path, capsys, one_torch_thread):
+    """Last-layer Laplace on msp's stored cell trains nothing: its line says what it was
+    fitted on, not a best epoch (its stage 1's), and the run counts it apart from the
+    cells trained (issue 39 row 7)."""
+    from bench.cli import main
+
+    suite = tmp_path / "hard.toml"
+    suite.write_text(tiny_suite("hard", methods='[methods.msp]\n[methods.laplace_last_layer]\nbase = "msp"\n'))
+    code = main(["--suite", str(suite), "--results", str(tmp_path / "results"), "--reports", str(tmp_path / "reports"),
+                 "--data-root", str(tmp_path / "data"), "--format", "csv"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    (line,) = [ln for ln in err.splitlines() if "laplace_last_layer / seed 0: complete" in ln]
+    assert "fitted on msp's stored cell" in line and "best epoch" not in line, line
+    (msp,) = [ln for ln in err.splitlines() if "/ msp / seed 0: complete" in ln]
+    assert "best epoch" in msp, msp
+    assert "done: 1 trained, 1 fitted on a stored cell (post hoc), 0 skipped, 0 failed" in err, err
+
+
+def test_a_resumed_run_counts_every_cell_and_says_the_time_left_at_each_methods_cost(tiny_store, tmp_path, capsys,
+                                                                                     monkeypatch, one_torch_thread):
+    """The tiny store's run with seeds 0-3, seeds 0 and 1 done: the lines count 4 cells
+    from the skipped ones on ([3/4], [4/4]), the bar counts the same (total 4, from 2),
+    and the time left after the third cell is the fourth at msp's measured cost, which the
+    bar shows too; none after the last (issue 39 row 9)."""
+    import shutil
+
+    from bench import progress
+    from bench.cli import main
+
+    shutil.copytree(tiny_store / "results", tmp_path / "results")
+    (tmp_path / "hard.toml").write_text(tiny_suite("hard", seeds=(0, 1, 2, 3)))
+    bars: list[dict] = []
+    real = progress.Task
+
+    class Spy(real):
+        def __init__(self, desc, total, unit, done, detail=False, initial=0, rate=True):
+            super().__init__(desc, total, unit, done, detail, initial, rate)
+            if desc == "cells":
+                bars.append({"total": total, "initial": initial, "rate": rate, "suffixes": []})
+
+        def suffix(self, text):
+            if self.desc == "cells":
+                bars[-1]["suffixes"].append(text)
+            super().suffix(text)
+
+    monkeypatch.setattr(progress, "Task", Spy)
+    code = main(["--suite", str(tmp_path / "hard.toml"), "--results", str(tmp_path / "results"),
+                 "--reports", str(tmp_path / "reports"), "--data-root", str(tmp_path / "data"), "--format", "csv"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    lines = err.splitlines()
+    assert [ln.split("] ")[0] + "]" for ln in lines if ln.startswith("[")] == ["[1/4]", "[2/4]", "[3/4]", "[4/4]"]
+    (third,) = [ln for ln in lines if ln.startswith("[3/4]")]
+    (fourth,) = [ln for ln in lines if ln.startswith("[4/4]")]
+    assert third.split("; ")[-1].startswith("about ") and third.endswith(" left"), third
+    assert "left" not in fourth, fourth
+    (bar,) = bars
+    assert (bar["total"], bar["initial"], bar["rate"]) == (4, 2, False)  # tqdm's own rate-based time left is off
+    assert bar["suffixes"] == [third.split("; ")[-1], ""]

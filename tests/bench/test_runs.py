@@ -174,7 +174,8 @@ def test_a_damaged_run_record_is_named_by_every_command_that_reads_it(tiny_store
         captured = capsys.readouterr()
         assert code == 2, (command, captured.err)
         assert captured.err.count("\n") == 1 and "Traceback" not in captured.err, (command, captured.err)
-        assert f"{path} is damaged" in captured.err and "run_suite.py run --suite" in captured.err, captured.err
+        assert f"{path} is damaged" in captured.err and ".venv/bin/python run_suite.py --suite" in captured.err, \
+            captured.err
     assert "not recorded" not in main_out(["runs", *flags], capsys)
     assert not (tmp_path / "reports").exists()
 
@@ -188,7 +189,7 @@ def test_the_command_a_damaged_record_names_rewrites_it_and_trains_nothing(tiny_
     flags, path = damaged_store(tiny_store, tmp_path, "a cell entry without its dataset")
     manifests = {p: p.read_bytes() for p in path.parent.glob("*/manifest.json")}
     assert main(["status", "hard", *flags]) == 2
-    command = capsys.readouterr().err.split("`")[1]  # python run_suite.py run --suite FILE --name hard --results DIR
+    command = capsys.readouterr().err.split("`")[1]  # .venv/bin/python run_suite.py --suite FILE --name hard --results DIR
     argv = shlex.split(command)[2:]
     assert main([*argv, "--reports", str(tmp_path / "reports"), "--data-root", str(tmp_path / "data"), "--quiet"]) == 0
     assert f"{path} was damaged" in capsys.readouterr().err
@@ -239,3 +240,30 @@ def test_two_runs_claiming_one_name_at_once_for_two_plans_leave_one_plan_in_the_
     assert record["overrides"] == {"epochs": 2}
     stored = sorted(p.name for p in store.iterdir() if (p / "cell.json").is_file())
     assert stored == [c["key"] for c in record["cells"]]  # the first plan's one cell, none of the second's
+
+
+# ---------------------------------------------------------------------------- hints as a user types them (issue 39 row 5)
+
+def test_a_rewrite_hint_names_a_built_in_suite_by_its_name_in_the_readmes_command():
+    from bench.runs import rewrite_hint
+    from bench.spec import SUITES_DIR
+
+    record = {"suite_file": str((SUITES_DIR / "default.toml").resolve()), "overrides": {"epochs": 1}}
+    hint = rewrite_hint(Path("results") / "try1", record, "store")
+    assert "`.venv/bin/python run_suite.py --suite default --epochs 1 --name try1`" in hint, hint
+    assert str(SUITES_DIR) not in hint
+
+
+def test_report_of_a_run_names_the_run_and_its_methods_for_a_method_it_lacks(tmp_path, capsys, one_torch_thread):
+    """``report try1 --methods mc_dropout`` of a run made with ``--methods msp`` of a suite
+    with both: the error names the run and the methods it has (not "Suite 'hard' has: msp")."""
+    (tmp_path / "two.toml").write_text(tiny_suite("hard", methods="[methods.msp]\n[methods.mc_dropout]\nsamples = 2\n"))
+    where = ["--results", str(tmp_path / "results"), "--reports", str(tmp_path / "reports"), "--quiet"]
+    assert main(["--suite", str(tmp_path / "two.toml"), "--methods", "msp", "--name", "try1", *where,
+                 "--data-root", str(tmp_path / "data"), "--format", "csv"]) == 0
+    capsys.readouterr()
+    assert main(["report", "try1", "--methods", "mc_dropout", *where]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: --methods: run 'try1' has no method 'mc_dropout'. It has: msp\n", err
+    assert main(["report", "--suite", "zoo", *where]) == 2  # no store of the zoo: how to make one, as typed
+    assert "(`.venv/bin/python run_suite.py --suite zoo`)" in capsys.readouterr().err

@@ -183,6 +183,8 @@ def test_fit_learns_synthetic_task(data):
     assert (lp.argmax(1) == test.y).mean() >= 0.85
     assert result.log[-1]["train_loss"] < result.log[0]["train_loss"]
     assert result.log[-1]["lr"] == pytest.approx(FIT_CFG.min_lr)
+    for row in result.log:  # msp's objective is the cross-entropy alone: its data term is all of it
+        assert row["train_ce"] == pytest.approx(row["train_loss"], rel=1e-5)
 
 
 def test_fit_best_epoch_is_first_max_and_model_holds_its_weights(data):

@@ -10,6 +10,7 @@ import math
 
 import pytest
 
+from bench.cell import epoch_losses
 from bench.cli import main
 from tests.helpers.suites import tiny_suite
 
@@ -38,9 +39,24 @@ def test_train_log_holds_the_methods_own_loss_terms(ran):
     assert code == 0
     (log,) = (tmp_path / "results" / "logs").glob("*/train_log.csv")
     rows = list(csv.DictReader(log.open()))
-    assert rows and {"epoch", "lr", "train_loss", "train_acc", "val_acc", "ksvd", "kl"} <= set(rows[0])
+    assert rows and {"epoch", "lr", "train_loss", "train_ce", "train_acc", "val_acc", "ksvd", "kl"} <= set(rows[0])
     for row in rows:
         assert math.isfinite(float(row["ksvd"])) and float(row["kl"]) > 0, row
+
+
+def test_the_progress_line_gives_the_cross_entropy_and_names_each_method_term(ran):
+    """KEP-SVGP's objective is dominated by its KL: the epoch's line leads with the data
+    term (cross-entropy, from the log's ``train_ce``) and names ``ksvd`` and ``kl`` apart
+    from it, so a large objective does not read as a diverging fit (issue 39 row 3)."""
+    tmp_path, _ = ran
+    (log,) = (tmp_path / "results" / "logs").glob("*/train_log.csv")
+    for row in csv.DictReader(log.open()):
+        row = {k: float(v) for k, v in row.items()}
+        assert 0 < row["train_ce"] < 10 < row["train_loss"], row  # ln 10 = 2.3 at chance; the KL is large
+        line = epoch_losses(row)
+        assert line.startswith(f"cross-entropy {row['train_ce']:.4f}; "), line
+        assert f"ksvd {row['ksvd']:.4g}" in line and f"kl {row['kl']:.4g}" in line, line
+        assert line.endswith(f"objective {row['train_loss']:.4g}") and "loss" not in line, line
 
 
 @pytest.mark.skipif(not HAVE_TENSORBOARD, reason="the optional tensorboard package is not installed")
@@ -52,7 +68,8 @@ def test_tensorboard_events_hold_one_run_per_cell_with_the_logs_columns(ran):
     assert folder.relative_to(tmp_path / "results" / "logs" / "tensorboard").parts == ("mnist5k", "kep_svgp", "seed0")
     events = EventAccumulator(str(folder))
     events.Reload()
-    assert {"loss/train", "accuracy/train", "accuracy/val", "learning_rate", "method/ksvd", "method/kl"} <= \
+    assert {"loss/train", "loss/train_cross_entropy", "accuracy/train", "accuracy/val", "learning_rate", "method/ksvd",
+            "method/kl"} <= \
         set(events.Tags()["scalars"])
 
 

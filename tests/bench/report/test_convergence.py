@@ -43,7 +43,7 @@ def test_every_trained_method_of_a_two_epoch_run_is_flagged_in_every_table(two_e
     summary = md_rows(report / "tables" / "summary.md")
     assert [r["Method"] for r in summary] == ["msp (ref) †", "temperature_scaling †", "laplace_last_layer †", "cgpt †"]
     readme = (report / "README.md").read_text(encoding="utf-8")
-    assert readme.split("\n\n")[1].startswith(
+    assert readme.split("\n\n")[2].startswith(
         "**Still improving when training ended** (the rule is under *Convergence* in the note below): "
         "mnist5k / msp, seeds 0, 1; mnist5k / cgpt (stage 2), seeds 0, 1. Marked `†` in the summary and "
         "convergence tables: msp, temperature_scaling, laplace_last_layer, cgpt;")
@@ -75,7 +75,7 @@ def test_training_csv_holds_both_epochs_of_every_cell_and_the_curves_are_drawn(t
 def test_a_one_epoch_run_says_it_could_not_be_judged(tiny_store):
     report = tiny_store / "reports" / "hard"
     readme = (report / "README.md").read_text(encoding="utf-8")
-    assert readme.split("\n\n")[1] == ("**Convergence** could not be judged for any training log: "
+    assert readme.split("\n\n")[2] == ("**Convergence** could not be judged for any training log: "
                                        "mnist5k / msp, seeds 0, 1 (1 epoch).")
     (row,) = md_rows(report / "tables" / "convergence.md")
     assert (row["Method"], row["Still improving (seeds)"], row["Epochs"]) == ("msp", "n/a: 1 epoch", "1")

@@ -15,7 +15,7 @@ import pytest
 from matplotlib.figure import Figure
 
 from bench.metrics import calibration_bins, risk_coverage_curve
-from bench.report import write_report
+from bench.report import RunTitle, write_report
 from tests.bench.report.test_report import (SAMPLES_PER_SPLIT, SEEDS, TRAINING_EPOCHS, make_results, md_rows,
                                             readme_section, training_value)
 
@@ -29,6 +29,7 @@ def figures(monkeypatch) -> dict[str, list[dict]]:
     def savefig(fig: Figure, fname, *args, **kwargs):
         seen[Path(fname).name] = [{
             "title": ax.get_title(), "xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel(),
+            "suptitle": fig._suptitle.get_text() if fig._suptitle is not None else "",
             "legend": [t.get_text() for t in ax.get_legend().get_texts()] if ax.get_legend() else [],
             "bars": [p.get_height() for p in ax.patches if hasattr(p, "get_height")],
             "lines": [(line.get_label(), line.get_xdata(), line.get_ydata()) for line in ax.get_lines()],
@@ -77,7 +78,8 @@ def test_reliability_diagram_has_each_bins_count_under_it(tmp_path, figures):
 def test_severity_axis_says_severity_0_is_the_same_images_clean(tmp_path, figures):
     write_report(make_results(), tmp_path, formats=("md",))
     (ax,) = figures["severity_toy_a_accuracy.png"]
-    assert ax["xlabel"] == f"corruption severity (0 = the same samples, clean; {SAMPLES_PER_SPLIT} samples each)"
+    assert " ".join(ax["xlabel"].split()) == \
+        f"corruption severity (0 = the same samples, clean; {SAMPLES_PER_SPLIT} samples each)"  # wrapped to fit
 
 
 def _with_mcc_for_toy_a(results):
@@ -158,3 +160,141 @@ def test_training_curves_show_validation_nll_and_training_accuracy_mean_over_see
     readme = (tmp_path / "README.md").read_text(encoding="utf-8")
     assert "![Training curves: toy_a (validation NLL and training accuracy per epoch, mean over seeds)]" \
            "(plots/training_toy_a.png)" in readme
+
+
+def test_every_plot_title_names_the_run(tmp_path, figures):
+    """A plot copied out of its report still says which run it shows (a 1-epoch try must
+    not pass for the reference run)."""
+    write_report(make_results(), tmp_path, formats=("md",), run=RunTitle("try1", "default", "--epochs 1"))
+    assert len(figures) >= 5
+    for name, axes in figures.items():
+        titles = [ax["title"] for ax in axes] + [ax["suptitle"] for ax in axes]
+        assert any("run try1" in t.splitlines() for t in titles), (name, titles)
+
+
+def _calibrated_as(confidence: float, accuracy: float, n: int = 1000, extra: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` test images of 10 classes whose top probability is ``confidence`` (± 0.01)
+    and whose top class is right for a share ``accuracy`` of them; ``extra`` more images at
+    confidence 0.97, all wrong (a bin holding a handful of images)."""
+    rng = np.random.default_rng(0)
+    top = np.concatenate([np.clip(confidence + rng.uniform(-0.01, 0.01, n), 0.11, 0.99), np.full(extra, 0.97)])
+    labels = rng.integers(0, 10, n + extra)
+    right = np.concatenate([np.arange(n) < round(accuracy * n), np.zeros(extra, bool)])
+    predicted = np.where(right, labels, (labels + 1) % 10)
+    probs = np.repeat(((1 - top) / 9)[:, None], 10, axis=1)
+    probs[np.arange(n + extra), predicted] = top
+    return probs, labels
+
+
+@pytest.fixture
+def diagrams(monkeypatch) -> dict[str, dict]:
+    """File name -> the reliability diagram saved there: its bar groups (label and, per bar,
+    bottom, height, face colour, filled) and the figure's legend texts."""
+    seen: dict[str, dict] = {}
+
+    def savefig(fig: Figure, fname, *args, **kwargs):
+        ax = fig.axes[0]
+        seen[Path(fname).name] = {
+            "bars": [(c.get_label(), [(p.get_y(), p.get_height(), p.get_facecolor(), p.get_fill()) for p in c.patches])
+                     for c in ax.containers],
+            "legend": [t.get_text() for legend in [*fig.legends, ax.get_legend()] if legend for t in legend.get_texts()],
+        }
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    return seen
+
+
+def _diagram(tmp_path, diagrams, probs, labels) -> dict:
+    results = replace(make_results(), load_predictions=lambda *_: (probs, labels))
+    write_report(results, tmp_path, formats=("md",), methods=["msp"])
+    return diagrams["reliability_toy_a_msp.png"]
+
+
+def test_a_reliability_diagram_tells_under_from_over_confidence_by_colour_and_legend(tmp_path, diagrams):
+    """An under-confident model (confidence 0.5, accuracy 0.95) does not look calibrated:
+    its gaps are bars from the confidence up to the accuracy (no negative height covering
+    the accuracy bar), in a colour of their own that the legend names; an over-confident
+    model's gaps (confidence 0.95, accuracy 0.5) are in another."""
+    under = _diagram(tmp_path / "under", diagrams, *_calibrated_as(0.5, 0.95))
+    over = _diagram(tmp_path / "over", diagrams, *_calibrated_as(0.95, 0.5))
+    for drawn in (under, over):
+        assert all(height >= 0 for _, bars in drawn["bars"] for _, height, _, _ in bars), drawn["bars"]
+    assert any(t.startswith("under-confident") for t in under["legend"]), under["legend"]
+    assert not any(t.startswith("over-confident") for t in under["legend"]), under["legend"]
+    assert any(t.startswith("over-confident") for t in over["legend"]), over["legend"]
+
+    def gaps(drawn: dict, side: str) -> list[tuple]:
+        (bars,) = [bars for label, bars in drawn["bars"] if label.startswith(side)]
+        return bars
+
+    ((bottom, height, under_colour, _),) = gaps(under, "under-confident")  # the one filled bin, 0.49-0.51
+    assert bottom == pytest.approx(0.5, abs=0.01) and bottom + height == pytest.approx(0.95)
+    ((bottom, height, over_colour, _),) = gaps(over, "over-confident")
+    assert bottom == pytest.approx(0.5) and bottom + height == pytest.approx(0.95, abs=0.01)
+    (accuracy_colour,) = {colour for label, bars in under["bars"] if label == "accuracy" for _, _, colour, _ in bars}
+    assert len({under_colour[:3], over_colour[:3], accuracy_colour[:3]}) == 3
+
+
+def test_a_reliability_bin_of_a_handful_of_images_is_drawn_in_outline(tmp_path, diagrams):
+    """Two of 1,002 images in the 0.93-1.0 bin: its accuracy bar is an outline, named in
+    the legend, beside the full bin's filled one."""
+    drawn = _diagram(tmp_path, diagrams, *_calibrated_as(0.5, 0.5, extra=2))
+    filled = {label: [fill for *_, fill in bars] for label, bars in drawn["bars"] if label.startswith("accuracy")}
+    assert filled == {"accuracy": [True], "accuracy, bin with < 1% of images": [False]}, filled
+    assert "accuracy, bin with < 1% of images" in drawn["legend"]
+
+
+@pytest.fixture
+def rendered(monkeypatch) -> dict[str, dict]:
+    """File name -> a severity plot as saved: title, axis label, whether the axis label
+    lies inside the figure, and per line its label, marker and data."""
+    seen: dict[str, dict] = {}
+
+    def savefig(fig: Figure, fname, *args, **kwargs):
+        if not Path(fname).name.startswith("severity_"):
+            return
+        (ax,) = fig.axes
+        fig.canvas.draw()  # as saving draws it: the label where the PNG has it
+        box = ax.xaxis.label.get_window_extent(fig.canvas.get_renderer())
+        seen[Path(fname).name] = {
+            "title": ax.get_title(), "xlabel": ax.get_xlabel(),
+            "xlabel_inside": fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1 and fig.bbox.y0 <= box.y0,
+            "lines": [(line.get_label(), line.get_marker(), line.get_xdata(), line.get_ydata())
+                      for line in ax.get_lines()],
+        }
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    return seen
+
+
+def _severity_plots(tmp_path, rendered, results=None) -> dict[str, dict]:
+    write_report(results or make_results(), tmp_path, formats=("md",))
+    return {name: plot for name, plot in rendered.items() if name.startswith("severity_toy_a_")}
+
+
+def test_a_severity_plot_says_its_calibration_band_is_approximate_and_biased_on_small_splits(tmp_path, rendered):
+    """ECE's intervals are approximate: its band is '≈95% CI', and on splits of 50 samples
+    the axis says its values are biased upward, not comparable with the summary's ECE;
+    accuracy's plot says neither.  Every axis label fits inside the figure."""
+    plots = _severity_plots(tmp_path, rendered)
+    ece, accuracy = plots["severity_toy_a_ece.png"], plots["severity_toy_a_accuracy.png"]
+    assert "band = ≈95% CI" in ece["title"] and "band = 95% CI" in accuracy["title"]
+    said = " ".join(ece["xlabel"].split())
+    assert f"ECE on {SAMPLES_PER_SPLIT} samples per split is biased upward" in said, said
+    assert "biased" not in accuracy["xlabel"] and "≈" not in accuracy["title"]
+    assert all(plot["xlabel_inside"] for plot in plots.values()), {n: p["xlabel"] for n, p in plots.items()}
+
+
+def test_methods_with_equal_values_stay_apart_on_a_severity_plot(tmp_path, rendered):
+    """mc_dropout given msp's very numbers (as temperature scaling has msp's accuracy): the
+    two lines differ in marker and are shifted sideways, so neither hides the other."""
+    results = make_results()
+    severity = results.severity
+    same = severity[severity.method == "msp"].assign(method="mc_dropout")
+    results = replace(results, severity=pd.concat([severity[severity.method != "mc_dropout"], same]))
+    plot = _severity_plots(tmp_path, rendered, results)["severity_toy_a_accuracy.png"]
+    (msp,) = [line for line in plot["lines"] if line[0] == "msp"]
+    (twin,) = [line for line in plot["lines"] if line[0] == "mc_dropout"]
+    np.testing.assert_array_equal(msp[3], twin[3])  # the same values
+    assert msp[1] != twin[1] and not np.allclose(msp[2], twin[2])
+    np.testing.assert_allclose(np.round(msp[2]), np.round(twin[2]))  # each still at its severity

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import zlib
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from dataclasses import replace
 from pathlib import Path
 
@@ -23,6 +24,8 @@ from bench.analysis import AnalysisResults
 from bench.errors import ConfigError
 from bench.metrics import calibration_bins, ece, get_metric, risk_coverage_curve
 from bench.report import sanitize, write_report
+from bench.report.rows import Row, Stat
+from bench.report.tables import TABLES, Table, metric_column
 
 DATASETS = ["toy_a", "toy b&c"]  # the second name needs escaping / sanitising
 METHODS = ["msp", "mc_dropout", "broken"]  # "broken": every seed failed on toy_a
@@ -303,11 +306,12 @@ APPROXIMATE_INTERVALS = {"ece", "ece_debiased"}  # calibration errors: the repor
 
 
 def with_ci(values: list[float], scale: float, metric: str = "") -> str:
-    """Expected summary/OOD cell without a mark: mean ± std [lo, hi] (CI 1 decimal), the
-    interval prefixed with ≈ for the calibration errors."""
+    """Expected summary/OOD cell without a mark: mean ± std [lo, hi] (the interval at the
+    mean's 2 decimals, rounded outward), prefixed with ≈ for the calibration errors."""
     mean = float(np.mean(values))
+    low, high = Decimal(repr((mean - CI_BELOW) * scale)), Decimal(repr((mean + CI_ABOVE) * scale))
     return (f"{mean_std(values, scale)} {'≈' if metric in APPROXIMATE_INTERVALS else ''}"
-            f"[{(mean - CI_BELOW) * scale:.1f}, {(mean + CI_ABOVE) * scale:.1f}]")
+            f"[{low.quantize(Decimal('0.01'), ROUND_FLOOR)}, {high.quantize(Decimal('0.01'), ROUND_CEILING)}]")
 
 
 def tex_lines(path: Path, n_keys: int) -> dict[str, list[str]]:
@@ -358,8 +362,8 @@ def test_summary_cells_show_mean_std_ci_and_marks(report, results):
     assert list(rows[0]) == ["Dataset", "Method"] + [h for h, _ in SUMMARY_HEADERS]
     acc = seed_values(results, "toy_a", "mc_dropout", "test", "accuracy")
     # ACC 86.00 ± 1.00, CI [86 - 1.23, 86 + 2.34], significantly better than the reference
-    assert find(rows, Dataset="toy_a", Method="mc_dropout")["ACC (%)"] == "86.00 ± 1.00 [84.8, 88.3] ▲"
-    assert with_ci(acc, 100) == "86.00 ± 1.00 [84.8, 88.3]"
+    assert find(rows, Dataset="toy_a", Method="mc_dropout")["ACC (%)"] == "86.00 ± 1.00 [84.77, 88.34] ▲"
+    assert with_ci(acc, 100) == "86.00 ± 1.00 [84.77, 88.34]"
     ece_vals = seed_values(results, "toy_a", "mc_dropout", "test", "ece")
     assert find(rows, Dataset="toy_a", Method="mc_dropout")["ECE (%)"] == with_ci(ece_vals, 100, "ece") + " ▼"
     assert "≈[" in find(rows, Dataset="toy_a", Method="mc_dropout")["ECE (%)"]  # approximate interval
@@ -368,9 +372,20 @@ def test_summary_cells_show_mean_std_ci_and_marks(report, results):
     assert find(rows, Dataset="toy_a", Method="mc_dropout")["NLL (x10)"] == with_ci(nll, 10)
     # the reference row is tagged and never marked
     ref = find(rows, Dataset="toy_a", Method="msp (ref)")
-    assert ref["ACC (%)"] == "82.00 ± 2.00 [80.8, 84.3]"
+    assert ref["ACC (%)"] == "82.00 ± 2.00 [80.77, 84.34]"
     assert not any(c.endswith(("▲", "▼")) for c in ref.values())
     assert {r["Method"] for r in rows} == {"msp (ref)", "mc_dropout", "mc_dropout †", "broken"}  # †: convergence
+
+
+@pytest.mark.parametrize("mean,low,high,shown", [
+    (0.99990, 0.99975, 1.0, "99.99 [99.97, 100.00]"),  # was "99.99 [100.0, 100.0]": outside its own interval
+    (0.5, 0.4998, 0.5002, "50.00 [49.98, 50.02]"),  # bounds exactly at the precision stay (no float noise)
+    (0.5, 0.49981, 0.50019, "50.00 [49.98, 50.02]"),  # else they round away from the estimate
+])
+def test_an_interval_is_shown_at_the_estimates_precision_rounded_outward(mean, low, high, shown):
+    row = Row("d", "m", (), {"accuracy": Stat(mean=mean, ci_low=low, ci_high=high)}, 3)
+    table = Table(TABLES[0], [metric_column("accuracy")], [row], reference="other")
+    assert table.value(row, table.columns[0])[0] == shown
 
 
 def test_summary_every_column_has_its_scale(report, results):
@@ -465,7 +480,7 @@ def test_readme_lists_failures_and_embeds_tables_and_plots(report):
     failed = readme_section(readme, "## Failed cells")
     for seed in SEEDS:
         assert f"| toy_a     | broken   | {seed}      | {FAIL_REASON} |" in failed
-    assert "86.00 ± 1.00 [84.8, 88.3] ▲" in readme
+    assert "86.00 ± 1.00 [84.77, 88.34] ▲" in readme
     assert "Shift: per corruption at severity 5" in readme
     images = [ln for ln in readme.splitlines() if ln.startswith("![")]
     assert len(images) == len(list((out / "plots").glob("*.png")))
@@ -544,9 +559,11 @@ def test_severity_plots_have_one_line_and_ci_band_per_method(results, tmp_path, 
     acc = bands["severity_toy_a_accuracy.png"]
     assert len(acc) == 2  # msp, mc_dropout (broken failed on toy_a)
     x, lo, hi = acc[1]  # mc_dropout: 0.9 - 0.08 s + 0.05, CI [-0.03, +0.04], in %
-    np.testing.assert_allclose(x, [0, 1, 5])
-    np.testing.assert_allclose(lo, (0.95 - 0.08 * x - 0.03) * 100)
-    np.testing.assert_allclose(hi, (0.95 - 0.08 * x + 0.04) * 100)
+    severities = np.array([0, 1, 5])
+    np.testing.assert_allclose(x - severities, x[0])  # shifted sideways by one offset, to stay apart from msp
+    assert 0 < x[0] < 0.5
+    np.testing.assert_allclose(lo, (0.95 - 0.08 * severities - 0.03) * 100)
+    np.testing.assert_allclose(hi, (0.95 - 0.08 * severities + 0.04) * 100)
     assert len(bands["severity_toy_b_c_nll.png"]) == 3
     png = (tmp_path / "plots" / "severity_toy_a_accuracy.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
@@ -738,8 +755,8 @@ def test_tex_bold_best_marks_and_escaping(report, results):
     lines = tex_lines(out / "tables" / "summary.tex", 2)
     assert r"toy b\&c/mc\_dropout $^\dagger$" in lines  # special characters escaped
     # ACC: higher is better -> mc_dropout bold, arrow after the bold value; the reference not
-    assert lines[r"toy\_a/mc\_dropout"][0] == r"\textbf{86.00 $\pm$ 1.00 [84.8, 88.3]}$^\uparrow$"
-    assert lines[r"toy\_a/msp (ref)"][0] == "82.00 $\\pm$ 2.00 [80.8, 84.3]"
+    assert lines[r"toy\_a/mc\_dropout"][0] == r"\textbf{86.00 $\pm$ 1.00 [84.77, 88.34]}$^\uparrow$"
+    assert lines[r"toy\_a/msp (ref)"][0] == "82.00 $\\pm$ 2.00 [80.77, 84.34]"
     assert lines[r"toy\_a/mc\_dropout"][4].endswith(r"$^\downarrow$")  # ECE worse
     # ECE: lower is better, judged within the dataset only
     for dataset in DATASETS:
