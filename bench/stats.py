@@ -73,7 +73,7 @@ Intervals and tests
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -473,7 +473,10 @@ def difference(units_a: Units, boots_a: Boots, units_b: Units, boots_b: Boots, p
     seed-level part is the spread of the per-seed differences, else Welch's two spreads)."""
     a, b = _Side.of(units_a, boots_a), _Side.of(units_b, boots_b)
     point = float(a.values.mean() - b.values.mean()) if a.n and b.n else float("nan")
-    return _estimate(point, a.mean_dist() - b.mean_dist(), _sides(units_a, boots_a, units_b, boots_b, paired))
+    est = _estimate(point, a.mean_dist() - b.mean_dist(), _sides(units_a, boots_a, units_b, boots_b, paired))
+    if point == 0.0:  # no difference observed (e.g. FPR95 at 100% for both): the bootstrap's bias alone is no evidence
+        return replace(est, center=0.0)
+    return est
 
 
 def seeds_needed(units_a: Units, boots_a: Boots, units_b: Units, boots_b: Boots, paired: bool,
