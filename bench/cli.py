@@ -141,12 +141,18 @@ class _OneLineErrors(argparse.ArgumentParser):
         elif message.startswith("unrecognized arguments: "):
             flags = {f for a in self._actions for f in a.option_strings}
             commands = next((a for a in self._actions if isinstance(a, argparse._SubParsersAction)), None)
-            if commands is not None:  # the top-level parser: the flags of every command
-                flags |= {f for q in commands.choices.values() for a in q._actions for f in a.option_strings}
+            owners: dict[str, list[str]] = {}  # a flag -> the commands that take it
+            for command, parser in (commands.choices.items() if commands is not None else ()):
+                for f in {f for a in parser._actions for f in a.option_strings}:
+                    owners.setdefault(f, []).append(command)
+            flags |= set(owners)  # the top-level parser: the flags of every command
             given = [g.split("=")[0] for g in message.split(": ", 1)[1].split() if g.startswith("--")]
-            bare = {f.lstrip("-"): f for f in flags if f.startswith("--")}  # compared without the dashes
-            hint = next((f" (did you mean {bare[c]!r}?)" for g in given
-                         for c in difflib.get_close_matches(g.lstrip("-"), sorted(bare), n=1, cutoff=0.7)), "")
+            if (known := next((g for g in given if g in owners), None)) is not None:  # a real flag, another command's
+                hint = f" ({known} is an option of {', '.join(sorted(owners[known]))} only)"
+            else:
+                bare = {f.lstrip("-"): f for f in flags if f.startswith("--")}  # compared without the dashes
+                hint = next((f" (did you mean {bare[c]!r}?)" for g in given
+                             for c in difflib.get_close_matches(g.lstrip("-"), sorted(bare), n=1, cutoff=0.7)), "")
         self.exit(2, f"error: {message}{hint} (`{self.prog} --help` lists the options)\n")
 
 

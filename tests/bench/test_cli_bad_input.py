@@ -135,3 +135,13 @@ def test_read_only_directories_are_exit_2(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if mode & os.W_OK else real_access(p, mode, **kw))
     code, err = run(tmp_path, capsys=capsys)
     assert code == 2 and "not writable" in err and "--results" in err and nothing_written(tmp_path)
+
+
+def test_a_flag_of_another_command_names_the_commands_that_take_it(tmp_path, capsys):
+    """``status NAME --data-root DIR``: --data-root is a real flag (of run and report), so
+    the error says so, where it answered "did you mean '--data-root'?" to --data-root."""
+    with pytest.raises(SystemExit) as stop:
+        main(["status", "default", "--results", str(tmp_path), "--data-root", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1
+    assert "--data-root is an option of report, run only" in err and "did you mean" not in err
