@@ -25,13 +25,13 @@ SUITE = tiny_suite(None, train={"batch_size": 32, "checkpoint_every": 1}, data={
 
 
 def start(tmp_path: Path, *more: str) -> tuple[subprocess.Popen, list[str]]:
-    """The run, once its second cell has finished 2 epochs (stderr is a pipe: a line per
-    epoch); returns the process and the stderr lines read so far."""
+    """The run, once its second cell has finished 2 epochs (stderr is a pipe and --verbose:
+    a line per epoch); returns the process and the stderr lines read so far."""
     (tmp_path / "i.toml").write_text(SUITE)
     proc = subprocess.Popen(
         [sys.executable, "run_suite.py", "--suite", str(tmp_path / "i.toml"), "--name", "ctrlc",
          "--results", str(tmp_path / "results"), "--reports", str(tmp_path / "reports"),
-         "--data-root", str(tmp_path / "data"), *more],
+         "--data-root", str(tmp_path / "data"), "--verbose", *more],
         cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines = []
     deadline = time.monotonic() + 240
@@ -113,11 +113,11 @@ def test_sigterm_stops_the_pool_workers_and_releases_their_cells_locks(tmp_path)
     proc = subprocess.Popen(
         [sys.executable, "run_suite.py", "--suite", str(tmp_path / "t.toml"), "--name", "term",
          "--executor", "processes", "--workers", "2", "--results", str(tmp_path / "results"),
-         "--reports", str(tmp_path / "reports"), "--data-root", str(tmp_path / "data")],
+         "--reports", str(tmp_path / "reports"), "--data-root", str(tmp_path / "data"), "--verbose"],
         cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     store, lines, training, workers = tmp_path / "results" / "term", [], set(), []
     try:
-        for line in proc.stderr:  # the workers' progress lines come through the runner's stderr
+        for line in proc.stderr:  # the workers' epoch lines (--verbose) come through the runner's stderr
             lines.append(line)
             training |= {seed for seed in (0, 1) if f"seed {seed}: training: epoch 1/300" in line}
             if training == {0, 1}:
