@@ -1,4 +1,4 @@
-"""Uncertainty metrics as pure numpy functions (definitions: ``reference/metrics.md``).
+"""Uncertainty metrics as pure numpy functions (definitions: ``docs/reference/metrics.md``).
 
 Every function returns a raw, unscaled Python ``float`` (accuracy and ECE as fractions in
 [0, 1], NLL in nats, Brier in [0, 2], AURC/E-AURC as plain risks); scales such as %, x100
