@@ -1,6 +1,6 @@
 """The repository stands alone: every relative link of README.md and docs/ (``docs/**.md``)
-leads to a file of the repository (a ``#heading`` to a heading of it), every doc the code
-cites by path (``docs/....md``) exists, and no tracked file outside the generated
+leads to a file of the repository (a ``#heading`` to a heading of it), every doc that a
+file cites by its path under docs/ exists, and no tracked file outside the generated
 ``reports/`` refers to a ``shared`` folder beside the repository, which a clone does not
 have."""
 from __future__ import annotations
