@@ -8,7 +8,9 @@ PY := $(VENV)/bin/python
 suite: $(VENV)/.installed
 	$(PY) run_suite.py
 
+# ruff check first (ruff.toml: the F rules), then the tests
 test: $(VENV)/.installed
+	$(PY) -m ruff check .
 	$(PY) -m pytest -q -n 2
 
 setup: $(VENV)/.installed

@@ -128,9 +128,9 @@ class StoreConfig:
 
 # Backbone presets: ``[model] preset = "vit_cifar_paper"``.
 MODEL_PRESETS: dict[str, dict] = {
-    # KEP-SVGP's CIFAR ViT (reference kep_svgp_and_sgpa.md section 1.1): 4x4 patches -> 64
-    # tokens, depth 7, width 384, 12 heads, MLP ratio 1 with a second GELU, no class token
-    # (mean pooling), dropout 0.1, softmax logits divided by sqrt(384) (the full width),
+    # KEP-SVGP's CIFAR ViT (docs/reference/kep_svgp_and_sgpa.md section 1.1): 4x4 patches
+    # -> 64 tokens, depth 7, width 384, 12 heads, MLP ratio 1 with a second GELU, no class
+    # token (mean pooling), dropout 0.1, softmax logits divided by sqrt(384) (the full width),
     # positional embedding initialised from randn (std 1), no dropout after the embedding;
     # readout token mean -> LayerNorm -> Linear (bench.vit.ViT.readout, for every model).
     "vit_cifar_paper": {
@@ -138,8 +138,9 @@ MODEL_PRESETS: dict[str, dict] = {
         "pool": "mean", "mlp_final_gelu": True, "pos_init_std": 1.0, "embed_dropout": False,
         "attention": "softmax", "attention_options": {"scale": "width"},
     },
-    # KEP-SVGP's CoLA Transformer (reference section 8): 2 layers, 4 heads, hidden 256, MLP
-    # 256, dropout 0.1 (the frozen ELMo input is replaced by a learned word embedding).
+    # KEP-SVGP's CoLA Transformer (docs/reference/kep_svgp_and_sgpa.md section 8): 2 layers,
+    # 4 heads, hidden 256, MLP 256, dropout 0.1 (the frozen ELMo input is replaced by a
+    # learned word embedding).
     "text_cola_paper": {"dim": 256, "depth": 2, "heads": 4, "mlp_ratio": 1.0, "dropout": 0.1},
     # KEP-SVGP's IMDB Transformer: 1 layer, 8 heads, embedding/hidden 128, MLP 128, dropout 0.1.
     "text_imdb_paper": {"dim": 128, "depth": 1, "heads": 8, "mlp_ratio": 1.0, "dropout": 0.1},

@@ -12,7 +12,7 @@ writes, under ``DIR`` (what ``datasets/cifar.py`` reads; every file is replaced 
     cifar-100-python/     train, test, meta                             (--classes 100)
     svhn/test_32x32.mat                                                 (--svhn K > 0)
 
-* CIFAR batches are Python-2, protocol-2 pickles (:class:`Py2Pickler`: byte strings as
+* CIFAR batches are Python-2, protocol-2 pickles (``datasets/py2_pickle.py``: byte strings as
   Python-2 ``str`` opcodes, arrays through ``numpy.core.multiarray._reconstruct``), exactly
   as the published files are encoded, with the official keys: ``b"batch_label"``,
   ``b"labels"`` (CIFAR-10) or ``b"fine_labels"`` and ``b"coarse_labels"`` (CIFAR-100),
@@ -34,8 +34,8 @@ CIFAR-10-C splits, which it generates from the test images into ``DIR``'s corrup
 (about 55 CPU-seconds per 10,000 test images, once), and the OOD sets ``svhn`` and
 ``cifar100``, present when this script wrote them.
 
-The writers (:func:`py2_dumps`, :func:`cifar_batch`, :func:`write_cifar10`,
-:func:`write_cifar100`, :func:`write_svhn`) are the ones the tests use for their fixtures
+The writers (:func:`cifar_batch`, :func:`write_cifar10`, :func:`write_cifar100`,
+:func:`write_svhn`) are the ones the tests use for their fixtures
 (``tests/helpers/official_files.py``).
 """
 from __future__ import annotations
@@ -43,14 +43,15 @@ from __future__ import annotations
 import argparse
 import io
 import os
-import pickle
-import struct
 import sys
 import tempfile
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for datasets/
+from datasets.py2_pickle import py2_dumps  # noqa: E402  (the official files' encoding)
 
 SIDE = 32
 ROW = 3 * SIDE * SIDE  # 3072 bytes per image in a CIFAR batch
@@ -60,55 +61,6 @@ CIFAR10_LABEL_NAMES = (b"airplane", b"automobile", b"bird", b"cat", b"deer", b"d
 NOISE = 48  # pixel = class colour + uniform integer noise in [-NOISE, NOISE]
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)
-
-
-# --------------------------------------------------------------------------- Python-2 pickles
-
-
-class Py2Pickler(pickle._Pickler):
-    """Pickles as the official CIFAR files were written (Python 2, protocol 2).
-
-    Byte strings, and ASCII text, become Python-2 ``str`` opcodes (``SHORT_BINSTRING`` /
-    ``BINSTRING``), and numpy arrays refer to ``numpy.core.multiarray._reconstruct``,
-    ``numpy.ndarray`` and ``numpy.dtype`` under numpy 1's module name, as in the published
-    ``cifar-10-batches-py`` and ``cifar-100-python`` files.  A loader tested only on Python
-    3's default pickles could accept those and still refuse the real files.
-    """
-
-    def __init__(self, f):
-        super().__init__(f, protocol=2)
-        self.dispatch = dict(pickle._Pickler.dispatch)
-        self.dispatch[bytes] = Py2Pickler.save_py2_str
-        self.dispatch[str] = Py2Pickler.save_text
-
-    def save_py2_str(self, obj):
-        n = len(obj)
-        if n < 256:
-            self.write(pickle.SHORT_BINSTRING + bytes([n]) + obj)
-        else:
-            self.write(pickle.BINSTRING + struct.pack("<i", n) + obj)
-        self.memoize(obj)
-
-    def save_text(self, obj):
-        if obj.isascii():  # a Python-2 str; only unicode objects were written as unicode
-            self.save_py2_str(obj.encode("ascii"))
-        else:
-            pickle._Pickler.save_str(self, obj)
-
-    def save_global(self, obj, name=None):
-        module = obj.__module__
-        name = name or obj.__qualname__
-        if module.startswith("numpy._core"):
-            module = module.replace("numpy._core", "numpy.core")
-        self.write(pickle.GLOBAL + f"{module}\n{name}\n".encode())
-        self.memoize(obj)
-
-
-def py2_dumps(obj) -> bytes:
-    """``obj`` pickled as the official CIFAR files are (see :class:`Py2Pickler`)."""
-    buf = io.BytesIO()
-    Py2Pickler(buf).dump(obj)
-    return buf.getvalue()
 
 
 # --------------------------------------------------------------------------- official layouts

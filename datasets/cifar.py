@@ -86,7 +86,7 @@ class Family:
 CIFAR10 = Family(
     name="cifar10",
     num_classes=10,
-    # KEP-SVGP's constants (kep_svgp_and_sgpa.md, 1.2)
+    # KEP-SVGP's constants (docs/reference/kep_svgp_and_sgpa.md section 1.2)
     mean=(0.4914, 0.4822, 0.4465),
     std=(0.2023, 0.1994, 0.2010),
     pickle_train=tuple(f"cifar-10-batches-py/data_batch_{i}" for i in range(1, 6)),

@@ -6,9 +6,10 @@ shape or dtype, label out of range, truncated or corrupt file): a bad data file 
 error, not a bug.  Shapes returned are NHWC uint8 images ``[N, H, W, 3]`` and int64 labels
 ``[N]``.
 
-* CIFAR-10/100 python batches (:func:`read_cifar_pickle`, :func:`read_cifar_meta`):
-  Python-2 protocol-2 pickles, read through :mod:`datasets.safe_pickle` with only the
-  three numpy globals they need, because unpickling runs code.
+* CIFAR-10/100 python batches (:func:`read_cifar_pickle`, :func:`read_cifar_batch`,
+  :func:`read_cifar_meta`): Python-2 protocol-2 pickles, read through
+  :mod:`datasets.safe_pickle` with only the three numpy globals they need, because
+  unpickling runs code.
 * CIFAR-10 binary batches (:func:`read_cifar10_binary`).
 * CIFAR-10-C / CIFAR-100-C ``.npy`` files (:func:`read_corruption_npy`), never unpickled.
 * SVHN ``.mat`` files (:func:`read_svhn_mat`).
@@ -115,9 +116,13 @@ def _planes_to_nhwc(rows: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(rows.reshape(-1, 3, CIFAR_SIDE, CIFAR_SIDE).transpose(0, 2, 3, 1))
 
 
-def _load_py2_pickle(path: Path | str) -> object:
-    """One object from an official-format (Python 2) pickle, with only numpy's array globals allowed."""
+def _load_py2_pickle(path: Path | str, raw: bytes | None = None) -> object:
+    """One object from an official-format (Python 2) pickle, with only numpy's array globals
+    allowed: the file ``path``, or ``raw``, its bytes read elsewhere (an archive member that
+    ``path`` names in messages)."""
     try:
+        if raw is not None:
+            return safe_pickle.load(raw, encoding="bytes", allowed=safe_pickle.NUMPY_RECONSTRUCT)
         with open(path, "rb") as f:
             return safe_pickle.load(f, encoding="bytes", allowed=safe_pickle.NUMPY_RECONSTRUCT)
     except FileNotFoundError:
@@ -142,9 +147,19 @@ def read_cifar_pickle(
     CIFAR-100; a list of N ints).  Labels are checked against ``num_classes``, by default the
     class count of ``label_key``.  Returns ``x`` uint8 ``[N, 32, 32, 3]`` and ``y`` int64 ``[N]``.
     """
+    obj, y = read_cifar_batch(path, label_key, num_classes=num_classes)
+    return _planes_to_nhwc(obj[b"data"]), y
+
+
+def read_cifar_batch(
+    path: Path | str, label_key: bytes | str, *, num_classes: int | None = None, raw: bytes | None = None
+) -> tuple[dict, np.ndarray]:
+    """One official CIFAR python batch as its dict, checked as :func:`read_cifar_pickle`
+    checks it, and its labels (int64 ``[N]``); ``raw``: the file's bytes, read elsewhere
+    (e.g. from an archive; ``path`` then only names it in messages)."""
     key = _key(label_key)
     num_classes = num_classes if num_classes is not None else CIFAR_LABEL_CLASSES.get(key)
-    obj = _load_py2_pickle(path)
+    obj = _load_py2_pickle(path, raw)
     if not isinstance(obj, dict):
         raise ConfigError(f"{path}: expected a dict (a CIFAR batch), got {type(obj).__name__}")
     for k in (b"data", key):
@@ -159,8 +174,7 @@ def read_cifar_pickle(
         labels = np.asarray(obj[key])
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"{path}: {key!r} is not a list of integers ({exc})") from None
-    y = _check_labels(path, repr(key), labels, len(data), num_classes)
-    return _planes_to_nhwc(data), y
+    return obj, _check_labels(path, repr(key), labels, len(data), num_classes)
 
 
 def read_cifar10_binary(path: Path | str) -> tuple[np.ndarray, np.ndarray]:
@@ -184,11 +198,12 @@ def read_cifar10_binary(path: Path | str) -> tuple[np.ndarray, np.ndarray]:
     return _planes_to_nhwc(rows[:, 1:]), y
 
 
-def read_cifar_meta(path: Path | str, key: bytes | str) -> list[str]:
+def read_cifar_meta(path: Path | str, key: bytes | str, *, raw: bytes | None = None) -> list[str]:
     """Class names from a CIFAR meta file: ``batches.meta`` with ``b"label_names"``, or
-    CIFAR-100 ``meta`` with ``b"fine_label_names"`` / ``b"coarse_label_names"``."""
+    CIFAR-100 ``meta`` with ``b"fine_label_names"`` / ``b"coarse_label_names"`` (``raw``:
+    the file's bytes, read elsewhere, as for :func:`read_cifar_batch`)."""
     k = _key(key)
-    obj = _load_py2_pickle(path)
+    obj = _load_py2_pickle(path, raw)
     if not isinstance(obj, dict) or k not in obj:
         found = ", ".join(repr(v) for v in obj) if isinstance(obj, dict) else type(obj).__name__
         raise ConfigError(f"{path}: missing key {k!r} (found: {found or 'none'})")

@@ -1,7 +1,7 @@
 """KDEformer (Zandieh et al., ICML 2023): attention D^-1 A V, A = exp(Q K^T / sqrt(D)),
 estimated by the practical algorithm of the official code (majid-daliri/kdeformer,
-``vit_models/kdeformer.py`` and ``KDEformer.py``; ``../shared/reference/
-attention_variants.md`` section 2), per (batch, head):
+``vit_models/kdeformer.py`` and ``KDEformer.py``; ``docs/reference/attention_variants.md``
+section 2), per (batch, head):
 
 0. q and k scaled by D^-1/4 each (``scale = "width"``: by the model width, as the softmax
    layer's option); V-bar = [V, 1] (the last column estimates the row sums).

@@ -10,8 +10,8 @@ The layer output is a *sample* of the GP posterior; its KL to the prior and the 
 objective are added to the cross-entropy.  The official code (yingyichen-cyy/KEP-SVGP,
 ``CIFAR/model/kep_svgp.py``) is what "faithful" below reproduces.
 
-Equations, per head (notation of ``/shared/reference/kep_svgp_and_sgpa.md`` §2-3)
----------------------------------------------------------------------------------
+Equations, per head (notation of ``docs/reference/kep_svgp_and_sgpa.md`` §2-3)
+-----------------------------------------------------------------------------
 B batch, N tokens, C = h·d channels (h heads of width d), s = ``rank``; x ∈ R^{B×N×C} is
 the block's LayerNorm output.
 

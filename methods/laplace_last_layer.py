@@ -79,7 +79,7 @@ fit runs in eval mode in float32 features / float64 curvature; the MAP net is th
 suite's ViT trained from scratch (the paper used pre-trained WRNs).  (4) ``fit_images``
 fits on a random subset of the training split (default: all of it, as the paper).
 laplace-torch itself is not used: it declares torchvision as a dependency, which does not
-import with our CPU torch and, unpinned, pulls a CUDA torch (../shared/reference/data.md
+import with our CPU torch and, unpinned, pulls a CUDA torch (docs/reference/data.md
 section 4).  ``tests/methods/test_laplace_last_layer.py`` checks this implementation
 against closed forms, autograd and Monte Carlo, and against laplace-torch where it imports.
 """

@@ -63,7 +63,6 @@ from torch import nn
 
 from bench.method import LossTerm, MonteCarlo, TrainedMethod
 from bench.registry import ATTENTIONS, METHODS
-from bench.spec import ModelConfig
 from methods.sgpa import kl_anneal_weight, psd_cholesky
 
 KERNELS = ("ard", "exponential")

@@ -3,8 +3,8 @@
 ``symmetric``: softmax attention with one shared query/key projection (Q = K), so K K^T /
 sqrt(D) is a symmetric Gram matrix, as the kernel-PCA view needs; a Linear(C -> 2C) for
 keys and values instead of C -> 3C (attention parameters 3C^2 instead of 4C^2).  The RPC
-tables' baseline is this SymViT, not a standard ViT (``../shared/reference/
-attention_variants.md`` section 1).
+tables' baseline is this SymViT, not a standard ViT (``docs/reference/attention_variants.md``
+section 1).
 
 ``pap``: per (batch, head), keys K = L + S (low-rank L, sparse S) by ADMM with one
 symmetric softmax-attention pass as the L step, as the official code writes it:

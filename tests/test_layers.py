@@ -2,7 +2,7 @@
 with ``ast`` (every import at any depth: module level, inside functions, under ``if``
 and ``if TYPE_CHECKING:`` alike; relative imports resolved), has no circle; the core
 (``bench/``) never imports ``methods/`` or ``datasets/`` (the registries are its only
-link to them, DESIGN.md); the layers of a run, cli > runner > executors > cell > train,
+link to them, docs/architecture.md); the layers of a run, cli > runner > executors > cell > train,
 import only downwards; and the suite spec, analysis and report need none of them."""
 from __future__ import annotations
 

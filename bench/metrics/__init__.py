@@ -1,4 +1,4 @@
-"""Uncertainty metrics as pure numpy functions (definitions: ``reference/metrics.md``).
+"""Uncertainty metrics as pure numpy functions (definitions: ``docs/reference/metrics.md``).
 
 Every function returns a raw, unscaled Python ``float`` (accuracy and ECE as fractions in
 [0, 1], NLL in nats, Brier in [0, 2], AURC/E-AURC as plain risks); scales such as %, x100
@@ -122,4 +122,15 @@ __all__ = [
     "entropy",
     "decompose",
     "mutual_information",
-]  # plus every registered metric function, by its name (see ``run_suite.py list``)
+]
+__all__ += [  # every built-in metric function, by its registered name (see ``run_suite.py list``)
+    "accuracy", "brier", "brier_top_label", "mcc", "mcc_per_batch", "nll",
+    "ece", "ece_adaptive", "ece_all_class", "ece_classwise", "ece_debiased", "ece_fdshifts", "ece_torchmetrics",
+    "mce", "mce_all_class", "rms_ce", "rms_ce_adaptive100",
+    "aurc", "aurc_trapezoid", "aurc_unique", "eaurc", "eaurc_discrete", "eaurc_fdshifts", "augrc",
+    "augrc_trapezoid", "risk_at_80_coverage", "coverage_at_5_risk",
+    "failure_auroc", "failure_fpr95", "failure_fpr95_first", "failure_aupr_success", "failure_aupr_success_ap",
+    "failure_aupr_error", "failure_aupr_error_trapezoid",
+    "ood_auroc", "ood_fpr95", "ood_fpr95_openood", "ood_fpr95_tu", "ood_aupr_in", "ood_aupr_in_trapezoid",
+    "ood_aupr_out", "ood_aupr_out_trapezoid",
+]

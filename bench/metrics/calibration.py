@@ -9,7 +9,7 @@ Conventions
       ones -- fall into exactly the reference's bins, also at 8/15, 0.6 and 2/3, where
       torch's edges sit one float32 step below ``float32(k/15)``; the sums are float64.
       Empty bins contribute 0.
-    * Variants (``reference/metrics.md`` section 2): the same per-bin statistics under
+    * Variants (``docs/reference/metrics.md`` section 2): the same per-bin statistics under
       another binning (:data:`BINNINGS`), over every class probability instead of the top
       label (:data:`CALIBRATION_TARGETS`), reduced by another norm (MCE: max, RMSCE: L2),
       or with the plug-in estimator's bias removed (:func:`ece_debiased`).  Each is
@@ -31,7 +31,7 @@ from bench.metrics.resample import chunks
 # ----------------------------------------------------------------------- reliability bins
 
 
-#: Binning schemes of :func:`calibration_bins` (``reference/metrics.md`` section 2).
+#: Binning schemes of :func:`calibration_bins` (``docs/reference/metrics.md`` section 2).
 BINNINGS: tuple[str, ...] = ("kepsvgp", "upper_closed", "torchmetrics", "fdshifts", "equal_mass")
 
 

@@ -8,7 +8,7 @@ Conventions
       precision-recall curve (sklearn ``auc(recall, precision)``); AUPR-Error is average
       precision with errors positive and score -MSP.  Undefined values (no positives
       and/or no negatives) are NaN.
-    * Variants (``reference/metrics.md`` section 4): fd-shifts' FPR95 (first point with
+    * Variants (``docs/reference/metrics.md`` section 4): fd-shifts' FPR95 (first point with
       TPR >= 0.9495), AUPR-Success as average precision and AUPR-Error by the trapezoid,
       registered beside their defaults.
 

@@ -6,7 +6,7 @@ Conventions
       largest value with at least 95% of ID scores ``>= tau`` (the k-th largest ID score,
       k = ceil(0.95 N1) computed in integers) and FPR95 is the fraction of OOD scores
       ``>= tau`` (OOD samples tied with tau count as accepted).
-    * Variants (``reference/metrics.md`` section 5): OpenOOD's and TorchUncertainty's FPR95
+    * Variants (``docs/reference/metrics.md`` section 5): OpenOOD's and TorchUncertainty's FPR95
       (OOD positive) and OpenOOD's trapezoid AUPRs, registered beside their defaults.
 
 The vectorised bootstrap kernels stand just above the metrics they evaluate.

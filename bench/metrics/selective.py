@@ -9,7 +9,7 @@ Conventions
     * AURC: samples sorted by confidence, highest first, with a *stable* sort (ties keep
       their input order); AURC = (1/n) sum_i E_i / i, E_i = errors among the top i.
     * E-AURC = AURC - AURC*, AURC* = r + (1 - r) ln(1 - r), r = error rate (AURC* = 1 at r = 1).
-    * Variants (``reference/metrics.md`` section 3): the trapezoid and unique-threshold
+    * Variants (``docs/reference/metrics.md`` section 3): the trapezoid and unique-threshold
       areas of TorchUncertainty and fd-shifts, the exact discrete optimum, the generalised
       risk (AUGRC) and single operating points (risk at 80% coverage, coverage at 5%
       risk), each registered under its own name with its convention in its docstring.

@@ -318,7 +318,7 @@ def test_kep_svgp_padded_tokens_carry_nothing(opts):
 def ksvd_by_hand(layer: KEPSVGPAttention, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """J = ½ mean‖e D‖² + ½ mean‖r D‖² − tr(mean_h W̃_eᵀ W̃_r), the means over the real
     (b, n) pairs and the heads; W_e from N' evenly spaced real tokens of each row."""
-    s, h = layer.rank, layer.heads
+    h = layer.heads
     n_keep = layer.w_e.shape[1]
     d2 = torch.exp(2 * layer.log_lambda)  # [h, s]
     w_qk = layer.qk.weight  # [2C, C]

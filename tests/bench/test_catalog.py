@@ -99,11 +99,11 @@ def test_report_footnotes_name_what_each_method_keeps_from_its_authors_code(tmp_
     from bench.report import write_report
 
     monkeypatch.setattr(report_mod, "write_plots", lambda *args: [])  # tables and README only
-    methods = ('[methods.rpc]\niters_train = 1\nmismatched_iters = true\n[methods.symvit]\n'
-               '[methods.kdeformer]\nranking = "gray_index"\ntrain_attention = "softmax"\n'
-               '[methods.ens]\ntype = "deep_ensemble"\nbase = "msp"\nmembers = 2\n')
+    toml = ('[methods.rpc]\niters_train = 1\nmismatched_iters = true\n[methods.symvit]\n'
+            '[methods.kdeformer]\nranking = "gray_index"\ntrain_attention = "softmax"\n'
+            '[methods.ens]\ntype = "deep_ensemble"\nbase = "msp"\nmembers = 2\n')
     path = tmp_path / "fid.toml"
-    path.write_text(fake_suite("fid", methods))
+    path.write_text(fake_suite("fid", toml))
     results = tmp_path / "results"
     fake_store(results, path)
     suite = load_suite(str(path))

@@ -11,7 +11,7 @@ import pytest
 
 import bench.metrics.resample as kernels  # what the vectorised kernels share
 import bench.stats as S
-from bench.metrics import Metric, get_metric, selection
+from bench.metrics import Metric, selection
 from bench.registry import METRICS
 from tests.helpers.synthetic import make_case
 

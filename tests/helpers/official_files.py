@@ -2,8 +2,9 @@
 back: CIFAR-10/100 (Python-2 pickles or binary batches), CIFAR-10-C ``.npy`` files, an SVHN
 ``.mat`` file, a folder of PNG/JPEG/BMP images and the CoLA ``cola_public`` TSV files.
 
-The CIFAR/SVHN encoders live in ``benchmarks/synthetic_cifar.py``, shared with the
-synthetic-data benchmark, so that each format is written in one place."""
+The CIFAR/SVHN layouts live in ``benchmarks/synthetic_cifar.py``, shared with the
+synthetic-data benchmark, and the official files' pickle encoding in
+``datasets/py2_pickle.py``, so that each format is written in one place."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,9 +16,10 @@ from tests.helpers import import_benchmarks
 
 import_benchmarks()
 import synthetic_cifar  # noqa: E402  (the official-format writers, shared with benchmarks/)
-from synthetic_cifar import Py2Pickler, cifar_batch, py2_dumps  # noqa: E402
+from datasets.py2_pickle import py2_dumps  # noqa: E402
+from synthetic_cifar import cifar_batch  # noqa: E402
 
-__all__ = ["Py2Pickler", "cifar_batch", "py2_dumps", "rows_of", "write"]
+__all__ = ["cifar_batch", "py2_dumps", "rows_of", "write"]
 
 rows_of = synthetic_cifar.cifar_rows  # NHWC -> the official [N, 3072] rows (R plane, G plane, B plane)
 write = synthetic_cifar.write_file

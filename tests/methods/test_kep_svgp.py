@@ -1,7 +1,7 @@
 """methods/kep_svgp.py: the KEP-SVGP attention layer, its regularisers and the methods.
 
 Expected values are recomputed here from the equations of the reference
-(``/shared/reference/kep_svgp_and_sgpa.md`` §2-3) with plain per-head loops in float64,
+(``docs/reference/kep_svgp_and_sgpa.md`` §2-3) with plain per-head loops in float64,
 from ``torch.distributions`` (clean KL), or from empirical moments of many samples.
 Everything is tiny and runs on CPU.
 """

@@ -24,7 +24,7 @@ from bench.errors import ConfigError
 from bench.options import parse
 from bench.registry import METHODS
 from methods.laplace_last_layer import (LaplaceHead, LastLayerLaplace, augmented, evidence_maximiser, ggn_full,
-                                        kron_factors, log_evidence, probit)
+                                        kron_factors, probit)
 from tests.helpers.suites import run_in_process, tiny_suite
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -1,7 +1,7 @@
 """methods/sgpa.py: SGPA attention, key passing, KL and its annealing, training.
 
 Expected values are dense GP computations in numpy/scipy written here from the
-equations of the reference (kep_svgp_and_sgpa.md §4) and the module docstring, or
+equations of the reference (``docs/reference/kep_svgp_and_sgpa.md`` §4) and the module docstring, or
 torch.distributions for Gaussian KLs; the layer under test only supplies its parameters.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Golden tests for the named metric variants of bench.metrics (reference/metrics.md).
+"""Golden tests for the named metric variants of bench.metrics (docs/reference/metrics.md).
 
 Every expected value is worked out independently of the code under test: by hand (the
 arithmetic is in the comments, exact fractions where possible), with scikit-learn/scipy,

@@ -109,6 +109,7 @@ def test_every_registered_metric_is_its_module_function_with_metadata():
     for name in M.registered():
         m = METRICS.get(name)
         assert m.name == name and m.fn is getattr(M, name)
+        assert name in M.__all__  # exported by its name, as the package says
         assert m.kind in M.KINDS and m.unit in M.UNITS and m.on_scores == (m.kind == "ood")
 
 
