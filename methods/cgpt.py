@@ -344,7 +344,7 @@ class CGPT(TrainedMethod):
 
     attention = "cgp"
     Options = CGPTOptions
-    official = {"samples": 10, "reg_weight": 0.7, "reg_anneal": False}
+    official = {"samples": 10, "average": "probs", "reg_weight": 0.7, "reg_anneal": False}
 
     def attention_options(self) -> dict:
         return {"jitter": self.options.jitter, "reg_weight": self.options.reg_weight}
@@ -362,7 +362,7 @@ class CGPT(TrainedMethod):
 
     def deviations(self) -> list[str]:
         o, ref = self.options, self.official
-        out = o.pass_deviations(samples=ref["samples"], average="probs")
+        out = o.pass_deviations(ref)
         if o.reg_weight != ref["reg_weight"] or o.reg_anneal != ref["reg_anneal"]:
             out.append(f"regulariser weight {o.reg_weight:g}{' annealed from 0' if o.reg_anneal else ''} (official: "
                        f"{ref['reg_weight']:g}{' annealed from 0' if ref['reg_anneal'] else ' fixed'})")
@@ -389,7 +389,7 @@ class SparseCGPT(CGPT):
 
     attention = "scgp"
     Options = SCGPTOptions
-    official = {"samples": 5, "reg_weight": 1.0, "reg_anneal": True}
+    official = {"samples": 5, "average": "probs", "reg_weight": 1.0, "reg_anneal": True}
 
     def attention_options(self) -> dict:
         o = self.options

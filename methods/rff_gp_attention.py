@@ -183,6 +183,7 @@ class RFFGPAttentionMethod(TrainedMethod):
     with CE + KL, predicting with the mean probability of ``samples`` passes."""
 
     attention = "rff_gp"
+    official = {"features": 16, "samples": 10, "average": "probs"}
 
     @dataclass(frozen=True)
     class Options(MonteCarlo):
@@ -203,8 +204,8 @@ class RFFGPAttentionMethod(TrainedMethod):
 
     def deviations(self) -> list[str]:
         """Where these options leave the official layer and evaluation (module docstring)."""
-        o = self.options
-        out = o.pass_deviations(samples=10, average="probs")
-        if o.features != 16:
-            out.append(f"{o.features} feature pairs per head (official CIFAR keys_len: 16)")
+        o, ref = self.options, self.official
+        out = o.pass_deviations(ref)
+        if o.features != ref["features"]:
+            out.append(f"{o.features} feature pairs per head (official CIFAR keys_len: {ref['features']})")
         return out

@@ -500,6 +500,10 @@ def official_blocks(model: nn.Module) -> nn.Module:
 class SGPA(TrainedMethod):
     """ViT with SGPA in every block; CE + weighted KL; averages ``samples`` passes."""
 
+    official = {"preset": "official", "kl_anneal": True, "kl_weight": 1.0, "lengthscale_init": "official",
+                "variational_init": "official", "variant": "decoupled", "key_passing": True, "covariance": "diag",
+                "samples": 10, "average": "probs"}
+
     @dataclass(frozen=True)
     class Options(MonteCarlo):
         preset: Literal["uqbench", "official"] = "uqbench"  # official: the official model where we differ
@@ -542,33 +546,33 @@ class SGPA(TrainedMethod):
 
     def deviations(self) -> list[str]:
         """What this configuration keeps from the official model, one line each (module docstring)."""
-        o = self.options
+        o, ref = self.options, self.official
         out = []
-        if o.preset != "official":
+        if o.preset != ref["preset"]:
             out += ["MLP Linear, GELU, Dropout, Linear, Dropout (official: Linear, Dropout, GELU, Linear, Dropout)",
                     "two LayerNorms per block (official: one shared by the blocks)",
                     "mean-pooled readout (official ViT: sequence pooling)",
                     "jitter in K_beta_beta inside the KL (official: only in its Cholesky)"]
-        if o.kl_anneal and o.preset != "official":
+        if o.kl_anneal and o.preset != ref["preset"]:
             out.append("KL annealed per optimiser step (official: per epoch)")
-        if not o.kl_anneal:
+        if o.kl_anneal != ref["kl_anneal"]:
             out.append("KL not annealed (official CIFAR training: 0 to 1 over the first half, per epoch)")
-        if o.kl_weight != 1.0:
-            out.append(f"KL weight {o.kl_weight:g} (official: 1)")
-        if o.lengthscale_init != "official":
+        if o.kl_weight != ref["kl_weight"]:
+            out.append(f"KL weight {o.kl_weight:g} (official: {ref['kl_weight']:g})")
+        if o.lengthscale_init != ref["lengthscale_init"]:
             out.append("lengthscales initialised from the head width (official: random log-lengthscales)")
-        if o.variational_init != "official":
+        if o.variational_init != ref["variational_init"]:
             out.append("q(u_beta) initialised at the prior (official: N(0, 1) draws)")
-        if o.variant != "decoupled":
+        if o.variant != ref["variant"]:
             out.append("standard SGPA (the official code has the decoupled variant only)")
         else:
             out.append("each head projects its global keys with its own query rows (official: fc_qkv rows "
                        "[:hdim] for every head, an upstream bug with 2 or more heads)")
-            if not o.key_passing:
+            if o.key_passing != ref["key_passing"]:
                 out.append("global keys not passed through the previous block (official: passed)")
-        if o.covariance != "diag":
+        if o.covariance != ref["covariance"]:
             out.append("full covariance over tokens (official HEAD: diagonal)")
-        return out + o.pass_deviations(samples=10, average="probs")
+        return out + o.pass_deviations(ref)
 
     def on_train_step(self, model: nn.Module, step: int, total_steps: int) -> None:
         """Before optimiser step ``step`` of ``total_steps`` (``preset = "uqbench"``): set
