@@ -63,7 +63,6 @@ from torch import nn
 
 from bench.method import MonteCarlo, TrainedMethod
 from bench.registry import ATTENTIONS, METHODS
-from bench.spec import ModelConfig
 from methods._gp import AnnealedTerm, kl_anneal_weight, psd_cholesky, set_anneal_weight
 
 KERNELS = ("ard", "exponential")
