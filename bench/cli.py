@@ -51,6 +51,7 @@ from bench.commands import (CtrlC, Interrupted, as_tuple, cmd_runs, cmd_suite, c
 from bench.errors import ConfigError, one_line
 from bench.executor_config import EXECUTORS, ExecutorConfig
 from bench.registry import did_you_mean, import_plugins
+from bench.scores import default_scores
 from bench.stats import SEEDS_AND_SAMPLES as SIGNIFICANCE, SIGNIFICANCE_TESTS
 
 
@@ -215,8 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="metric names to show in the report (default: the KEP-SVGP paper's set and the "
                             "debiased ECE; any name from `list`)")
     shown.add_argument("--scores", type=_csv("OOD scores"),
-                       help="OOD scores the OOD table ranks images by (default: msp, entropy, mutual_info, max_logit, "
-                            "energy, mahalanobis, knn, vim; any name from `list`)")
+                       help=f"OOD scores the OOD table ranks images by (default: {', '.join(default_scores())}; any "
+                            "name from `list`)")
     shown.add_argument("--significance", default=SIGNIFICANCE, choices=SIGNIFICANCE_TESTS,
                        help="the test behind the report's marks and intervals: seeds_and_samples (default: "
                             "seed-level and test-sample variation) or samples_seeds_fixed (paired bootstrap over "

@@ -35,10 +35,12 @@ class MonteCarlo:
     samples: int = field(default=10, metadata={"min": 1})  # stochastic passes at test
     average: Literal["probs", "logits"] = "probs"
 
-    def pass_deviations(self, samples: int, average: str) -> list[str]:
+    def pass_deviations(self, official: dict) -> list[str]:
         """Lines for a method's ``deviations()``: where these passes differ from the official
-        code's ``samples`` passes combined by ``average``."""
+        code's ``official["samples"]`` passes combined by ``official["average"]`` (the
+        method's :attr:`TrainedMethod.official`)."""
         names = {"probs": "probabilities", "logits": "logits"}
+        samples, average = official["samples"], official["average"]
         out = []
         if self.average != average:
             out.append(f"{names[self.average]} averaged over the passes (official: {names[average]})")
@@ -77,6 +79,10 @@ def extra_losses(model) -> list:
 
 class TrainedMethod:
     kind: ClassVar[str] = "trained"
+    #: The authors' value of each option that has one (option name -> value): what
+    #: :meth:`deviations` compares the options with, declared once; ``docs/fidelity.md``
+    #: states each (``Official values of `name`: ...``, checked by a test).
+    official: ClassVar[dict[str, object]] = {}
     #: A registered attention used in every block (None: the backbone's own), with the
     #: options :meth:`attention_options` gives: "a ViT whose attention is X" in one line.
     attention: ClassVar[str | None] = None
@@ -200,6 +206,7 @@ class DerivedOptions:
 
 class DerivedMethod:
     kind: ClassVar[str] = "derived"
+    official: ClassVar[dict[str, object]] = {}  # as TrainedMethod.official
     Options: ClassVar[type] = DerivedOptions
 
     def __init__(self, options) -> None:

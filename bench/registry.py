@@ -14,7 +14,7 @@ import difflib
 import importlib
 import os
 import sys
-from typing import Callable, Generic, Iterator, TypeVar
+from typing import Callable, Generic, Iterable, Iterator, TypeVar
 
 from bench.errors import ConfigError, one_line
 
@@ -109,10 +109,34 @@ class Registry(Generic[T]):
         except KeyError:
             raise ConfigError(self.unknown_message(name, key)) from None
 
-    def unknown_message(self, name: str, key: str | None = None) -> str:
+    def validate(self, names: str | Iterable[str], key: str | None = None, *, aliases: dict[str, str] | None = None,
+                 problems=None) -> list[str]:
+        """The one check of a registry name a user gave (a suite file's methods, datasets,
+        attention layers and OOD scores; ``--scores``, ``--metrics``): ``names`` (one name or
+        several) returned as a list, repeats dropped, order kept.  An unknown name is
+        :meth:`unknown_message` (the closest known name, also through ``aliases``: alias ->
+        name, e.g. a metric's label; and every known name): raised as a ConfigError naming
+        ``key``, the flag or key path the names came from, or, given ``problems`` (a suite
+        file's :class:`bench.options.Problems`), added there at ``key`` for each unknown name
+        and left out of what is returned, so that a suite's problems are reported together."""
+        self.complete()
+        out: list[str] = []
+        for name in [names] if isinstance(names, str) else names:
+            if isinstance(name, str) and name in self._items:
+                if name not in out:
+                    out.append(name)
+            elif problems is None:
+                raise ConfigError(self.unknown_message(name, key, aliases))
+            else:
+                problems.add(key, self.unknown_message(name, aliases=aliases))
+        return out
+
+    def unknown_message(self, name: str, key: str | None = None, aliases: dict[str, str] | None = None) -> str:
+        """``unknown <kind> 'name' (at key). Did you mean 'x'? Known <kind>s: ...``: the one
+        message of an unknown name (:func:`closest` finds ``x``)."""
         where = f" (at {key})" if key else ""
         known = ", ".join(self.names()) or "none registered"
-        match = closest(str(name), self.names())
+        match = closest(str(name), self.names(), aliases)
         hint = f" Did you mean {match!r}?" if match is not None else ""
         return f"unknown {self.kind} {name!r}{where}.{hint} Known {self.kind}s: {known}."
 

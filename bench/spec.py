@@ -372,9 +372,7 @@ def build_suite(raw: dict, overrides: Overrides = Overrides()) -> Suite:
 
     if top.reference and top.reference not in by_name:
         problems.add("reference", f"names no method of this suite; known: {', '.join(by_name)}")
-    for name in top.scores:
-        if name not in SCORES:
-            problems.add("scores", f"unknown OOD score {name!r}; known: {', '.join(SCORES.names())}")
+    SCORES.validate(top.scores, "scores", problems=problems)
     if (why := unstored_scores_problem(top.scores, store)) is not None:
         problems.add("scores", why)
     problems.raise_if_any()
@@ -409,8 +407,7 @@ def _parse_dataset(name: str, table: Any, problems: Problems) -> DatasetSpec | N
     if not isinstance(type_, str):
         problems.add(type_path, f"expected a registered dataset name, got {type_!r}")
         return None
-    if type_ not in DATASETS:
-        problems.add(type_path, DATASETS.unknown_message(type_))
+    if not DATASETS.validate(type_, type_path, problems=problems):
         return None
     if not isinstance(splits, list) or not splits or not all(isinstance(s, str) for s in splits):
         problems.add(f"{path}.splits", f"expected a non-empty list of split patterns, got {splits!r}")
@@ -434,8 +431,7 @@ def _parse_method(
     if not isinstance(type_, str):
         problems.add(type_path, f"expected a registered method name, got {type_!r}")
         return None
-    if type_ not in METHODS:
-        problems.add(type_path, METHODS.unknown_message(type_))
+    if not METHODS.validate(type_, type_path, problems=problems):
         return None
     cls = METHODS.get(type_)
     train_over, model_over = table.pop("train", {}), table.pop("model", {})
@@ -455,8 +451,8 @@ def _parse_method(
     train = parse(TrainConfig, train_raw, f"{path}.train", own)
     model = parse(ModelConfig, _apply_preset(model_raw, f"{path}.model", own), f"{path}.model", own)
     problems += _not_inherited(own, path, problems)
-    if model is not None and model.attention not in ATTENTIONS:
-        problems.add(f"{path}.model.attention", ATTENTIONS.unknown_message(model.attention))
+    if model is not None:
+        ATTENTIONS.validate(model.attention, f"{path}.model.attention", problems=problems)
     return MethodSpec(name, type_, cls.kind, options, train, model)
 
 

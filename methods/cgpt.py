@@ -107,9 +107,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench.method import LossTerm, MonteCarlo, TrainedMethod
+from bench.method import MonteCarlo, TrainedMethod
 from bench.registry import ATTENTIONS, METHODS
-from methods.sgpa import psd_cholesky
+from methods._gp import AnnealedTerm, linear_anneal_weight, psd_cholesky, set_anneal_weight
 
 CHOLESKY_TRIES = 20  # jitter, 10·jitter, ... up to 1e19·jitter (official: an unbounded ×10 loop)
 
@@ -129,10 +129,12 @@ def identity_at_padding(mat: torch.Tensor, m: torch.Tensor | None) -> torch.Tens
     return mat * (m * m.transpose(-1, -2)) + eye * (1 - m)
 
 
-class _CorrelatedGP(LossTerm, nn.Module):
+class _CorrelatedGP(AnnealedTerm, nn.Module):
     """What both CGP layers share: the four projections, W_O, the sampling and the
-    regulariser bookkeeping.  A subclass implements :meth:`posterior`."""
+    regulariser as an annealed loss term (:class:`methods._gp.AnnealedTerm`, named
+    ``cgp_reg`` in the training log).  A subclass implements :meth:`posterior`."""
 
+    term_name = "cgp_reg"
     stochastic = True  # samples the GP output in every forward pass, in eval mode too
 
     def __init__(self, dim: int, heads: int, dropout: float, jitter: float, reg_weight: float) -> None:
@@ -140,8 +142,8 @@ class _CorrelatedGP(LossTerm, nn.Module):
         if dim % heads:
             raise ValueError(f"dim ({dim}) must be divisible by heads ({heads})")
         self.heads, self.head_dim = heads, dim // heads
-        self.jitter, self.reg_weight = float(jitter), float(reg_weight)
-        self.anneal_weight = 1.0  # set by the method's on_train_epoch
+        self.jitter = float(jitter)
+        self.init_term(reg_weight)
         self.sample = True
         self.q = nn.Linear(dim, dim, bias=False)
         self.k = nn.Linear(dim, dim, bias=False)
@@ -149,7 +151,6 @@ class _CorrelatedGP(LossTerm, nn.Module):
         self.v = nn.Linear(dim, dim, bias=False)
         self.proj = nn.Linear(dim, dim)  # W_O
         self.drop = nn.Dropout(dropout)
-        self.last_reg: torch.Tensor | None = None
 
     def heads_of(self, t: torch.Tensor) -> torch.Tensor:
         b, n, _ = t.shape
@@ -174,19 +175,8 @@ class _CorrelatedGP(LossTerm, nn.Module):
             if eps is None:
                 eps = torch.randn(mean.shape, device=mean.device, dtype=mean.dtype)
             f = mean + chol @ eps.to(mean.dtype)
-        self.last_reg = reg
+        self.last_term = reg
         return self.drop(self.proj(f.transpose(1, 2).reshape(b, n, c).to(x.dtype)))
-
-    def extra_loss(self) -> torch.Tensor | None:
-        """reg_weight · anneal_weight · reg of the last training-mode forward; None otherwise."""
-        if not self.training or self.last_reg is None:
-            return None
-        return self.reg_weight * self.anneal_weight * self.last_reg
-
-    def loss_terms(self) -> dict:
-        if not self.training or self.last_reg is None:
-            return {}
-        return {"cgp_reg": self.last_reg}
 
 
 @ATTENTIONS.register("cgp")
@@ -253,7 +243,7 @@ class CGPAttention(_CorrelatedGP):
         return quad + 2 * logdet.abs()
 
     def extra_repr(self) -> str:
-        return f"heads={self.heads}, jitter={self.jitter:g}, reg_weight={self.reg_weight:g}"
+        return f"heads={self.heads}, jitter={self.jitter:g}, reg_weight={self.term_weight:g}"
 
 
 @ATTENTIONS.register("scgp")
@@ -318,7 +308,7 @@ class SparseCGPAttention(_CorrelatedGP):
 
     def extra_repr(self) -> str:
         return (f"heads={self.heads}, inducing={self.inducing}, noise={self.noise:g}, jitter={self.jitter:g}, "
-                f"reg_weight={self.reg_weight:g}")
+                f"reg_weight={self.term_weight:g}")
 
 
 def init_from_stage1(model: nn.Module, state: dict[str, torch.Tensor]) -> list[str]:
@@ -354,7 +344,7 @@ class CGPT(TrainedMethod):
 
     attention = "cgp"
     Options = CGPTOptions
-    official = {"samples": 10, "reg_weight": 0.7, "reg_anneal": False}
+    official = {"samples": 10, "average": "probs", "reg_weight": 0.7, "reg_anneal": False}
 
     def attention_options(self) -> dict:
         return {"jitter": self.options.jitter, "reg_weight": self.options.reg_weight}
@@ -368,14 +358,11 @@ class CGPT(TrainedMethod):
     def on_train_epoch(self, model: nn.Module, epoch: int, epochs: int) -> None:
         """The regulariser's weight for this epoch: ``reg_weight`` × (e / E with ``reg_anneal``,
         the official ``anneal_scheduler`` from 0; else 1)."""
-        weight = epoch / max(epochs, 1) if self.options.reg_anneal else 1.0
-        for m in model.modules():
-            if isinstance(m, _CorrelatedGP):
-                m.anneal_weight = weight
+        set_anneal_weight(model, _CorrelatedGP, linear_anneal_weight(epoch, epochs) if self.options.reg_anneal else 1.0)
 
     def deviations(self) -> list[str]:
         o, ref = self.options, self.official
-        out = o.pass_deviations(samples=ref["samples"], average="probs")
+        out = o.pass_deviations(ref)
         if o.reg_weight != ref["reg_weight"] or o.reg_anneal != ref["reg_anneal"]:
             out.append(f"regulariser weight {o.reg_weight:g}{' annealed from 0' if o.reg_anneal else ''} (official: "
                        f"{ref['reg_weight']:g}{' annealed from 0' if ref['reg_anneal'] else ' fixed'})")
@@ -402,7 +389,7 @@ class SparseCGPT(CGPT):
 
     attention = "scgp"
     Options = SCGPTOptions
-    official = {"samples": 5, "reg_weight": 1.0, "reg_anneal": True}
+    official = {"samples": 5, "average": "probs", "reg_weight": 1.0, "reg_anneal": True}
 
     def attention_options(self) -> dict:
         o = self.options

@@ -78,6 +78,8 @@ class DDU(TrainedMethod):
     cross-entropy, one pass; epistemic uncertainty = the ``ddu_density`` OOD score computed
     from the stored features (module docstring)."""
 
+    official = {"spectral_norm": True, "coeff": 3.0}  # -sn, sn_coeff (CIFAR)
+
     @dataclass(frozen=True)
     class Options:
         spectral_norm: bool = True  # wrap attn.proj, mlp.0, mlp.3 of every block
@@ -98,8 +100,8 @@ class DDU(TrainedMethod):
         o = self.options
         out = ["ViT with spectral norm on attn.proj, mlp.0, mlp.3 (official: Wide-ResNet-28-10, every conv)",
                "GDA on the stored training-feature subset ([store] train_features; official: whole training split)"]
-        if not o.spectral_norm:
+        if o.spectral_norm != self.official["spectral_norm"]:
             out.append("no spectral normalisation (official DDU: -sn)")
-        if o.coeff != 3.0:
-            out.append(f"spectral-norm coefficient {o.coeff:g} (official CIFAR: 3)")
+        if o.coeff != self.official["coeff"]:
+            out.append(f"spectral-norm coefficient {o.coeff:g} (official CIFAR: {self.official['coeff']:g})")
         return out

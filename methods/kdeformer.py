@@ -193,6 +193,7 @@ class KDEformer(TrainedMethod):
     randomness (LSH directions, residual samples) gives ``samples`` Monte-Carlo passes."""
 
     batched_samples = False  # one set of LSH directions per forward, shared by the batch
+    official = {"ranking": "gray_code", "train_attention": "softmax"}  # swapped into an exactly trained model
 
     @dataclass(frozen=True)
     class Options(MonteCarlo):
@@ -206,8 +207,9 @@ class KDEformer(TrainedMethod):
     def deviations(self) -> list[str]:
         """The differences from the official code that change outputs (module docstring)."""
         o = self.options
-        out = ["ranking = 'gray_index': buckets ordered by g^-1(code) (official: g(code))"] if o.ranking != "gray_code" else []
-        if o.train_attention == "kdeformer":
+        ref = self.official
+        out = ["ranking = 'gray_index': buckets ordered by g^-1(code) (official: g(code))"] if o.ranking != ref["ranking"] else []
+        if o.train_attention != ref["train_attention"]:
             out.append("trained with the estimator (the authors swap it into an exactly trained model)")
         return out + ["LSH directions redrawn every forward pass (official ViT: drawn once at construction)",
                       "sigma_max from 20 power iterations started from ones (official ViT: 32 from a random start)"]

@@ -275,6 +275,8 @@ class LastLayerLaplace(TrainedMethod):
     """MSP's network, then a last-layer Laplace posterior fitted on the training split before
     prediction; probit (or Monte-Carlo) predictive (module docstring)."""
 
+    official = {"hessian": "kron", "link": "probit"}  # laplace-torch's defaults; a prior precision by marglik
+
     @dataclass(frozen=True)
     class Options:
         hessian: Literal["kron", "full"] = "kron"  # KFAC GGN (Laplace Redux default) or the full GGN
@@ -330,11 +332,11 @@ class LastLayerLaplace(TrainedMethod):
         """Where these options leave Laplace Redux's default (module docstring)."""
         o = self.options
         out = ["prior precision at the evidence maximum (official: 100 Adam steps on log delta, which can stop short)"]
-        if o.hessian != "kron":
+        if o.hessian != self.official["hessian"]:
             out.append("full GGN of the last layer (official default: KFAC)")
         if o.prior_precision is not None:
             out.append(f"fixed prior precision {o.prior_precision:g} (official: marginal likelihood)")
-        if o.link != "probit":
+        if o.link != self.official["link"]:
             out.append(f"Monte-Carlo predictive with {o.samples} logit draws (official default: probit)")
         if o.fit_images is not None:
             out.append(f"curvature from {o.fit_images} training images (official: the whole training set)")

@@ -61,9 +61,9 @@ from typing import Literal
 import torch
 from torch import nn
 
-from bench.method import LossTerm, MonteCarlo, TrainedMethod
+from bench.method import MonteCarlo, TrainedMethod
 from bench.registry import ATTENTIONS, METHODS
-from methods.sgpa import kl_anneal_weight, psd_cholesky
+from methods._gp import AnnealedTerm, kl_anneal_weight, psd_cholesky, set_anneal_weight
 
 KERNELS = ("ard", "exponential")
 
@@ -85,13 +85,13 @@ def orthonormal_columns(heads: int, rows: int, cols: int) -> torch.Tensor:
 
 
 @ATTENTIONS.register("rff_gp")
-class RFFGPAttention(LossTerm, nn.Module):
+class RFFGPAttention(AnnealedTerm, nn.Module):
     """Random-feature GP attention, ``[B, N, dim] -> [B, N, dim]`` (module docstring).
 
     ``features`` = M/2 (the official ``keys_len``): M = 2·features cos/sin features per
     head.  ``self.sample = False`` returns the posterior mean.  After a training-mode
-    forward ``last_kl`` holds that pass's KL and ``extra_loss()`` returns
-    ``kl_weight · anneal_weight · KL``."""
+    forward ``last_term`` holds that pass's KL and ``extra_loss()`` returns
+    ``kl_weight · anneal_weight · KL`` (:class:`methods._gp.AnnealedTerm`)."""
 
     stochastic = True  # samples the GP output in every forward pass (bench.vit: noise at prediction time)
 
@@ -106,8 +106,8 @@ class RFFGPAttention(LossTerm, nn.Module):
             raise ValueError(f"features must be >= 1, got {features}")
         h, d = heads, dim // heads
         self.heads, self.head_dim, self.features, self.kernel = h, d, features, kernel
-        self.jitter, self.kl_weight = float(jitter), float(kl_weight)
-        self.anneal_weight = 1.0  # set by RFFGPAttentionMethod.on_train_step
+        self.jitter = float(jitter)
+        self.init_term(kl_weight)
         self.sample = True
         self.qv = nn.Linear(dim, 2 * dim, bias=False)  # per head [q_h; v_h]
         self.proj = nn.Linear(dim, dim)  # W_O
@@ -117,7 +117,6 @@ class RFFGPAttention(LossTerm, nn.Module):
         self.log_sigma2 = nn.Parameter(torch.tensor(-2.0))  # σ²
         self.register_buffer("omega", orthonormal_columns(h, d, features))  # Ω₀: [H, D, M/2]
         self.register_buffer("phase", 2 * math.pi * torch.rand(h, features))  # p: [H, M/2]
-        self.last_kl: torch.Tensor | None = None
 
     def feature_map(self, q: torch.Tensor) -> torch.Tensor:
         """φ(q) ``[B, H, N, M]`` from queries ``[B, H, N, D]`` (float32 or wider)."""
@@ -169,24 +168,12 @@ class RFFGPAttention(LossTerm, nn.Module):
                 eps = torch.randn(mean.shape, device=mean.device, dtype=mean.dtype)
             f = mean + var.clamp_min(0).sqrt() * eps.to(mean.dtype)
         out = self.drop(self.proj(f.transpose(1, 2).reshape(b, n, c).to(x.dtype)))
-        self.last_kl = kl
+        self.last_term = kl
         return out
-
-    def extra_loss(self) -> torch.Tensor | None:
-        """kl_weight · anneal_weight · KL of the last training-mode forward; None otherwise."""
-        if not self.training or self.last_kl is None:
-            return None
-        return self.kl_weight * self.anneal_weight * self.last_kl
-
-    def loss_terms(self) -> dict:
-        """``kl`` (before weighting) of the last training forward, for the training log."""
-        if not self.training or self.last_kl is None:
-            return {}
-        return {"kl": self.last_kl}
 
     def extra_repr(self) -> str:
         return (f"heads={self.heads}, features={self.features} (M={2 * self.features}), kernel={self.kernel!r}, "
-                f"jitter={self.jitter:g}, kl_weight={self.kl_weight:g}")
+                f"jitter={self.jitter:g}, kl_weight={self.term_weight:g}")
 
 
 @METHODS.register("rff_gp_attention")
@@ -195,6 +182,7 @@ class RFFGPAttentionMethod(TrainedMethod):
     with CE + KL, predicting with the mean probability of ``samples`` passes."""
 
     attention = "rff_gp"
+    official = {"features": 16, "samples": 10, "average": "probs"}
 
     @dataclass(frozen=True)
     class Options(MonteCarlo):
@@ -210,16 +198,13 @@ class RFFGPAttentionMethod(TrainedMethod):
 
     def on_train_step(self, model: nn.Module, step: int, total_steps: int) -> None:
         """Before each optimiser step: every layer's KL-annealing weight (the linear ramp of
-        ``methods.sgpa.kl_anneal_weight`` with ``kl_anneal``, else 1)."""
-        weight = kl_anneal_weight(step, total_steps) if self.options.kl_anneal else 1.0
-        for m in model.modules():
-            if isinstance(m, RFFGPAttention):
-                m.anneal_weight = weight
+        ``methods._gp.kl_anneal_weight`` with ``kl_anneal``, else 1)."""
+        set_anneal_weight(model, RFFGPAttention, kl_anneal_weight(step, total_steps) if self.options.kl_anneal else 1.0)
 
     def deviations(self) -> list[str]:
         """Where these options leave the official layer and evaluation (module docstring)."""
-        o = self.options
-        out = o.pass_deviations(samples=10, average="probs")
-        if o.features != 16:
-            out.append(f"{o.features} feature pairs per head (official CIFAR keys_len: 16)")
+        o, ref = self.options, self.official
+        out = o.pass_deviations(ref)
+        if o.features != ref["features"]:
+            out.append(f"{o.features} feature pairs per head (official CIFAR keys_len: {ref['features']})")
         return out

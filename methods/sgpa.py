@@ -160,9 +160,10 @@ from torch import nn
 
 from bench.data import DataBundle
 from bench.errors import ConfigError
-from bench.method import LossTerm, MonteCarlo, TrainedMethod
+from bench.method import MonteCarlo, TrainedMethod
 from bench.registry import ATTENTIONS, METHODS
 from bench.spec import ModelConfig
+from methods._gp import AnnealedTerm, kl_anneal_weight, kl_anneal_weight_per_epoch, psd_cholesky, set_anneal_weight
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -209,36 +210,6 @@ class ExponentialKernel(nn.Module):
 KERNELS: dict[str, type[nn.Module]] = {"ard": ARDKernel, "exponential": ExponentialKernel}
 
 
-def psd_cholesky(mat: torch.Tensor, jitter: float, tries: int = 4,
-                 sync_free: bool | None = None) -> tuple[torch.Tensor, float | torch.Tensor]:
-    """Cholesky factor of ``mat + j·I`` for the first ``j`` in jitter·(1, 10, 100, ...) that
-    works for the whole batch; returns the factor and that ``j``.
-
-    ``sync_free`` (default: on CUDA) never reads a device value on the host: every try is
-    factorised, without gradient, in one batched call, the first that works is picked on
-    the device (``j`` then is a 0-d tensor), and the factor of ``mat + j·I`` is computed
-    once more with gradient (a failed try's factor holds NaN on CUDA, which would reach
-    the gradient through a selection).  A matrix that fails every try gets a NaN factor,
-    so the training loop's non-finite check fails that cell alone (a device-side assert
-    would poison the CUDA context for every later cell).  Otherwise (CPU) the tries run
-    one by one, stopping at the first that works, and failing them all raises."""
-    eye = torch.eye(mat.shape[-1], dtype=mat.dtype, device=mat.device)
-    if mat.is_cuda if sync_free is None else sync_free:
-        with torch.no_grad():
-            js = jitter * torch.pow(10.0, torch.arange(tries, dtype=mat.dtype, device=mat.device))  # [tries]
-            _, info = torch.linalg.cholesky_ex(mat.detach().unsqueeze(0) + js.view(-1, *[1] * mat.dim()) * eye)
-            ok = (info == 0).reshape(tries, -1).all(1)  # [tries]: the try works for the whole batch
-            j = js.index_select(0, ok.to(torch.int8).argmax().view(1))[0]  # argmax gives the first maximum
-        chol, _ = torch.linalg.cholesky_ex(mat + j * eye)
-        return chol.masked_fill(~ok.any(), float("nan")), j
-    for attempt in range(tries):
-        j = jitter * 10.0**attempt
-        chol, info = torch.linalg.cholesky_ex(mat + j * eye)
-        if not bool(info.any()):
-            return chol, j
-    raise RuntimeError(f"SGPA: matrix not positive definite even with jitter {j:g}")
-
-
 # ----------------------------------------------------------------------------- attention
 
 
@@ -264,7 +235,7 @@ class _GP(NamedTuple):
 
 
 @ATTENTIONS.register("sgpa")
-class SGPAAttention(LossTerm, nn.Module):
+class SGPAAttention(AnnealedTerm, nn.Module):
     """Sparse-GP attention ``[B, T, C] -> [B, T, C]`` (see the module docstring).
 
     ``forward(x, tokens=None, eps=None, mask=None)``: ``x`` is the LayerNorm output;
@@ -328,9 +299,7 @@ class SGPAAttention(LossTerm, nn.Module):
             nn.init.zeros_(self.log_sigma.bias)
         self.sample = True  # reparameterised sample; False = posterior mean
         self.kl_jitter = kl_jitter  # K̂_ββ (True) or K_ββ (False, official) in the KL's v_βᵀ K v_β
-        self.kl_weight = kl_weight
-        self.anneal_weight = 1.0  # set by SGPA.on_train_step
-        self._kl: torch.Tensor | None = None
+        self.init_term(kl_weight)  # loss: kl_weight · anneal_weight · KL (methods._gp.AnnealedTerm)
 
     # --- pieces ------------------------------------------------------------------------
     def _heads(self, t: torch.Tensor) -> torch.Tensor:
@@ -504,39 +473,13 @@ class SGPAAttention(LossTerm, nn.Module):
     def forward(self, x: torch.Tensor, tokens: torch.Tensor | None = None, eps=None,
                 mask: torch.Tensor | None = None) -> torch.Tensor:
         gp = self._gp(x, tokens, with_kl=self.training, mask=mask)
-        self._kl = gp.kl
+        self.last_term = gp.kl
         out = self._draw(gp, eps) if self.sample else gp.mean  # [B, H, T, D]
         out = out.transpose(1, 2).flatten(2).to(x.dtype)
         return self.drop(self.proj(out))
 
-    def extra_loss(self) -> torch.Tensor | None:
-        """kl_weight · anneal_weight · KL of the last forward, if it ran in training mode."""
-        if self._kl is None:
-            return None
-        return self.kl_weight * self.anneal_weight * self._kl
-
-    def loss_terms(self) -> dict:
-        """``kl``: the layer's KL of the last training forward, unweighted (the training
-        log sums it over the layers)."""
-        return {} if self._kl is None else {"kl": self._kl}
-
 
 # ----------------------------------------------------------------------------- method
-
-
-def kl_anneal_weight(step: int, total_steps: int) -> float:
-    """Linear ramp 0 → 1 over the first half of training (step 0 has weight 0), then 1."""
-    half = total_steps / 2
-    return min(1.0, step / half) if half > 0 else 1.0
-
-
-def kl_anneal_weight_per_epoch(epoch: int, epochs: int) -> float:
-    """The official ramp: weight min(1, 2e / E) through epoch e of E (epoch 0 has weight 0),
-    accumulated by adding 2 / E after each epoch as the official training does."""
-    weight = 0.0
-    for _ in range(epoch):
-        weight += 2 / epochs
-    return min(1.0, weight)
 
 
 def official_blocks(model: nn.Module) -> nn.Module:
@@ -556,6 +499,10 @@ def official_blocks(model: nn.Module) -> nn.Module:
 @METHODS.register("sgpa")
 class SGPA(TrainedMethod):
     """ViT with SGPA in every block; CE + weighted KL; averages ``samples`` passes."""
+
+    official = {"preset": "official", "kl_anneal": True, "kl_weight": 1.0, "lengthscale_init": "official",
+                "variational_init": "official", "variant": "decoupled", "key_passing": True, "covariance": "diag",
+                "samples": 10, "average": "probs"}
 
     @dataclass(frozen=True)
     class Options(MonteCarlo):
@@ -599,47 +546,44 @@ class SGPA(TrainedMethod):
 
     def deviations(self) -> list[str]:
         """What this configuration keeps from the official model, one line each (module docstring)."""
-        o = self.options
+        o, ref = self.options, self.official
         out = []
-        if o.preset != "official":
+        if o.preset != ref["preset"]:
             out += ["MLP Linear, GELU, Dropout, Linear, Dropout (official: Linear, Dropout, GELU, Linear, Dropout)",
                     "two LayerNorms per block (official: one shared by the blocks)",
                     "mean-pooled readout (official ViT: sequence pooling)",
                     "jitter in K_beta_beta inside the KL (official: only in its Cholesky)"]
-        if o.kl_anneal and o.preset != "official":
+        if o.kl_anneal and o.preset != ref["preset"]:
             out.append("KL annealed per optimiser step (official: per epoch)")
-        if not o.kl_anneal:
+        if o.kl_anneal != ref["kl_anneal"]:
             out.append("KL not annealed (official CIFAR training: 0 to 1 over the first half, per epoch)")
-        if o.kl_weight != 1.0:
-            out.append(f"KL weight {o.kl_weight:g} (official: 1)")
-        if o.lengthscale_init != "official":
+        if o.kl_weight != ref["kl_weight"]:
+            out.append(f"KL weight {o.kl_weight:g} (official: {ref['kl_weight']:g})")
+        if o.lengthscale_init != ref["lengthscale_init"]:
             out.append("lengthscales initialised from the head width (official: random log-lengthscales)")
-        if o.variational_init != "official":
+        if o.variational_init != ref["variational_init"]:
             out.append("q(u_beta) initialised at the prior (official: N(0, 1) draws)")
-        if o.variant != "decoupled":
+        if o.variant != ref["variant"]:
             out.append("standard SGPA (the official code has the decoupled variant only)")
         else:
             out.append("each head projects its global keys with its own query rows (official: fc_qkv rows "
                        "[:hdim] for every head, an upstream bug with 2 or more heads)")
-            if not o.key_passing:
+            if o.key_passing != ref["key_passing"]:
                 out.append("global keys not passed through the previous block (official: passed)")
-        if o.covariance != "diag":
+        if o.covariance != ref["covariance"]:
             out.append("full covariance over tokens (official HEAD: diagonal)")
-        return out + o.pass_deviations(samples=10, average="probs")
-
-    def _set_anneal_weight(self, model: nn.Module, weight: float) -> None:
-        for module in model.modules():
-            if isinstance(module, SGPAAttention):
-                module.anneal_weight = weight
+        return out + o.pass_deviations(ref)
 
     def on_train_step(self, model: nn.Module, step: int, total_steps: int) -> None:
         """Before optimiser step ``step`` of ``total_steps`` (``preset = "uqbench"``): set
         every layer's KL-annealing weight (:func:`kl_anneal_weight` with ``kl_anneal``, else 1)."""
         if self.options.preset != "official":
-            self._set_anneal_weight(model, kl_anneal_weight(step, total_steps) if self.options.kl_anneal else 1.0)
+            weight = kl_anneal_weight(step, total_steps) if self.options.kl_anneal else 1.0
+            set_anneal_weight(model, SGPAAttention, weight)
 
     def on_train_epoch(self, model: nn.Module, epoch: int, epochs: int) -> None:
         """Before epoch ``epoch`` of ``epochs`` (``preset = "official"``): set every layer's
         KL-annealing weight (:func:`kl_anneal_weight_per_epoch` with ``kl_anneal``, else 1)."""
         if self.options.preset == "official":
-            self._set_anneal_weight(model, kl_anneal_weight_per_epoch(epoch, epochs) if self.options.kl_anneal else 1.0)
+            weight = kl_anneal_weight_per_epoch(epoch, epochs) if self.options.kl_anneal else 1.0
+            set_anneal_weight(model, SGPAAttention, weight)

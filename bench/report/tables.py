@@ -20,9 +20,8 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from bench.analysis import CONVERGENCE_FIELDS, EFFICIENCY_FIELDS
-from bench.errors import ConfigError
 from bench.metrics import get_metric, selection
-from bench.registry import METRICS, did_you_mean
+from bench.registry import METRICS
 from bench.report.rows import NO_STAT, SEVERITY_STATS, SUMMARY_STATS, ResultsIndex, Row, Stat, table_rows
 
 if TYPE_CHECKING:
@@ -219,16 +218,13 @@ APPROXIMATE = "≈"  # before the interval of a metric whose intervals are only 
 
 
 def validate_metrics(metrics: Sequence[str]) -> list[str]:
-    """``metrics`` checked against the registry, repeats dropped, order kept; any unknown
-    name is a ConfigError that lists the registered ones.  Called where names enter the
-    report (``--metrics`` through :class:`bench.report.suite.ReportOptions`,
+    """``metrics`` checked against the registry (:meth:`bench.registry.Registry.validate`:
+    repeats dropped, order kept; an unknown name is a ConfigError naming the closest
+    registered one, a metric's label such as "ACC" read as its name).  Called where names
+    enter the report (``--metrics`` through :class:`bench.report.suite.ReportOptions`,
     :func:`bench.report.write_report`); what it returns is passed on unchecked."""
-    unknown = [m for m in metrics if m not in METRICS]
-    if unknown:
-        labels = {get_metric(m).label: m for m in METRICS.names()}  # "ACC" means accuracy
-        raise ConfigError(f"unknown metric(s) {unknown} for the report{did_you_mean(unknown[0], METRICS.names(), labels)}"
-                          f"; known: {', '.join(METRICS.names())}")
-    return list(dict.fromkeys(metrics))
+    labels = {get_metric(m).label: m for m in METRICS.names()}
+    return METRICS.validate(metrics, "--metrics", aliases=labels)
 
 
 def shown_column(name: str, headlines: dict[str, dict[str, str]], datasets: Sequence[str]) -> Column:

@@ -156,15 +156,10 @@ def sort_scores(names) -> list[str]:
 
 
 def validate_scores(names) -> list[str]:
-    """``names`` checked against the registry (repeats dropped, order kept); an unknown
-    name is a ConfigError naming the closest registered one.  Called where scores enter
-    (``--scores``)."""
-    out = []
-    for name in names:
-        SCORES.get(name, key="--scores")  # an unknown name raises, with the closest known one
-        if name not in out:
-            out.append(name)
-    return out
+    """``names`` checked against the registry (:meth:`bench.registry.Registry.validate`:
+    repeats dropped, order kept; an unknown name is a ConfigError naming the closest
+    registered one).  Called where scores enter (``--scores``)."""
+    return SCORES.validate(names, "--scores")
 
 
 def detector_cost(training: Mapping[str, np.ndarray], test: Mapping[str, np.ndarray],

@@ -197,6 +197,40 @@ def test_list_gives_each_description_whole(ran):
         assert text.endswith((".", ".)")), (name, text)
 
 
+# --------------------------------------------------------------------------- the default OOD scores
+
+
+def _backticked_defaults(text: str) -> list[str]:
+    """The names in ``default: `a`, `b`, ...`` of the README's ``--scores`` row."""
+    import re
+
+    row = next(line for line in text.splitlines() if line.startswith("| `--scores"))
+    listed = re.search(r"default: ((?:`[^`]+`(?:, )?)+)", row)
+    assert listed, row
+    return re.findall(r"`([^`]+)`", listed.group(1))
+
+
+def test_readme_lists_the_registrys_default_ood_scores():
+    from bench.scores import default_scores
+
+    assert _backticked_defaults((REPO / "README.md").read_text()) == default_scores()
+
+
+def test_scores_help_gives_the_registrys_default_scores_a_default_score_of_a_plugin_included():
+    """A score registered with a ``default`` place before the parser is built (as a plugin
+    module imported first would) appears in ``--scores``'s help at that place."""
+    code = ("from bench.scores import ood_score\n"
+            "ood_score('Mine', 'higher = in-distribution', reads=('log_probs',), default=2.5, name='mine_score')"
+            "(lambda arrays, fitted=None: arrays['log_probs'].max(1))\n"
+            "from bench.cli import main\nmain(['run', '--help'])\n")
+    ran = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "COLUMNS": "1000"})
+    assert ran.returncode == 0, ran.stderr
+    line = next(line for line in ran.stdout.splitlines() if line.lstrip().startswith("--scores"))
+    assert ("(default: msp, entropy, mutual_info, mine_score, max_logit, energy, mahalanobis, knn, vim; "
+            in line), line
+
+
 # --------------------------------------------------------------------------- bad input
 
 
@@ -232,10 +266,11 @@ def test_seeds_not_integers(ran):
     assert one_line(ran["seeds_not_int"]) and one_line(ran["seeds_x"])
 
 
-@pytest.mark.parametrize("case,meant", [("close_metric", "'accuracy'"), ("close_command", "'report'"),
-                                        ("close_flag", "'--severity'"), ("close_choice", "'seeds_and_samples'")])
-def test_a_name_close_to_a_known_one_is_one_line_with_did_you_mean(ran, case, meant):
-    assert_bad_input(ran[case], f"did you mean {meant}?")
+@pytest.mark.parametrize("case,hint", [  # a registry name in the registry's shape (Registry.validate), others argparse's
+    ("close_metric", "(at --metrics). Did you mean 'accuracy'?"), ("close_command", "(did you mean 'report'?)"),
+    ("close_flag", "(did you mean '--severity'?)"), ("close_choice", "(did you mean 'seeds_and_samples'?)")])
+def test_a_name_close_to_a_known_one_is_one_line_with_did_you_mean(ran, case, hint):
+    assert_bad_input(ran[case], hint)
     assert one_line(ran[case])
 
 

@@ -590,7 +590,7 @@ def test_a_suite_names_the_ood_scores_its_report_shows():
     suite = build_suite(minimal(scores=["knn", "ddu_density", "knn"]))
     assert suite.scores == ("knn", "ddu_density")
     assert build_suite(minimal()).scores == ()
-    with pytest.raises(ConfigError, match=r"scores: unknown OOD score 'knnn'; known: .*\bknn\b"):
+    with pytest.raises(ConfigError, match=r"scores: unknown OOD score 'knnn'\. Did you mean 'knn'\? Known OOD scores: .*\bknn\b"):
         build_suite(minimal(scores=["knnn"]))
     zoo = load_suite("zoo")
     assert "ddu_density" in zoo.scores and "ddu" in [m.name for m in zoo.methods]

@@ -195,5 +195,5 @@ def test_cuda_marked_tests_are_found():
     using = {str(p.relative_to(REPO)) for p in (REPO / "tests").rglob("test_*.py")
              if any(line.startswith("from tests.helpers.devices import")
                     for line in p.read_text(encoding="utf-8").splitlines())}
-    assert {"tests/bench/test_gpu_path.py", "tests/methods/test_sgpa.py"} <= using
+    assert {"tests/bench/test_gpu_path.py", "tests/methods/test_gp.py"} <= using
     assert using <= set(ga.cuda_test_files())

@@ -180,7 +180,7 @@ def test_dense_layer_output_and_regulariser_match_the_official_equations():
     want_out, want_reg = dense_reference(layer, x, eps, eps0)
     out = layer(torch.from_numpy(x), eps=torch.from_numpy(eps), eps0=torch.from_numpy(eps0))
     np.testing.assert_allclose(out.detach().numpy(), want_out, rtol=1e-7, atol=1e-9)
-    np.testing.assert_allclose(float(layer.last_reg.detach()), want_reg, rtol=1e-7)
+    np.testing.assert_allclose(float(layer.last_term.detach()), want_reg, rtol=1e-7)
     np.testing.assert_allclose(float(layer.extra_loss().detach()), 0.7 * want_reg, rtol=1e-7)
     mean_only, _ = dense_reference(layer, x, 0 * eps, eps0)
     assert np.abs(want_out - mean_only).max() > 1e-2  # the sampled noise is not negligible
@@ -192,7 +192,7 @@ def test_sparse_layer_output_and_regulariser_match_the_official_equations():
     want_out, want_reg = sparse_reference(layer, x, eps)
     out = layer(torch.from_numpy(x), eps=torch.from_numpy(eps))
     np.testing.assert_allclose(out.detach().numpy(), want_out, rtol=1e-7, atol=1e-9)
-    np.testing.assert_allclose(float(layer.last_reg.detach()), want_reg, rtol=1e-7)
+    np.testing.assert_allclose(float(layer.last_term.detach()), want_reg, rtol=1e-7)
     mean_only, _ = sparse_reference(layer, x, 0 * eps)
     assert np.abs(want_out - mean_only).max() > 1e-2
 
@@ -229,11 +229,11 @@ def test_padded_tokens_change_nothing_at_real_tokens(name):
     other[0, 3:] = 5 * torch.randn(2, DIM, dtype=torch.float64)
     other[1, 4:] = -3.0
     a = layer(x, mask=mask, eps=eps, eps0=eps0)
-    reg_a = layer.last_reg
+    reg_a = layer.last_term
     b = layer(other, mask=mask, eps=eps, eps0=eps0)
     torch.testing.assert_close(a[0, :3], b[0, :3])
     torch.testing.assert_close(a[1, :4], b[1, :4])
-    torch.testing.assert_close(reg_a, layer.last_reg)
+    torch.testing.assert_close(reg_a, layer.last_term)
     if name == "cgp":  # and equal the layer on the real tokens alone
         alone = layer(x[:1, :3], eps=eps[:1, :, :3], eps0=eps0[:1, :, :3])
         torch.testing.assert_close(a[:1, :3], alone)

@@ -20,8 +20,7 @@ from bench.options import parse
 from bench.spec import ModelConfig, TrainConfig
 from bench.train import fit, predict, seed_everything
 from bench.vit import ViT
-from methods.sgpa import SGPA, SGPAAttention, kl_anneal_weight, psd_cholesky
-from tests.helpers.devices import device_params
+from methods.sgpa import SGPA, SGPAAttention
 from tests.helpers.synthetic import squares_bundle
 
 CPU = torch.device("cpu")
@@ -285,45 +284,6 @@ def test_variances_non_negative_at_large_inputs_and_near_keys():
             with torch.no_grad():
                 var = layer.posterior(gain * torch.randn(3, 6, 8)).cov
             assert torch.isfinite(var).all() and (var >= 0).all(), (kernel, variant)
-
-
-@pytest.mark.parametrize("sync_free", [False, True])  # True: every try at once, picked on the device (CUDA's way)
-def test_psd_cholesky_escalates_the_jitter_only_when_needed(sync_free):
-    ok = torch.tensor([[2.0, 1.0], [1.0, 2.0]], dtype=torch.float64)
-    chol, j = psd_cholesky(ok, 1e-6, sync_free=sync_free)
-    assert float(j) == pytest.approx(1e-6, rel=1e-12)
-    np.testing.assert_allclose((chol @ chol.T).numpy(), ok.numpy() + 1e-6 * np.eye(2), rtol=1e-12)
-    bad = torch.diag(torch.tensor([1.0, 1.0, -5e-6], dtype=torch.float64))  # needs jitter > 5e-6
-    chol, j = psd_cholesky(bad, 1e-6, sync_free=sync_free)
-    assert float(j) == pytest.approx(1e-5, rel=1e-12)
-    np.testing.assert_allclose((chol @ chol.T).numpy(), bad.numpy() + 1e-5 * np.eye(3), rtol=1e-12)
-    # a batch takes the first jitter that works for every matrix in it
-    both = torch.stack([torch.diag(torch.tensor([1.0, 1.0, 1.0], dtype=torch.float64)), bad])
-    chol, j = psd_cholesky(both, 1e-6, sync_free=sync_free)
-    assert float(j) == pytest.approx(1e-5, rel=1e-12)
-    np.testing.assert_allclose((chol @ chol.transpose(-1, -2)).numpy(), both.numpy() + 1e-5 * np.eye(3), rtol=1e-12)
-    if sync_free:  # no host read: a NaN factor, which the training loop's non-finite check catches
-        assert torch.isnan(psd_cholesky(-torch.eye(2, dtype=torch.float64), 1e-6, sync_free=True)[0]).all()
-    else:
-        with pytest.raises(RuntimeError, match="not positive definite"):
-            psd_cholesky(-torch.eye(2, dtype=torch.float64), 1e-6)
-
-
-@pytest.mark.parametrize("device", device_params())
-def test_psd_cholesky_gradient_when_the_first_jitter_fails(device):
-    """The gradient through an escalated jitter is the one of chol(mat + j·I) at that j:
-    finite, and equal between the one-by-one and the sync-free paths (on CUDA a failed
-    try's factor is NaN, which must not reach the gradient)."""
-    base = torch.tensor([[1.0, 0.3, 0.0], [0.3, 1.0, 0.0], [0.0, 0.0, -5e-6]], dtype=torch.float64, device=device)
-    grads = []
-    for sync_free in (False, True):
-        mat = base.clone().requires_grad_()
-        chol, j = psd_cholesky(mat, 1e-6, sync_free=sync_free)
-        assert float(j) == pytest.approx(1e-5, rel=1e-12)
-        (chol * torch.arange(1.0, 10.0, dtype=torch.float64, device=device).view(3, 3)).sum().backward()
-        grads.append(mat.grad)
-    assert torch.isfinite(grads[1]).all()
-    torch.testing.assert_close(grads[1], grads[0], rtol=1e-10, atol=1e-12)
 
 
 def test_full_covariance_samples_with_duplicate_tokens():
@@ -601,14 +561,8 @@ def test_extra_loss_only_after_training_forward_and_kl_weight_scales_it():
     torch.manual_seed(0)
     model(x)
     layer = model.blocks[0].attn
-    assert layer.extra_loss().item() == pytest.approx(0.25 * layer._kl.item(), rel=1e-6)
-    assert layer._kl.item() > 0
-
-
-def test_kl_anneal_weight_schedule():
-    assert [kl_anneal_weight(s, 8) for s in range(10)] == [0.0, 0.25, 0.5, 0.75, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
-    assert kl_anneal_weight(0, 1) == 0.0 and kl_anneal_weight(1, 1) == 1.0
-    assert kl_anneal_weight(0, 0) == 1.0
+    assert layer.extra_loss().item() == pytest.approx(0.25 * layer.last_term.item(), rel=1e-6)
+    assert layer.last_term.item() > 0
 
 
 def test_on_train_step_anneals_the_kl_in_the_training_loss():
@@ -620,7 +574,7 @@ def test_on_train_step_anneals_the_kl_in_the_training_loss():
     ce = -sp_log_softmax(logits.detach().double().numpy(), axis=1)[np.arange(4), labels.numpy()].mean()
     # before any step hook the layers add kl_weight · KL (weight 2, set at build time)
     kl = annealed.training_loss(model, logits, labels).item() - ce
-    assert kl == pytest.approx(2.0 * sum(b.attn._kl.item() for b in model.blocks), rel=1e-5)
+    assert kl == pytest.approx(2.0 * sum(b.attn.last_term.item() for b in model.blocks), rel=1e-5)
     assert kl > 0
     got = []
     for step in range(6):
@@ -810,7 +764,7 @@ def test_official_kl_leaves_the_jitter_out_of_v_beta_k_v_beta():
         model.train()
         torch.manual_seed(1)
         model(x)
-        kls.append([b.attn._kl.item() for b in model.blocks])
+        kls.append([b.attn.last_term.item() for b in model.blocks])
     for block, kl_d, kl_o in zip(om.blocks, *kls):
         expected = 0.5 * 0.05 * block.attn.v_beta.double().square().sum().item()
         assert kl_d - kl_o == pytest.approx(expected, rel=1e-3)
@@ -829,8 +783,6 @@ class RecordingAnneal(SGPA):
     ("official", [0.0] * 3 + [0.5] * 3 + [1.0] * 6),  # per epoch: 2/4 per epoch of 4
 ])
 def test_kl_annealing_per_step_or_per_epoch_as_the_official(preset, expected):
-    from methods.sgpa import kl_anneal_weight_per_epoch
-
     data = tiny_bundle()
     method = RecordingAnneal(parse(SGPA.Options, {**SMALL, "kl_anneal": True, "preset": preset}))
     method.weights = []
@@ -838,7 +790,6 @@ def test_kl_annealing_per_step_or_per_epoch_as_the_official(preset, expected):
     model = method.build_model(TINY, data)
     fit(method, model, data, TrainConfig(epochs=4, batch_size=20, lr=3e-3, warmup_epochs=0, eval_batch_size=64), CPU, seed=0)
     np.testing.assert_allclose(method.weights, expected, rtol=1e-12)
-    assert kl_anneal_weight_per_epoch(3, 4) == 1.0 and kl_anneal_weight_per_epoch(1, 3) == 2 / 3
 
 
 def test_preset_option_and_its_contradictions_are_config_errors():
