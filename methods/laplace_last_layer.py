@@ -73,10 +73,11 @@ with 100 Adam steps on log δ (lr 0.1, from δ = 1), which can stop short of the
 we solve for it (measured on small heads: its δ within 0.05% of ours).  (2) laplace-torch's
 KFAC keeps W and b as separate blocks, G ⊗ A_φ (A_φ over φ alone) and G for the bias, with
 no W-b cross terms; ours is one Kronecker pair over a = [φ; 1] (measured: evidence 0.04-0.07
-nats apart of about 190, probit probabilities within 1.5e-3).  The full GGN, evidence and
-probit agree with laplace-torch's ``FullLLLaplace`` to float round-off.  (3) The
-fit runs in eval mode in float32 features / float64 curvature; the MAP net is the
-suite's ViT trained from scratch (the paper used pre-trained WRNs).  (4) ``fit_images``
+nats apart of about 190 and probit probabilities within 1.5e-3 on the heads first compared,
+0.65-2.98 nats and 1.2e-3 to 3.4e-3 on small confident heads; docs/fidelity.md).  The
+full GGN, evidence and probit agree with laplace-torch's ``FullLLLaplace`` to float
+round-off.  (3) The fit runs in eval mode in float32 features / float64 curvature; the MAP
+net is the suite's ViT trained from scratch (the paper used pre-trained WRNs).  (4) ``fit_images``
 fits on a random subset of the training split (default: all of it, as the paper).
 laplace-torch itself is not used: it declares torchvision as a dependency, which does not
 import with our CPU torch and, unpinned, pulls a CUDA torch (docs/reference/data.md

@@ -24,12 +24,16 @@ AUROC, FPR95, AUPR) the convention says so.
   (faiss ``IndexFlatL2``) and adds 1e-10 after normalising: the same ranking.
 * ViM (Wang et al. 2022; OpenOOD ``vim``): origin ``u = -pinv(W) b`` of the head
   ``z = W x + b``; principal subspace = the top-D eigenvectors of the uncentred covariance
-  of ``x - u`` over the training features, with D = 1000 for feature width N >= 1500, 512
-  for N >= 768 (the paper's choices) and N / 2 below (OpenOOD's CIFAR setting: 256 of
-  512); ``alpha = mean max-logit / mean ||residual||`` on the training features; score =
+  of ``x - u`` over the training features (``eigh``: orthonormal eigenvectors; OpenOOD's
+  ``eig`` is not orthonormal when there are fewer features than the width, docs/fidelity.md),
+  with D = 1000 for feature width N >= 2048, 512 for N >= 768 and N / 2 below, the official
+  code's rule (haoqiwang/vim ``benchmark.py:230-235``; OpenOOD's CIFAR setting: 256 of 512);
+  ``alpha = mean max-logit / mean ||residual||`` on the training features; score =
   ``logsumexp(z) - alpha ||(x - u) R||`` with R the residual (non-principal) eigenvectors
   and z recomputed from the features (as OpenOOD does).
-* Residual (Wang et al. 2022; OpenOOD ``residual``): ``-||(x - u) R||``.
+* Residual (Wang et al. 2022; OpenOOD ``residual``): ``-||(x - u) R||``, fitted as ViM on
+  the training features with ViM's D, as the ViM code does (OpenOOD fits it on the ID
+  validation split with D = 512; docs/fidelity.md).
 * DDU feature density (Mukhoti et al. 2023, "Deep Deterministic Uncertainty"; official
   code omegafragger/DDU f597744): Gaussian discriminant analysis, one Gaussian per class
   with its *own* mean and covariance (unlike Mahalanobis' shared one), fitted on the stored
@@ -208,8 +212,9 @@ class VirtualLogit:
 
 
 def vim_dim(width: int) -> int:
-    """The principal subspace's dimension D for feature width N (module docstring)."""
-    return 1000 if width >= 1500 else 512 if width >= 768 else width // 2
+    """The principal subspace's dimension D for feature width N: the official code's rule
+    (haoqiwang/vim ``benchmark.py:230-235``; module docstring)."""
+    return 1000 if width >= 2048 else 512 if width >= 768 else width // 2
 
 
 def fit_vim(features: np.ndarray, weight: np.ndarray, bias: np.ndarray, dim: int | None = None) -> VirtualLogit:

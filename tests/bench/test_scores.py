@@ -154,8 +154,11 @@ def test_vim_and_residual_match_the_papers_formulas_computed_densely(case):
     np.testing.assert_allclose(registered("residual", {"features": case["x"]}, t), resid, rtol=1e-7, atol=1e-9)
 
 
-def test_vim_principal_dimension_is_the_papers():
-    assert vim_dim(2048) == 1000 and vim_dim(768) == 512 and vim_dim(512) == 256 and vim_dim(384) == 192
+def test_vim_principal_dimension_is_the_official_codes():
+    """haoqiwang/vim ``benchmark.py:230-235``: 1000 if N >= 2048, 512 if N >= 768, else N // 2;
+    widths 1500-2047 get 512 (not 1000), at each threshold and either side of it."""
+    expected = {4096: 1000, 2048: 1000, 2047: 512, 1500: 512, 1024: 512, 768: 512, 767: 383, 512: 256, 384: 192, 64: 32}
+    assert {width: vim_dim(width) for width in expected} == expected
 
 
 # --- OpenOOD v1.5 conformance ------------------------------------------------------------------------
