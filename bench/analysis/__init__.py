@@ -12,7 +12,8 @@ Four steps, one module each, below :func:`analyse` (:mod:`bench.analysis.results
   and significance against the reference method (``test`` and OOD splits), corruption
   aggregates per severity, corruption errors and the efficiency of every method;
 * :mod:`bench.analysis.training` -- every trained cell's training log, judged by one rule
-  (:data:`RULE`): still improving at the end of training or not, per cell and per method;
+  (:data:`RULE`): still improving at the end of training, not learning, or neither, per cell
+  and per method;
 * :mod:`bench.analysis.files` -- the analysis files (:func:`save`, :func:`load`) and the
   cache (:func:`analyse_store`: the files are reused while their fingerprint, over the
   store, the selection, the options and the analysis code, is unchanged).
@@ -28,7 +29,7 @@ from bench.analysis.statistics import (ALPHA, BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEE
                                        EFFICIENCY_FIELDS, SEVERITY_COLUMNS, SEVERITY_RESAMPLES, SIGNIFICANCE,
                                        SUMMARY_COLUMNS, TESTS, check_significance)
 from bench.analysis.training import (CONVERGENCE_COLUMNS, CONVERGENCE_FIELDS, CONVERGENCE_SUMMARY_COLUMNS, IMPROVING,
-                                     RULE, TRAINING_COLUMNS, UNJUDGED, judge)
+                                     NOT_LEARNING, RULE, TRAINING_COLUMNS, UNJUDGED, judge)
 
 __all__ = ["AnalysisResults", "analyse", "analyse_store", "analysed_metrics", "save", "load", "fingerprint",
            "read_manifest", "evaluate", "evaluate_catalog", "ood_scores", "check_significance", "split_order",
@@ -36,4 +37,4 @@ __all__ = ["AnalysisResults", "analyse", "analyse_store", "analysed_metrics", "s
            "BOOTSTRAP_RESAMPLES", "BOOTSTRAP_SEED", "SEVERITY_RESAMPLES", "METRIC_COLUMNS", "SUMMARY_COLUMNS",
            "SEVERITY_COLUMNS", "CE_COLUMNS", "EFFICIENCY_COLUMNS", "EFFICIENCY_FIELDS", "FAILURE_COLUMNS",
            "DAMAGED_COLUMNS", "TRAINING_COLUMNS", "CONVERGENCE_COLUMNS", "CONVERGENCE_SUMMARY_COLUMNS",
-           "CONVERGENCE_FIELDS", "RULE", "IMPROVING", "UNJUDGED", "judge"]
+           "CONVERGENCE_FIELDS", "RULE", "IMPROVING", "NOT_LEARNING", "UNJUDGED", "judge"]

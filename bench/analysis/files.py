@@ -48,7 +48,7 @@ from bench.metrics import get_metric
 from bench.scores import get_score
 from bench.store import atomic_write_bytes, atomic_write_json
 
-ANALYSIS_SCHEMA = 5  # bump when the files' columns or meaning change
+ANALYSIS_SCHEMA = 6  # bump when the files' columns or meaning change
 ANALYSIS_DIR = "analysis"
 CACHE_DIR = "cache"  # under the analysis folder: the earlier result sets, one folder per key
 CACHE_KEEP = 8  # result sets kept there, the most recently replaced first

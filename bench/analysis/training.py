@@ -12,14 +12,16 @@ method, so every report shows the evidence that its models had converged.
   (CGPT fine-tuned from msp: its own log is its stage 2), else 1;
 * ``cells`` (:data:`CONVERGENCE_COLUMNS`): one row per trained cell and stage: the last
   epoch's values, the best-validation epoch (``best_epoch`` of the ``cell.json`` beside
-  the log), the windows :func:`judge` compared and its verdict.  ``source`` names the
+  the log), the windows :func:`judge` compared, the share of the most frequent class it
+  compared the training accuracy with (``majority_share``) and its verdict.  ``source`` names the
   method row whose cell holds the log: a cell's own; for a post-hoc cell (one whose
   ``cell.json`` names a stage 1 and that trained nothing itself, so it has no log:
   last-layer Laplace on msp's network) the stage-1 cell, its base's cell of the same seed;
   a two-stage cell has two rows, stage 1 from that cell and stage 2 from its own log;
 * ``summary`` (:data:`CONVERGENCE_SUMMARY_COLUMNS`): one row per dataset, method and
-  stage, the means over seeds and how many seeds are still improving (and how many could
-  not be judged, and why); a derived method (temperature scaling, ensembles: combinators
+  stage, the means over seeds and how many seeds are flagged (``n_flagged``: still
+  improving or not learning), how many of those are not learning (``n_not_learning``) and
+  how many could not be judged, and why; a derived method (temperature scaling, ensembles: combinators
   over stored cells) has the rows of its base, whose networks it combines, over the seeds
   of the replicates it could form.
 
@@ -39,6 +41,15 @@ default suite's earlier 12 epochs, training accuracy 0.91 and rising 1.5-2 point
 up to 14% in converged ones (40-60 epochs, training accuracy >= 0.99: msp 0-10%, MC
 Dropout 0-14%, SGPA 2-12%), so a smaller fall tells annealing from under-training no
 better than chance; only a larger one flags.  A log of fewer than two epochs cannot be judged (``n/a: 1 epoch``).
+
+A model that never learned is flagged too, whatever its windows show: a judged log whose
+last epoch's training accuracy is at most TRAIN_ACC_RISE above the share of the most
+frequent class (what a model that predicts one class scores) is ``not learning``, in place
+of ``improving`` or ``not improving``.  That share is estimated from the labels of the
+stored ``test`` split of the cell beside the log (:func:`majority_share`); a cell with no
+stored test labels is not checked.  Example: KEP-SVGP on the text suite held training,
+validation and test accuracy at 57.7%, the larger class's share, while its objective (a KL
+term, mostly) still fell; without this check that read as converged.
 """
 from __future__ import annotations
 
@@ -57,6 +68,9 @@ TRAIN_ACC_RISE = 0.01  # training accuracy (a fraction) rising by more than this
 VAL_NLL_DROP = 0.15  # validation NLL falling by more than this share of its earlier mean: still improving
 IMPROVING = "improving"  # a verdict: still improving at the end (flagged)
 NOT_IMPROVING = "not improving"
+NOT_LEARNING = "not learning"  # a verdict: training accuracy at the most frequent class's share (flagged)
+FLAGGED = (IMPROVING, NOT_LEARNING)  # the verdicts the report marks
+LABELS_SPLIT = "test"  # the stored split whose labels give the most frequent class's share
 UNJUDGED = "n/a: "  # a verdict that starts so could not be made; the reason follows
 NO_LOG = "no training log"  # why a cell has no log: it trained nothing (a post-hoc cell)
 
@@ -67,26 +81,29 @@ TRAINING_COLUMNS = ["dataset", "method", "seed", "stage", "epoch", *LOG_FIELDS]
 #: what a convergence row gives of a log, in the report's column order (means over seeds in ``summary``)
 CONVERGENCE_FIELDS = ("epochs", "best_epoch", "train_acc", "train_loss", "val_acc", "val_nll")
 CONVERGENCE_COLUMNS = ["dataset", "method", "seed", "stage", "source", *CONVERGENCE_FIELDS, "window",
-                       "train_acc_rise", "val_nll_drop", "verdict"]
-CONVERGENCE_SUMMARY_COLUMNS = ["dataset", "method", "stage", "source", "n_seeds", "n_flagged", "n_unjudged",
-                               "unjudged", *CONVERGENCE_FIELDS]
+                       "train_acc_rise", "val_nll_drop", "majority_share", "verdict"]
+CONVERGENCE_SUMMARY_COLUMNS = ["dataset", "method", "stage", "source", "n_seeds", "n_flagged", "n_not_learning",
+                               "n_unjudged", "unjudged", *CONVERGENCE_FIELDS]
 
 
 @dataclass(frozen=True)
 class Judgement:
     """:func:`judge`'s verdict on one log, with what it compared: ``window`` (k epochs),
     ``train_acc_rise`` (the last window's mean training accuracy less the earlier one's, a
-    fraction) and ``val_nll_drop`` (the earlier window's mean validation NLL less the last
-    one's, over the earlier one's); NaN where the log is too short or a value missing."""
+    fraction), ``val_nll_drop`` (the earlier window's mean validation NLL less the last
+    one's, over the earlier one's) and ``majority_share`` (the most frequent class's share
+    the last training accuracy was compared with); NaN where the log is too short or a
+    value missing."""
 
     verdict: str
     window: int = 0
     train_acc_rise: float = np.nan
     val_nll_drop: float = np.nan
+    majority_share: float = np.nan
 
     @property
     def flagged(self) -> bool:
-        return self.verdict == IMPROVING
+        return self.verdict in FLAGGED
 
 
 def window(epochs: int) -> int:
@@ -100,17 +117,24 @@ RULE = (f"with E epochs in a cell's training log and k = max(1, round({WINDOW_FR
         f"{max(e for e in range(2, 1000) if window(e) == 1)} epochs), the mean over the last k epochs is compared "
         "with the mean over the k epochs before them; the cell is still improving when its training accuracy rose "
         f"by more than {100 * TRAIN_ACC_RISE:g} percentage point{'' if 100 * TRAIN_ACC_RISE == 1 else 's'} or its validation NLL fell by more than "
-        f"{100 * VAL_NLL_DROP:g}% of the earlier mean. A log of one epoch cannot be judged (`n/a: 1 epoch`)")
+        f"{100 * VAL_NLL_DROP:g}% of the earlier mean. A cell is not learning (`{NOT_LEARNING}`, flagged like one still "
+        f"improving) when its last epoch's training accuracy is at most {100 * TRAIN_ACC_RISE:g} percentage "
+        f"point{'' if 100 * TRAIN_ACC_RISE == 1 else 's'} above the share of the most frequent class, estimated from "
+        "the labels of its stored test split (not checked where it has none). A log of one epoch cannot be judged "
+        "(`n/a: 1 epoch`)")
 
 
-def judge(train_acc: Sequence[float], val_nll: Sequence[float]) -> Judgement:
+def judge(train_acc: Sequence[float], val_nll: Sequence[float], majority: float = np.nan) -> Judgement:
     """Whether a training log (per epoch, in order: training accuracy as a fraction,
     validation NLL in nats) was still improving materially at its end (the module
     docstring's rule): with E epochs and k = :func:`window` (E), the mean over the last k
     epochs against the mean over the k before; ``improving`` when the training accuracy
     rose by more than :data:`TRAIN_ACC_RISE` or the validation NLL fell by more than
     :data:`VAL_NLL_DROP` of its earlier mean (a comparison with a missing value is not
-    met), else ``not improving``; ``n/a: 1 epoch`` (or ``n/a: no epoch``) below 2 epochs."""
+    met), else ``not improving``; ``n/a: 1 epoch`` (or ``n/a: no epoch``) below 2 epochs.
+    ``majority``: the share of the most frequent class (a fraction; NaN: unknown, not
+    checked); a judged log whose last training accuracy is at most :data:`TRAIN_ACC_RISE`
+    above it is ``not learning`` instead."""
     acc, nll = np.asarray(train_acc, dtype=float), np.asarray(val_nll, dtype=float)
     n = len(acc)
     if n < 2:
@@ -121,7 +145,8 @@ def judge(train_acc: Sequence[float], val_nll: Sequence[float]) -> Judgement:
     earlier = float(nll[before].mean())
     drop = float((earlier - nll[last].mean()) / earlier) if earlier > 0 else np.nan
     flagged = rise > TRAIN_ACC_RISE or drop > VAL_NLL_DROP  # NaN compares False
-    return Judgement(IMPROVING if flagged else NOT_IMPROVING, k, rise, drop)
+    stuck = acc[-1] <= majority + TRAIN_ACC_RISE  # NaN (no share, no accuracy) compares False
+    return Judgement(NOT_LEARNING if stuck else IMPROVING if flagged else NOT_IMPROVING, k, rise, drop, float(majority))
 
 
 @dataclass(frozen=True)
@@ -148,18 +173,34 @@ def read_log(cd: CellDir) -> tuple[pd.DataFrame | None, str]:
     return log.reindex(columns=["epoch", *LOG_FIELDS]), ""
 
 
+def majority_share(cd: CellDir) -> float:
+    """The share of the most frequent label among the labels of the cell's stored
+    :data:`LABELS_SPLIT` split (``-1``, no label, left out): the accuracy of a model that
+    predicts one class, as the test split estimates it; NaN when the cell stores no such
+    split, it cannot be read, or it holds no label."""
+    if LABELS_SPLIT not in cd.splits():
+        return np.nan
+    try:
+        labels = cd.read_labels(LABELS_SPLIT)
+    except READ_ERRORS:
+        return np.nan
+    labels = labels[labels >= 0]
+    return float(np.bincount(labels).max() / len(labels)) if len(labels) else np.nan
+
+
 def _stage_row(log: pd.DataFrame | None, why: str, cd: CellDir | None) -> dict:
-    """One convergence row's values: from ``log`` (the cell ``cd``'s), or ``n/a: why``."""
+    """One convergence row's values: from ``log`` (the cell ``cd``'s, whose stored test
+    labels give the most frequent class's share), or ``n/a: why``."""
     if log is None:
-        return {f: np.nan for f in CONVERGENCE_FIELDS} | {"window": 0, "train_acc_rise": np.nan,
-                                                            "val_nll_drop": np.nan, "verdict": UNJUDGED + why}
+        return {f: np.nan for f in CONVERGENCE_FIELDS} | {"window": 0, "train_acc_rise": np.nan, "val_nll_drop": np.nan,
+                                                            "majority_share": np.nan, "verdict": UNJUDGED + why}
     best = (cd.read_cell() or {}).get("best_epoch") if cd is not None else None
     last = log.iloc[-1] if len(log) else pd.Series(dtype=float)
-    judged = judge(log["train_acc"], log["val_nll"])
+    judged = judge(log["train_acc"], log["val_nll"], majority_share(cd) if cd is not None else np.nan)
     return {"epochs": len(log), "best_epoch": float(best) if isinstance(best, (int, float)) else np.nan,
             **{f: float(last.get(f, np.nan)) for f in ("train_acc", "train_loss", "val_acc", "val_nll")},
             "window": judged.window, "train_acc_rise": judged.train_acc_rise, "val_nll_drop": judged.val_nll_drop,
-            "verdict": judged.verdict}
+            "majority_share": judged.majority_share, "verdict": judged.verdict}
 
 
 def convergence(catalog: Catalog) -> Convergence:
@@ -210,8 +251,8 @@ def convergence(catalog: Catalog) -> Convergence:
 
 def _summary(catalog: Catalog, cells: pd.DataFrame) -> pd.DataFrame:
     """Per dataset, method row and stage: the means over seeds of :data:`CONVERGENCE_FIELDS`
-    (over the seeds with a log), the seeds, those still improving and those not judged
-    (with their reasons, ``; ``-joined); a derived row repeats its base row's rows over the
+    (over the seeds with a log), the seeds, those flagged (still improving or not learning),
+    those not learning and those not judged (with their reasons, ``; ``-joined); a derived row repeats its base row's rows over the
     member seeds of its replicates formed (none when no replicate could be formed)."""
     rows = []
     for d in catalog.datasets:
@@ -224,7 +265,8 @@ def _summary(catalog: Catalog, cells: pd.DataFrame) -> pd.DataFrame:
                 rows.append({
                     "dataset": d, "method": entry.name, "stage": int(stage),
                     "source": ", ".join(dict.fromkeys(group["source"])),
-                    "n_seeds": len(group), "n_flagged": int((group["verdict"] == IMPROVING).sum()),
+                    "n_seeds": len(group), "n_flagged": int(group["verdict"].isin(FLAGGED).sum()),
+                    "n_not_learning": int((group["verdict"] == NOT_LEARNING).sum()),
                     "n_unjudged": int(unjudged.sum()),
                     "unjudged": "; ".join(dict.fromkeys(v[len(UNJUDGED):] for v in group.loc[unjudged, "verdict"])),
                     **{f: float(group[f].mean()) for f in CONVERGENCE_FIELDS},  # NaN (no log) skipped

@@ -15,7 +15,7 @@ One job per module:
   metric vs. severity with CI bands, OOD score histograms;
 * :mod:`bench.report.readme` — ``README.md`` (the *Incomplete* banner of a partial report,
   the cells still improving when their training
-  ended, hand-written ``NOTES.md`` inlined at the top of a complete one, conventions from the registered
+  ended or not learning, hand-written ``NOTES.md`` inlined at the top of a complete one, conventions from the registered
   metrics, tables, failures, plots);
 * :mod:`bench.report.suite` — the report step of ``run`` and ``report``: the store's
   cells selected, analysed or their analysis files reused (``bench.analysis.analyse_store``),

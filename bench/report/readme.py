@@ -1,7 +1,7 @@
 """The report's ``README.md``: the cells it leaves out (only when there are any: the
 *Incomplete* banner of a ``--partial`` report), the cells
-still improving when their training ended, notes (not in an incomplete report), conventions (from the registered
-metrics), every table of each dataset, failed cells, the plots, and a footnote per method
+still improving when their training ended or not learning, notes (not in an incomplete report),
+conventions (from the registered metrics), every table of each dataset, failed cells, the plots, and a footnote per method
 that differs from its authors' code."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Sequence
 import pandas as pd
 from tabulate import tabulate
 
-from bench.analysis import IMPROVING, RULE, UNJUDGED
+from bench.analysis import IMPROVING, NOT_LEARNING, RULE, UNJUDGED
 from bench.data import is_ood
 from bench.registry import SCORES
 from bench.report.formats import md_escape, to_markdown
@@ -144,9 +144,11 @@ CONVERGENCE_NOTE = (
     "*Convergence* (a table per data set; the training curves are among the *Plots*): per method and "
     "training stage, the last epoch of the training logs (mean over seeds), the epoch whose weights the "
     "cell kept, and in how many seeds the model was still improving when its training ended, by this "
-    f"rule: {RULE}. A method with such a seed, or whose base has one, carries `{IMPROVING_MARK.strip()}` "
-    "after its name in the summary and convergence tables: its numbers come from a model that had not "
-    "converged, and are a finding about the training budget rather than about the method. A post-hoc "
+    f"rule: {RULE}. A method with such a seed (still improving or not learning), or whose base has one, carries "
+    f"`{IMPROVING_MARK.strip()}` after its name in the summary and convergence tables: its numbers come from a model "
+    "that had not converged or had not learned, and are a finding about the training budget (or the training) "
+    "rather than about the method; the *Still improving* column counts the seeds still improving and, as `m of n "
+    "not learning`, those not learning. A post-hoc "
     "method (last-layer Laplace on msp's network) and a derived one (temperature scaling, ensembles) "
     "show the logs of their base (`base msp`); a two-stage method (CGPT fine-tuned from msp) has a row "
     "per stage, stage 1 its base's cell of the same seed and stage 2 its own log. Machine-readable: "
@@ -154,17 +156,18 @@ CONVERGENCE_NOTE = (
     "`stage, epoch, lr, train_loss, train_acc, val_acc, val_nll, seconds`; a two-stage cell's rows are its "
     "stage 2), `analysis/convergence.csv` (one row per cell and stage: `source`, the method whose log it "
     "is, the last epoch's values, `best_epoch`, the compared windows' `window` (k), `train_acc_rise` and "
-    "`val_nll_drop`, and the `verdict`: `improving`, `not improving` or `n/a: why`) and "
+    "`val_nll_drop`, the most frequent test label's share `majority_share`, and the `verdict`: `improving`, "
+    "`not learning`, `not improving` or `n/a: why`) and "
     "`analysis/convergence_summary.csv` (one row per method and stage: the means over seeds, `n_seeds`, "
-    "`n_flagged`, `n_unjudged` and why)."
+    "`n_flagged` (still improving or not learning), `n_not_learning`, `n_unjudged` and why)."
 )
 
 
 def _convergence_header(results: AnalysisResults, methods: list[str], flagged: set[tuple[str, str]]) -> list[str]:
     """The README's opening statement on convergence: the cells whose training log was still
-    improving at its end (each log once, with its seeds: a stage-1 cell that a post-hoc,
-    two-stage or derived method shares with its base is its base's), the method rows marked
-    for it, and the cells that could not be judged (``n/a: 1 epoch``); that none was, when
+    improving at its end and those not learning, each kind named (each log once, with its
+    seeds: a stage-1 cell that a post-hoc, two-stage or derived method shares with its base
+    is its base's), the method rows marked for them, and the cells that could not be judged (``n/a: 1 epoch``); that none was, when
     none was; nothing when the shown methods have no training log."""
     summary = results.convergence_summary
     mine = summary[summary["method"].isin(methods)] if len(summary) else summary
@@ -185,14 +188,21 @@ def _convergence_header(results: AnalysisResults, methods: list[str], flagged: s
                          for (log, why), seeds in groups.items())
 
     improving = logs[logs["verdict"] == IMPROVING]
+    stuck = logs[logs["verdict"] == NOT_LEARNING]
     unjudged = logs[logs["verdict"].str.startswith(UNJUDGED)]
     mark = IMPROVING_MARK.strip()
-    if len(improving):
+    if len(improving) or len(stuck):
         marked = ", ".join(f"{m} ({d})" if len(results.datasets) > 1 else m
                            for d in results.datasets for m in methods if (d, m) in flagged)
-        parts = [f"**Still improving when training ended** (the rule is under *Convergence* in the note below): "
-                 f"{md_escape(listed(improving))}. Marked `{mark}` in the summary and convergence tables: "
-                 f"{md_escape(marked)}; their numbers come from models that had not converged."]
+        kinds = [(name, rows, why) for name, rows, why in (("still improving", improving, "had not converged"),
+                                                          ("not learning", stuck, "had not learned")) if len(rows)]
+        title = " or ".join(name for name, _, _ in kinds).capitalize()
+        cause = " or ".join(why for _, _, why in kinds)
+        cells = (f": {md_escape(listed(kinds[0][1]))}." if len(kinds) == 1 else  # both kinds: each named
+                 "." + "".join(f" {name.capitalize()}: {md_escape(listed(rows))}." for name, rows, _ in kinds))
+        parts = [f"**{title} when training ended** (the rule is under *Convergence* in the note below){cells} "
+                 f"Marked `{mark}` in the summary and convergence tables: {md_escape(marked)}; their numbers come "
+                 f"from models that {cause}."]
     elif len(unjudged) < len(logs):
         parts = ["**Convergence**: no training log was still improving when training ended (the rule is under "
                  "*Convergence* in the note below)."]
@@ -311,8 +321,8 @@ def readme_text(
                            rows=[r for r in table.rows if r.dataset == dataset])
             parts.append(to_markdown(mine, drop_dataset=True))
             if table.spec.flags and any((dataset, r.method) in table.flagged for r in mine.rows):
-                parts += [f"`{IMPROVING_MARK.strip()}`: still improving when training ended, in at least one seed "
-                          "of the method's own training log or its base's (see *Convergence*).", ""]
+                parts += [f"`{IMPROVING_MARK.strip()}`: still improving when training ended, or not learning, in at "
+                          "least one seed of the method's own training log or its base's (see *Convergence*).", ""]
             if table.spec.source == "ood":
                 parts += _best_scores(results, dataset, methods) + _ood_groups(results, dataset, methods)
 

@@ -68,16 +68,22 @@ class Stage:
     stage: int
     source: str
     n_seeds: int
-    n_flagged: int  # seeds still improving at the end (bench.analysis.RULE)
+    n_flagged: int  # seeds still improving at the end or not learning (bench.analysis.RULE), ...
+    n_not_learning: int  # ... of which not learning
     n_unjudged: int  # seeds whose log could not be judged, ...
     unjudged: str  # ... and why ("1 epoch", "no training log", "; "-joined)
     values: dict[str, float]
 
     def improving_text(self) -> str:
-        """The *Still improving* cell: ``k of n`` seeds judged, and ``n/a: why`` for the seeds
-        that could not be (``n/a for m: why`` beside judged ones)."""
+        """The *Still improving* cell: ``k of n`` seeds judged still improving (left out when
+        none is and some are not learning), ``m of n not learning`` when some are, and
+        ``n/a: why`` for the seeds that could not be judged (``n/a for m: why`` beside
+        judged ones)."""
         judged = self.n_seeds - self.n_unjudged
-        parts = [f"{self.n_flagged} of {judged}"] if judged else []
+        improving = self.n_flagged - self.n_not_learning
+        parts = [f"{improving} of {judged}"] if judged and (improving or not self.n_not_learning) else []
+        if self.n_not_learning:
+            parts.append(f"{self.n_not_learning} of {judged} not learning")
         if self.n_unjudged:
             parts.append(f"n/a{f' for {self.n_unjudged}' if judged else ''}: {self.unjudged}")
         return "; ".join(parts)
@@ -114,7 +120,7 @@ class ResultsIndex:
     efficiency: dict[Key, dict[str, float]] = field(default_factory=dict)
     seeds: dict[Key, int] = field(default_factory=dict)
     convergence: dict[Key, list[Stage]] = field(default_factory=dict)  # stages in order
-    flagged: set[Key] = field(default_factory=set)  # a stage still improving in some seed
+    flagged: set[Key] = field(default_factory=set)  # a stage still improving or not learning in some seed
 
     @classmethod
     def build(cls, results: AnalysisResults, severity: int) -> ResultsIndex:
@@ -150,7 +156,8 @@ class ResultsIndex:
         for r in sorted(_records(results.convergence_summary, CONVERGENCE_SUMMARY_COLUMNS), key=lambda r: r["stage"]):
             key = (r["dataset"], r["method"])
             ix.convergence.setdefault(key, []).append(Stage(
-                _int(r["stage"]), _text(r["source"]), _int(r["n_seeds"]), _int(r["n_flagged"]), _int(r["n_unjudged"]),
+                _int(r["stage"]), _text(r["source"]), _int(r["n_seeds"]), _int(r["n_flagged"]),
+                _int(r["n_not_learning"]), _int(r["n_unjudged"]),
                 _text(r["unjudged"]), {k: _float(r[k]) for k in CONVERGENCE_FIELDS}))
             if _int(r["n_flagged"]):
                 ix.flagged.add(key)

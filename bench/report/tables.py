@@ -161,7 +161,7 @@ class TableSpec:
     metric cell shows: ``"estimate"`` (mean ± std [CI] mark) or ``"seeds_needed"`` (the
     seeds per method a difference of the observed size to the reference would need).
     ``flags``: the Markdown/LaTeX method names carry :data:`IMPROVING_MARK` where a seed of
-    the method (or of its base) was still improving when its training ended.
+    the method (or of its base) was still improving when its training ended, or not learning.
     """
 
     name: str
@@ -176,7 +176,7 @@ class TableSpec:
     empty: str = "No rows."  # what the table says when it has none
     in_readme: bool = True  # False: written to tables/ only (too long to inline), linked from the README
     cell: str = "estimate"
-    flags: bool = False  # a method still improving at the end of its training has IMPROVING_MARK after its name
+    flags: bool = False  # a method still improving at the end of its training, or not learning, has IMPROVING_MARK
 
 
 TABLES: tuple[TableSpec, ...] = (
@@ -212,7 +212,7 @@ NA = "n/a"  # no finite value for any seed
 FAILED = "failed"  # every seed of the (dataset, method) failed
 ERROR = "error"  # the metric raised on this split (analysis verdict "error"; the error is among the failures)
 REF_TAG = " (ref)"
-IMPROVING_MARK = " †"  # after a method's name: still improving at the end of training (TableSpec.flags)
+IMPROVING_MARK = " †"  # after a method's name: still improving at the end of training, or not learning (TableSpec.flags)
 NOT_REACHED = "> 1000"  # seeds_needed: no seed count up to 1,000 reaches significance
 APPROXIMATE = "≈"  # before the interval of a metric whose intervals are only approximate (Column.interval)
 
@@ -283,7 +283,7 @@ class Table:
     columns: list[Column]
     rows: list[Row]
     reference: str
-    flagged: frozenset[tuple[str, str]] = frozenset()  # (dataset, method) still improving in some seed
+    flagged: frozenset[tuple[str, str]] = frozenset()  # (dataset, method) still improving or not learning in some seed
 
     @property
     def key_headers(self) -> list[str]:

@@ -1,8 +1,8 @@
-"""Convergence (``bench/analysis/training.py``): the still-improving rule on hand-made logs,
-on both sides of each threshold, and the per-method rows of a store whose training logs are
-written here by hand (a trained, a post-hoc, a two-stage and two derived methods), checked
-against sums written out below; and ``training.csv`` of a real tiny run holding every epoch
-of every cell."""
+"""Convergence (``bench/analysis/training.py``): the still-improving and not-learning rules
+on hand-made logs, on both sides of each threshold, and the per-method rows of a store whose
+training logs (and, where a test needs them, stored test labels) are written here by hand (a
+trained, a post-hoc, a two-stage and two derived methods), checked against sums written out
+below; and ``training.csv`` of a real tiny run holding every epoch of every cell."""
 from __future__ import annotations
 
 import csv
@@ -15,7 +15,7 @@ import pytest
 
 import datasets  # noqa: F401  (registers the datasets the suite names)
 import methods  # noqa: F401
-from bench.analysis.training import IMPROVING, NOT_IMPROVING, convergence, judge, window
+from bench.analysis.training import IMPROVING, NOT_IMPROVING, NOT_LEARNING, convergence, judge, window
 from bench.catalog import open_store
 from bench.plan import make_plan
 from bench.spec import build_suite
@@ -95,6 +95,26 @@ def test_a_missing_validation_nll_leaves_the_accuracy_to_decide():
     assert not judge([0.5, 0.5], [np.nan, np.nan]).flagged
 
 
+@pytest.mark.parametrize("last_acc, verdict", [(0.577, NOT_LEARNING), (0.586, NOT_LEARNING),
+                                               (0.597, NOT_IMPROVING)])
+def test_a_flat_log_at_the_larger_class_share_is_not_learning(last_acc, verdict):
+    """Training accuracy flat at the larger class's share (57.7%, KEP-SVGP on the text suite),
+    0.9 point above it, and 2 points above it: the first two never learned, the last converged."""
+    got = judge([last_acc] * 10, FLAT_NLL, majority=0.577)
+    assert got.verdict == verdict and got.flagged is (verdict == NOT_LEARNING)
+    assert got.majority_share == pytest.approx(0.577) and got.train_acc_rise == pytest.approx(0.0)
+
+
+def test_not_learning_outranks_improving_and_needs_a_share_and_two_epochs():
+    """A validation NLL falling by 40% (improving) at the majority share is not learning;
+    without a share the old verdicts stand, and one epoch still cannot be judged."""
+    nll = [1.0] * 8 + [0.6, 0.6]
+    assert judge([0.5] * 10, nll, majority=0.5).verdict == NOT_LEARNING
+    assert judge([0.5] * 10, nll).verdict == IMPROVING
+    assert judge([0.5] * 10, FLAT_NLL, majority=np.nan).verdict == NOT_IMPROVING
+    assert judge([0.5], [1.0], majority=0.5).verdict == "n/a: 1 epoch"
+
+
 # ------------------------------------------------------------------------------------ a hand-written store
 # per (method, seed): the log (train_acc, train_loss, val_acc, val_nll per epoch) and best_epoch
 LOGS = {
@@ -119,9 +139,16 @@ def log_csv(acc, loss, val_acc, nll) -> bytes:
     return out.getvalue().encode()
 
 
-def write_store(root, reused: bool = True):
+def labels_with_share(share: float, n: int = 500) -> np.ndarray:
+    """``n`` labels of 2 classes, class 0 holding ``share`` of them (a multiple of 1/n)."""
+    zeros = round(share * n)
+    return np.array([0] * zeros + [1] * (n - zeros), dtype=np.int64)
+
+
+def write_store(root, reused: bool = True, labels: dict | None = None):
     """The suite's trained cells as ``run`` leaves them, training logs from :data:`LOGS`
-    (laplace_last_layer is post-hoc: a stage-1 record, no log)."""
+    (laplace_last_layer is post-hoc: a stage-1 record, no log); ``labels``: (method, seed)
+    -> {split: labels} stored as that cell's predictions of those splits (none by default)."""
     suite = build_suite(SUITE)
     plan = make_plan(suite)
     store = Store(root / suite.name)
@@ -136,6 +163,8 @@ def write_store(root, reused: bool = True):
                               "best_epoch": LOGS[("msp", s)][4]}
         if (m, s) in LOGS:
             cd.write_bytes(TRAIN_LOG, log_csv(*LOGS[(m, s)][:4]))
+        for split, y in (labels or {}).get((m, s), {}).items():
+            cd.write_preds(split, np.full((len(y), 2), np.log(0.5), dtype=np.float32), y)
         best = LOGS[(m if m != "laplace_last_layer" else "msp", s)][4]
         cd.seal({**info, "best_epoch": best})
     return open_store(store.root, suite, set(keys.values())), keys
@@ -211,6 +240,37 @@ def test_a_stage_1_trained_inside_the_cell_is_not_judged(tmp_path):
     assert (row["n_seeds"], row["n_flagged"], row["n_unjudged"]) == (2, 0, 2)
     assert "trained inside the cell" in row["unjudged"] and np.isnan(row["train_acc"])
     assert_means(summary_row(got, "cgpt", 2), CGPT_MEANS, "cgpt", 1)  # its own log still is
+
+
+@pytest.mark.parametrize("share, verdict", [(0.702, NOT_LEARNING), (0.682, NOT_IMPROVING)])
+def test_a_cell_at_its_test_labels_majority_share_is_flagged_not_learning(tmp_path, share, verdict):
+    """msp seed 1 ends at training accuracy 0.702, flat: with stored test labels whose larger
+    class holds 70.2% it is not learning, and so are the post-hoc and two-stage rows whose
+    stage 1 is that cell; at 68.2% (2 points below) it is not flagged.  msp seed 0 (0.8,
+    rising 10 points, larger class 78.2%) stays improving."""
+    labels = {("msp", 1): {"test": labels_with_share(share)}, ("msp", 0): {"test": labels_with_share(0.782)}}
+    catalog, _ = write_store(tmp_path, labels=labels)
+    got = convergence(catalog)
+    cells = got.cells.set_index(["method", "seed", "stage"])
+    for row in (("msp", 1, 1), ("laplace_last_layer", 1, 1), ("cgpt", 1, 1)):
+        assert cells.loc[row, "verdict"] == verdict, row
+        assert cells.loc[row, "majority_share"] == pytest.approx(share)
+    assert cells.loc[("msp", 0, 1), "verdict"] == IMPROVING
+    assert cells.loc[("cgpt", 1, 2), "verdict"] == NOT_IMPROVING  # cgpt's own cell stores no test split
+    stuck = int(verdict == NOT_LEARNING)
+    for method in ("msp", "laplace_last_layer", "temperature_scaling", "deep_ensemble", "cgpt"):
+        row = summary_row(got, method, 1)
+        assert (row["n_flagged"], row["n_not_learning"], row["n_unjudged"]) == (1 + stuck, stuck, 0), method
+    assert summary_row(got, "cgpt", 2)["n_not_learning"] == 0
+
+
+def test_a_cell_without_stored_test_labels_keeps_its_verdict(tmp_path):
+    """msp seed 1's validation labels would put it at its majority share, but it stores no
+    test split: not checked, its verdict stays ``not improving`` and its share is NaN."""
+    catalog, _ = write_store(tmp_path, labels={("msp", 1): {"val": labels_with_share(0.702)}})
+    cells = convergence(catalog).cells.set_index(["method", "seed", "stage"])
+    assert cells.loc[("msp", 1, 1), "verdict"] == NOT_IMPROVING
+    assert np.isnan(cells.loc[("msp", 1, 1), "majority_share"])
 
 
 # ------------------------------------------------------------------------------------ a real run

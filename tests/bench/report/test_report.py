@@ -63,8 +63,8 @@ EFFICIENCY = {  # parameters, train_seconds, predict_seconds_per_1000, peak_memo
 }
 # per (dataset, method): each training stage as the convergence summary gives it, (stage, source,
 # n_seeds, n_flagged, n_unjudged, unjudged, epochs, best_epoch, train_acc, train_loss, val_acc, val_nll);
-# the first n_flagged seeds are still improving, the next n_unjudged not judged: only toy b&c's
-# mc_dropout is marked
+# the first n_flagged seeds are still improving (none not learning unless _convergence is told), the next
+# n_unjudged not judged: only toy b&c's mc_dropout is marked
 CONVERGENCE = {
     ("toy_a", "msp"): [(1, "msp", 3, 0, 0, "", 4, 3.0, 0.991, 0.05, 0.9, 0.35)],
     ("toy_a", "mc_dropout"): [(1, "mc_dropout", 3, 0, 0, "", 4, 4.0, 0.95, 0.2, 0.88, 0.41)],
@@ -176,22 +176,24 @@ def _efficiency() -> pd.DataFrame:
                                        "detector_fit_seconds", "detector_score_seconds_per_1000"])
 
 
-def _convergence(given: dict | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _convergence(given: dict | None = None, not_learning: dict | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(per cell and stage, per method and stage) as analysis writes them, from ``given``
-    (default :data:`CONVERGENCE`)."""
+    (default :data:`CONVERGENCE`); ``not_learning``: (dataset, method, stage) -> how many of
+    its flagged seeds (the first ones) are not learning rather than still improving."""
     fields = ["epochs", "best_epoch", "train_acc", "train_loss", "val_acc", "val_nll"]
     cells, summary = [], []
     for (dataset, method), stages in (CONVERGENCE if given is None else given).items():
         for stage, source, n, flagged, unjudged, why, *values in stages:
-            summary.append((dataset, method, stage, source, n, flagged, unjudged, why, *values))
+            stuck = (not_learning or {}).get((dataset, method, stage), 0)
+            summary.append((dataset, method, stage, source, n, flagged, stuck, unjudged, why, *values))
             for seed in SEEDS:
-                verdict = ("improving" if seed < flagged else f"n/a: {why}" if seed < flagged + unjudged
-                           else "not improving")
-                cells.append((dataset, method, seed, stage, source, *values, 1, 0.0, 0.0, verdict))
+                verdict = ("not learning" if seed < stuck else "improving" if seed < flagged
+                           else f"n/a: {why}" if seed < flagged + unjudged else "not improving")
+                cells.append((dataset, method, seed, stage, source, *values, 1, 0.0, 0.0, 0.25, verdict))
     return (pd.DataFrame(cells, columns=["dataset", "method", "seed", "stage", "source", *fields, "window",
-                                         "train_acc_rise", "val_nll_drop", "verdict"]),
+                                         "train_acc_rise", "val_nll_drop", "majority_share", "verdict"]),
             pd.DataFrame(summary, columns=["dataset", "method", "stage", "source", "n_seeds", "n_flagged",
-                                           "n_unjudged", "unjudged", *fields]))
+                                           "n_not_learning", "n_unjudged", "unjudged", *fields]))
 
 
 def training_value(dataset: str, method: str, seed: int, epoch: int) -> tuple[float, float]:
@@ -742,6 +744,35 @@ def test_readme_header_says_when_no_log_was_still_improving_or_none_could_be_jud
         "toy b&c / mc_dropout (stage 2), seeds 0, 1, 2 (1 epoch).")
     assert {r["Still improving (seeds)"] for r in md_rows(tmp_path / "tables" / "convergence.md")} == {
         "n/a: 1 epoch", ""}  # "": toy_a's failed method
+
+
+def test_readme_header_names_the_cells_not_learning_apart_from_those_still_improving(results, tmp_path, fast_plots):
+    """toy b&c's mc_dropout stage 2, seed 0, not learning: alone, then beside toy_a's msp
+    seed 0 still improving; each kind is named, both carry the mark."""
+    stuck = {("toy b&c", "mc_dropout", 2): 1}
+    cells, summary = _convergence(not_learning=stuck)
+    write_report(replace(results, convergence=cells, convergence_summary=summary), tmp_path, formats=("md",))
+    readme = (tmp_path / "README.md").read_text(encoding="utf-8")
+    assert readme.split("\n\n")[1] == (
+        "**Not learning when training ended** (the rule is under *Convergence* in the note below): "
+        "toy b&c / mc_dropout (stage 2), seed 0. Marked `†` in the summary and convergence tables: "
+        "mc_dropout (toy b&c); their numbers come from models that had not learned. Not judged: "
+        "toy b&c / msp, seeds 0, 1, 2 (1 epoch); toy b&c / mc_dropout (stage 2), seed 1 (no training log).")
+    rows = md_rows(tmp_path / "tables" / "convergence.md")
+    assert [(r["Method"], r["Still improving (seeds)"]) for r in rows if r["Dataset"] == "toy b&c"][1:3] == [
+        ("mc_dropout †", "n/a: 1 epoch"), ("mc_dropout †", "1 of 2 not learning; n/a for 1: no training log")]
+    both = {**CONVERGENCE, ("toy_a", "msp"): [(1, "msp", 3, 1, 0, "", 4, 3.0, 0.991, 0.05, 0.9, 0.35)]}
+    cells, summary = _convergence(both, not_learning=stuck)
+    write_report(replace(results, convergence=cells, convergence_summary=summary), tmp_path, formats=("md",))
+    readme = (tmp_path / "README.md").read_text(encoding="utf-8")
+    assert readme.split("\n\n")[1].startswith(
+        "**Still improving or not learning when training ended** (the rule is under *Convergence* in the note "
+        "below). Still improving: toy_a / msp, seed 0. Not learning: toy b&c / mc_dropout (stage 2), seed 0. "
+        "Marked `†` in the summary and convergence tables: msp (toy_a), mc_dropout (toy b&c); their numbers come "
+        "from models that had not converged or had not learned.")
+    for words in ("`not learning`", "at most 1 percentage point above the share of the most frequent class, "
+                  "estimated from the labels of its stored test split"):
+        assert words in readme, words
 
 
 # ------------------------------------------------------------------------------------ LaTeX
