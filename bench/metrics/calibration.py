@@ -281,6 +281,7 @@ def _boot_ece_debiased(probs, labels, w, n_bins: int = 15):
     bootstrap=_boot_ece_debiased, selections={"default": 4.5, "shift": 1.5, "severity": 1.5},
     interval='Interval approximate: measured coverage 86-94% (94% for a calibrated model, 86% at '
              'accuracy 0.48) (reports/perf/coverage.md).',
+    bias_corrected=True,
 )
 def ece_debiased(probs: np.ndarray, labels: np.ndarray, *, n_bins: int = 15) -> float:
     """Top-label ECE with the plug-in estimator's upward bias removed, a fraction (not %).

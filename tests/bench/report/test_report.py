@@ -491,7 +491,8 @@ def test_readme_lists_failures_and_embeds_tables_and_plots(report):
     toy_a = readme_section(readme, "## toy_a")
     heads = [ln for ln in toy_a.splitlines() if ln.startswith("### ")]
     assert [h.split(":")[0].split(" (")[0] for h in heads] == [
-        "### Summary", "### Seeds needed for the observed differences", "### Shift", "### Shift", "### Shift",
+        "### Summary", "### Seeds needed for the observed differences to be marked", "### Shift", "### Shift",
+        "### Shift",
         "### Shift", "### OOD detection", "### Efficiency", "### Convergence"]
     assert readme.index("## Failed cells") < readme.index("## Plots")
 
