@@ -57,15 +57,20 @@ Intervals and tests
     2 degrees of freedom has 4.3 instead of 1.96.  The centre is the point
     estimate minus the bootstrap's bias estimate (mean of the distribution minus the
     point), which moves a biased statistic such as plug-in ECE back towards the truth
-    instead of leaving its interval beside the estimate.  ``benchmarks/coverage.py``
-    measures the coverage of the intervals and the false-positive rate of the tests.
+    instead of leaving its interval beside the estimate; a metric whose estimate is
+    bias-corrected by construction (``bias_corrected``: the ``bias_corrected`` field of its
+    ``bench.metrics.Metric``, e.g. the debiased ECE) is centred on the point estimate:
+    correcting it a second time adds the noise of the bias estimate to the centre, which the
+    standard error does not count, and its test fired too often.
+    ``benchmarks/coverage.py`` measures the coverage of the intervals and the
+    false-positive rate of the tests.
 
     :func:`seed_mean` gives one seed-mean (its interval), :func:`difference` a difference
     to the reference (its two-sided test; paired over seeds where both methods were
     trained from the same seeds, Welch otherwise) and :func:`seeds_needed` the number of
-    seeds per method at which a difference of the observed size would be significant with
-    80% power.  Where one side is a single run (one seed, one ensemble replicate), its
-    seed variance cannot be measured: the result says so (``measured = False``) and uses
+    seeds per method at which a difference of the observed size would be marked with 80%
+    power in a Holm family of ``family`` comparisons.  Where one side is a single run (one
+    seed, one ensemble replicate), its seed variance cannot be measured: the result says so (``measured = False``) and uses
     what can be measured.  :func:`paired_z_test` is the test-sample-only z-test (seeds held
     fixed), kept as the ``samples_seeds_fixed`` option; :func:`bootstrap_ci` the
     percentile interval; :func:`holm` the Holm-Bonferroni adjustment across the
@@ -332,7 +337,8 @@ Boots = Mapping[int, np.ndarray]  # seed -> the metric on every resample [B] (sh
 class TwoLevel:
     """A seed-mean (or a difference of two) with both sources of variation.
 
-    ``center``: point estimate minus the test-sample bootstrap's bias estimate; ``se``:
+    ``center``: point estimate minus the test-sample bootstrap's bias estimate (the point
+    estimate itself for a metric whose estimate is bias-corrected by construction); ``se``:
     sqrt(test-sample variance + seed-level variance of the mean); ``df``: its degrees of
     freedom (S - 1, the smaller of two sides; ``inf`` when no seed-level part was
     measured); ``measured``:
@@ -433,9 +439,11 @@ def _combine(test_variance: float, spreads: Sequence[tuple[float, float]]) -> tu
     return float(np.sqrt(variance)), min((df for _, df in parts), default=float("inf"))
 
 
-def _estimate(point: float, dist: np.ndarray, sides: Sequence[_Side]) -> TwoLevel:
+def _estimate(point: float, dist: np.ndarray, sides: Sequence[_Side], bias_corrected: bool) -> TwoLevel:
     """``point`` (a mean, or a difference of means) with its test-sample bootstrap ``dist``
-    [B] and the seed-level parts of ``sides`` (module docstring)."""
+    [B] and the seed-level parts of ``sides`` (module docstring); centred on ``point`` when
+    ``bias_corrected`` (the metric's estimate needs no bootstrap bias correction), else on
+    ``point`` less the bootstrap's bias estimate."""
     d = np.asarray(dist, dtype=np.float64)
     d = d[np.isfinite(d)]
     measured = all(side.n >= 2 for side in sides)
@@ -443,7 +451,8 @@ def _estimate(point: float, dist: np.ndarray, sides: Sequence[_Side]) -> TwoLeve
         return TwoLevel(float("nan"), float("nan"), float("nan"), measured)
     shared = max(0.0, float(d.var(ddof=1)) - sum(side.own() for side in sides))  # the images' part
     se, df = _combine(shared, [side.seed_part() for side in sides])
-    return TwoLevel(2.0 * float(point) - float(d.mean()), se, float(df), measured)
+    center = float(point) if bias_corrected else 2.0 * float(point) - float(d.mean())
+    return TwoLevel(center, se, float(df), measured)
 
 
 def _sides(units_a: Units, boots_a: Boots, units_b: Units, boots_b: Boots, paired: bool) -> list[_Side]:
@@ -455,43 +464,56 @@ def _sides(units_a: Units, boots_a: Boots, units_b: Units, boots_b: Boots, paire
     return [_Side.of(units_a, boots_a), _Side.of(units_b, boots_b)]
 
 
-def seed_mean(units: Units, boots: Boots) -> TwoLevel:
+def seed_mean(units: Units, boots: Boots, *, bias_corrected: bool = False) -> TwoLevel:
     """A seed-mean with both sources of variation (``.interval()`` is its CI).
 
     ``units``: seed -> the metric on the full split; ``boots``: seed -> the metric on
     every resample of that split (one resample matrix shared by the seeds).  With one unit
-    only the test-sample noise is measured (``measured`` False)."""
+    only the test-sample noise is measured (``measured`` False).  ``bias_corrected``: the
+    metric's estimate is bias-corrected by construction, so the centre is the seed-mean
+    itself (no bootstrap bias correction)."""
     side = _Side.of(units, boots)
-    return _estimate(float(side.values.mean()) if side.n else float("nan"), side.mean_dist(), [side])
+    return _estimate(float(side.values.mean()) if side.n else float("nan"), side.mean_dist(), [side],
+                     bias_corrected)
 
 
-def difference(units_a: Units, boots_a: Boots, units_b: Units, boots_b: Boots, paired: bool) -> TwoLevel:
+def difference(units_a: Units, boots_a: Boots, units_b: Units, boots_b: Boots, paired: bool, *,
+               bias_corrected: bool = False) -> TwoLevel:
     """mean(a) - mean(b) with both sources of variation (``.p_value()`` tests it against 0).
 
     ``units_*``/``boots_*`` as for :func:`seed_mean`, on the same resamples (the test-sample
     part is paired); ``paired`` = both are keyed by the same training seeds (then the
-    seed-level part is the spread of the per-seed differences, else Welch's two spreads)."""
+    seed-level part is the spread of the per-seed differences, else Welch's two spreads);
+    ``bias_corrected`` as for :func:`seed_mean`."""
     a, b = _Side.of(units_a, boots_a), _Side.of(units_b, boots_b)
     point = float(a.values.mean() - b.values.mean()) if a.n and b.n else float("nan")
-    est = _estimate(point, a.mean_dist() - b.mean_dist(), _sides(units_a, boots_a, units_b, boots_b, paired))
+    est = _estimate(point, a.mean_dist() - b.mean_dist(), _sides(units_a, boots_a, units_b, boots_b, paired),
+                    bias_corrected)
     if point == 0.0:  # no difference observed (e.g. FPR95 at 100% for both): the bootstrap's bias alone is no evidence
         return replace(est, center=0.0)
     return est
 
 
-def seeds_needed(units_a: Units, boots_a: Boots, units_b: Units, boots_b: Boots, paired: bool,
-                 alpha: float = 0.05, power: float = 0.8, most: int = 1000) -> float:
+def seeds_needed(units_a: Units, boots_a: Boots, units_b: Units, boots_b: Boots, paired: bool, *,
+                 bias_corrected: bool = False, family: int = 1, alpha: float = 0.05, power: float = 0.8,
+                 most: int = 1000) -> float:
     """Seeds per method at which a true difference equal to the observed one would be
-    significant (two-sided ``alpha``, before any multiplicity correction) with probability
-    ``power``: the smallest S >= 2 with |d| / se(S) >= t_{1-alpha/2} + t_{power} (t with
-    S - 1 df; d = the bias-corrected difference).  se(S) keeps the
-    measured variance components and scales the ones that shrink with more seeds: the
-    spread of the per-seed values (seed-level variance and each seed's own test-sample
-    errors) by 1/S, the test images' shared part not at all.  ``inf`` when no count up to ``most`` reaches it; NaN when a
-    seed variance could not be measured, the difference is undefined or nothing varied."""
+    marked with probability ``power`` in a Holm family of ``family`` comparisons: its p-value
+    below ``alpha / family`` (two-sided), which is what Holm asks of the family's smallest
+    p-value (the one comparison that differs among ``family``); ``family`` 1 is the test
+    without a multiplicity correction.  The smallest S >= 2 with
+    |d| / se(S) >= t_{1 - alpha/(2 family)} + t_{power} (t with S - 1 df; d = the
+    difference centred as :func:`difference` centres it, ``bias_corrected`` as there).
+    se(S) keeps the measured variance components and scales the ones that shrink with more
+    seeds: the spread of the per-seed values (seed-level variance and each seed's own
+    test-sample errors) by 1/S, the test images' shared part not at all.  ``inf`` when no
+    count up to ``most`` reaches it; NaN when a seed variance could not be measured, the
+    difference is undefined or nothing varied."""
     from scipy.stats import t
 
-    now = difference(units_a, boots_a, units_b, boots_b, paired)
+    if isinstance(family, bool) or not isinstance(family, (int, np.integer)) or family < 1:
+        raise ValueError(f"family must be a positive integer (the comparisons Holm corrects over), got {family!r}")
+    now = difference(units_a, boots_a, units_b, boots_b, paired, bias_corrected=bias_corrected)
     if not now.measured or not np.isfinite(now.center):
         return float("nan")
     if now.center == 0.0:
@@ -503,5 +525,6 @@ def seeds_needed(units_a: Units, boots_a: Boots, units_b: Units, boots_b: Boots,
     shared = now.se ** 2 - sum(side.seed_part()[0] for side in sides)  # the test images' part
     seeds = np.arange(2, most + 1)
     se = np.sqrt(shared + spread / seeds)  # se(S); df = S - 1, as _combine gives
-    reached = np.flatnonzero(abs(now.center) >= (t.ppf(1 - alpha / 2, seeds - 1) + t.ppf(power, seeds - 1)) * se)
+    critical = t.ppf(1 - alpha / (2 * family), seeds - 1)
+    reached = np.flatnonzero(abs(now.center) >= (critical + t.ppf(power, seeds - 1)) * se)
     return float(seeds[reached[0]]) if reached.size else float("inf")

@@ -1,11 +1,14 @@
-"""Coverage of the report's intervals and false-positive rate of its marks, by simulation.
+"""Coverage of the report's intervals, false-positive rate and power of its marks, by simulation.
 
 Predictions are simulated with a known ground truth in the design of a real benchmark: N
 test images shared by every seed (crossed), S seeds per method, and seed-level variation.
 
 * Image i: a difficulty z_i ~ N(0, 1) and a label y_i, the same for every seed and method.
 * Seed s: a skill a_s ~ N(skill, seed_sd^2).  Its margin on image i is
-  m = a_s + z_i + e_si with its own noise e_si ~ N(0, 1).
+  m = a_s + image_sd z_i + own_sd e_si with its own noise e_si ~ N(0, 1).  ``image_sd``
+  large against ``own_sd`` makes the seeds miss the same images (per-image error
+  correlation about 0.3 between seeds, as in real benchmarks, where image_sd = own_sd = 1
+  gives about 0.05); the study prints the correlation it measured.
 * The prediction: confidence c(m) = 1/K + (1 - 1/K) sigmoid(m) on the predicted class,
   (1 - c)/(K - 1) on each other class; it is correct with probability
   f(m) = 1/K + (1 - 1/K) sigmoid(temperature * m) (temperature 1: calibrated; below 1:
@@ -20,15 +23,27 @@ same ECE.
 
 For every replicate, each metric and interval kind, the study records whether the 95%
 interval of the seed-mean covers the truth: ``seeds+samples`` (the report's default,
-``bench.stats.seed_mean``), ``samples, seeds fixed`` (the percentile bootstrap over test
-samples, the ``samples_seeds_fixed`` option) and ``seeds only`` (Student's t over the S
-per-seed values, ignoring test-sample noise).  Under the null of two identical methods
-(same settings, their own seeds, the same test images), it records how often the test
-behind a mark gives p < 0.05: the default ``bench.stats.difference`` (paired over seed
-ids, as the report pairs two trained methods) and the seeds-fixed z-test, per metric and
-for the family (any mark after Holm over the metrics).
+``bench.stats.seed_mean``, centred as the report centres the metric), ``samples, seeds
+fixed`` (the percentile bootstrap over test samples, the ``samples_seeds_fixed`` option)
+and ``seeds only`` (Student's t over the S per-seed values, ignoring test-sample noise),
+and the centre of the default interval.  Under the null of two identical methods (same
+settings, their own seeds, the same test images), it records how often the test behind a
+mark gives p < 0.05: the default ``bench.stats.difference`` (paired over seed ids, as the
+report pairs two trained methods), the seeds-fixed z-test, and ``WS df`` (the default's
+estimate on Welch-Satterthwaite degrees of freedom that count the test images' part of
+the variance as known: a candidate with more power), per metric and for the family (any
+mark after Holm over the metrics).  For a metric whose estimate is bias-corrected by
+construction (the debiased ECE) it also records the centre, coverage and false marks
+had the bootstrap's bias correction been applied to it as well.
 
-    nice -n 10 .venv/bin/python benchmarks/coverage.py [--replicates 300] [--resamples 1000]
+The power study (:func:`power`) compares a method with a reference whose true accuracy is
+1, 2 or 5 points lower, accuracy alone, with up to :data:`POWER_SEEDS` seeds each: how
+often the default test marks the difference in a Holm family of m comparisons (p below
+0.05 / m: what Holm asks of the one comparison that differs, the others null), and what
+``bench.stats.seeds_needed`` prints for that family from 3, 5 and 10 seeds, against the
+seed count at which the simulated power reaches 80%.
+
+    nice -n 19 .venv/bin/python benchmarks/coverage.py [--replicates 300] [--power-replicates 300]
 
 writes ``reports/perf/coverage.md``.  ``tests/benchmarks/test_coverage.py`` runs a small version.
 """
@@ -38,7 +53,7 @@ import argparse
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,14 +64,18 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import numpy as np  # noqa: E402
 from scipy import stats as sp  # noqa: E402
-from scipy.special import expit  # noqa: E402
+from scipy.special import expit, log_expit  # noqa: E402
 
 from bench import stats  # noqa: E402
 from bench.metrics import get_metric  # noqa: E402
 
 METRICS = ("accuracy", "nll", "aurc", "ece", "ece_debiased")
 KINDS = ("seeds+samples", "samples, seeds fixed", "seeds only")
+#: The tests behind a mark the study runs under the null: the report's default, its
+#: seeds-fixed option, and the default estimate on Welch-Satterthwaite df (module docstring).
+TESTS = ("seeds+samples", "samples, seeds fixed", "WS df")
 LEVEL = 0.95
+ALPHA = 0.05
 ECE_BINS = 15
 
 
@@ -71,6 +90,8 @@ class Setting:
     seed_sd: float = 0.25  # sd of a seed's skill: the seed-level variation
     temperature: float = 0.7  # < 1: overconfident
     classes: int = 10
+    image_sd: float = 1.0  # weight of the image difficulty shared by every seed
+    own_sd: float = 1.0  # weight of each seed's own noise on each image
 
     def confidence(self, m: np.ndarray) -> np.ndarray:
         return 1.0 / self.classes + (1.0 - 1.0 / self.classes) * expit(m)
@@ -79,6 +100,7 @@ class Setting:
         return 1.0 / self.classes + (1.0 - 1.0 / self.classes) * expit(self.temperature * m)
 
 
+SAME_IMAGES = {"image_sd": 3.0, "own_sd": 0.5}  # seeds miss the same images (error correlation ~0.3)
 SETTINGS = (
     Setting("acc 0.86, N 1000, 3 seeds, overconfident"),
     Setting("acc 0.86, N 1000, 5 seeds, overconfident", seeds=5),
@@ -87,22 +109,37 @@ SETTINGS = (
     Setting("acc 0.86, N 3000, 3 seeds, overconfident", n=3000),
     Setting("acc 0.86, N 1000, 3 seeds, no seed variation", seed_sd=0.0),
     Setting("acc 0.86, N 1000, one run, overconfident", seeds=1),
+    Setting("acc 0.86, N 1000, 3 seeds, overconfident, same images", skill=4.0, **SAME_IMAGES),
+    Setting("acc 0.86, N 1000, 5 seeds, overconfident, same images", skill=4.0, seeds=5, **SAME_IMAGES),
+    Setting("acc 0.86, N 1000, 3 seeds, calibrated, same images", skill=2.95, temperature=1.0, image_sd=2.3,
+            own_sd=0.5),
+    Setting("acc 0.53, N 1000, 3 seeds, overconfident, same images", skill=-0.3, **SAME_IMAGES),
 )
+#: The power study's benchmark: seeds that miss the same images, N 1,000.
+POWER_SETTING = SETTINGS[7]
+POWER_DELTAS = (0.01, 0.02, 0.05)  # true accuracy gains of the method over the reference
+POWER_GRID = (2, 3, 4, 5, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50, 60, 80)  # seeds per method
+POWER_SEEDS = POWER_GRID[-1]
+#: Holm family sizes: one comparison, one method's 10 paper metrics, a 7-method suite's
+#: table (default, cifar10_subset, text: 6 x 10), the zoo's (9 x 10)
+FAMILIES = (1, 10, 60, 90)
+PRINTED_AT = (3, 5, 10)  # seed counts from which the study reads what seeds_needed prints
 
 
 # ---------------------------------------------------------------------------- the truth
 
 def _population(setting: Setting, skill: float, points: int = 20001) -> dict[str, float]:
     """Population metrics of one seed with this skill (quadrature over its margin m ~
-    N(skill, 2): image difficulty and its own noise)."""
+    N(skill, image_sd^2 + own_sd^2): image difficulty and its own noise)."""
     x = np.linspace(-9.0, 9.0, points)
-    m = skill + np.sqrt(2.0) * x
+    m = skill + np.hypot(setting.image_sd, setting.own_sd) * x
     w = sp.norm.pdf(x) * (x[1] - x[0])
     w /= w.sum()
     c, f, k = setting.confidence(m), setting.correct_probability(m), setting.classes
     out = {
         "accuracy": float(np.sum(w * f)),
-        "nll": float(np.sum(w * (f * -np.log(c) + (1 - f) * -np.log((1 - c) / (k - 1))))),
+        # -log((1 - c)/(K - 1)) = log K - log sigmoid(-m), finite where c rounds to 1
+        "nll": float(np.sum(w * (f * -np.log(c) + (1 - f) * (np.log(k) - log_expit(-m))))),
     }
     bins = np.clip(np.ceil(c * ECE_BINS).astype(int) - 1, 0, ECE_BINS - 1)  # (lo, hi] on k/15
     out["ece"] = float(np.abs(np.bincount(bins, weights=w * (f - c), minlength=ECE_BINS)).sum())
@@ -125,12 +162,22 @@ def truth(setting: Setting, nodes: int = 40) -> dict[str, float]:
     return {name: float(sum(wi * v[name] for wi, v in zip(w, values))) for name in METRICS}
 
 
+def with_accuracy_gain(setting: Setting, gain: float) -> Setting:
+    """``setting`` with the skill whose true accuracy is ``gain`` (a fraction) above its own."""
+    from scipy.optimize import brentq
+
+    goal = truth(setting)["accuracy"] + gain
+    skill = brentq(lambda a: truth(replace(setting, skill=a))["accuracy"] - goal, setting.skill, setting.skill + 10.0,
+                   xtol=1e-6)
+    return replace(setting, name=f"{setting.name}, +{100 * gain:g} points", skill=skill)
+
+
 # ----------------------------------------------------------------------- the simulation
 
 def _predictions(setting: Setting, rng: np.random.Generator, z: np.ndarray, labels: np.ndarray):
     """One seed's probabilities [N, K] on the shared images."""
     n, k = z.shape[0], setting.classes
-    m = rng.normal(setting.skill, setting.seed_sd) + z + rng.normal(size=n)
+    m = rng.normal(setting.skill, setting.seed_sd) + setting.image_sd * z + setting.own_sd * rng.normal(size=n)
     c = setting.confidence(m)
     correct = rng.random(n) < setting.correct_probability(m)
     predicted = np.where(correct, labels, (labels + rng.integers(1, k, n)) % k)
@@ -139,39 +186,80 @@ def _predictions(setting: Setting, rng: np.random.Generator, z: np.ndarray, labe
     return probs
 
 
+def error_correlation(errors: list[np.ndarray]) -> float:
+    """Mean Pearson correlation, over pairs of seeds, of their per-image error indicators
+    (NaN below two seeds)."""
+    pairs = [np.corrcoef(errors[i], errors[j])[0, 1] for i in range(len(errors)) for j in range(i)]
+    return float(np.mean(pairs)) if pairs else float("nan")
+
+
+def ws_p_value(est: stats.TwoLevel, units_a: stats.Units, units_b: stats.Units) -> float:
+    """Two-sided p-value of ``est`` (a paired :func:`bench.stats.difference`) on
+    Welch-Satterthwaite df that count the test images' part of its variance as known:
+    df = se^4 / (v^2 / (S - 1)), v = the variance of the mean of the S per-seed differences
+    (>= S - 1, the default's df).  ``est.p_value()`` where no seed spread was measured."""
+    d = np.array([units_a[k] - units_b[k] for k in sorted(units_a)])
+    v = float(d.var(ddof=1)) / d.size if d.size >= 2 else float("nan")
+    if not (np.isfinite(v) and v > 0 and np.isfinite(est.se) and est.se > 0):
+        return est.p_value()
+    df = est.se ** 4 / (v ** 2 / (d.size - 1))
+    return float(min(1.0, 2.0 * sp.t.sf(abs(est.center) / est.se, df)))
+
+
+def _seed_run(setting: Setting, rng, z, labels, w, metrics, errors: list | None = None):
+    """One seed's metric values and bootstrap rows: ``({metric: value}, {metric: [B]})``;
+    appends its per-image errors to ``errors`` when given."""
+    probs = _predictions(setting, rng, z, labels)
+    if errors is not None:
+        errors.append(probs.argmax(axis=1) != labels)
+    return ({name: get_metric(name)(probs, labels) for name in metrics},
+            {name: stats.boot_metric(name, probs, labels, w) for name in metrics})
+
+
 def simulate(setting: Setting, replicates: int, resamples: int, metrics=METRICS, seed: int = 0) -> dict:
-    """Coverage and null rejection counts over ``replicates`` simulated benchmarks.
+    """Coverage, interval centres and null rejection counts over ``replicates`` simulated
+    benchmarks.
 
     Returns ``{"truth": {metric: value}, "covered": {(metric, kind): count},
     "width": {(metric, kind): summed width}, "estimate": {metric: summed seed-mean},
-    "rejected": {(metric, test): count}, "family": {test: count}, "replicates": R}``."""
+    "center": {metric: summed centre of the default interval},
+    "rejected": {(metric, test): count}, "family": {test: count},
+    "again": {(metric, "center" | "covered" | "rejected"): sum}, "correlation": summed
+    per-image error correlation, "replicates": R}``; ``again`` holds the metrics whose
+    estimate is bias-corrected by construction, as they would be with the bootstrap's bias
+    correction applied as well."""
     rng = np.random.default_rng(seed)
     target = truth(setting)
     covered = {(m, k): 0 for m in metrics for k in KINDS}
     width = {(m, k): 0.0 for m in metrics for k in KINDS}
-    estimate = dict.fromkeys(metrics, 0.0)
-    tests = ("seeds+samples", "samples, seeds fixed")
-    rejected = {(m, t): 0 for m in metrics for t in tests}
-    family = dict.fromkeys(tests, 0)
+    estimate, center = dict.fromkeys(metrics, 0.0), dict.fromkeys(metrics, 0.0)
+    rejected = {(m, t): 0 for m in metrics for t in TESTS}
+    family = dict.fromkeys(TESTS, 0)
+    again = {(m, q): 0.0 for m in metrics if get_metric(m).bias_corrected for q in ("center", "covered", "rejected")}
+    correlation = 0.0
     for _ in range(replicates):
         z = rng.normal(size=setting.n)
         labels = rng.integers(0, setting.classes, setting.n)
         w = stats.resample_weights(setting.n, resamples, seed=int(rng.integers(1 << 31)))
-        units, boots = {}, {}
+        units, boots, errors = {}, {}, []
         for method in ("a", "b"):  # two identical methods, each with its own seeds
             for s in range(setting.seeds):
-                probs = _predictions(setting, rng, z, labels)
+                values, rows = _seed_run(setting, rng, z, labels, w, metrics, errors if method == "a" else None)
                 for name in metrics:
-                    units.setdefault((method, name), {})[s] = get_metric(name)(probs, labels)
-                    boots.setdefault((method, name), {})[s] = stats.boot_metric(name, probs, labels, w)
-        p_values = {t: [] for t in tests}
+                    units.setdefault((method, name), {})[s] = values[name]
+                    boots.setdefault((method, name), {})[s] = rows[name]
+        correlation += error_correlation(errors) if setting.seeds > 1 else 0.0
+        p_values = {t: [] for t in TESTS}
         for name in metrics:
+            corrected = get_metric(name).bias_corrected
             u, b = units[("a", name)], boots[("a", name)]
             values = np.array(list(u.values()))
             estimate[name] += float(values.mean())
             dist = stats.seed_mean_distribution(list(b.values()))
+            mean = stats.seed_mean(u, b, bias_corrected=corrected)
+            center[name] += mean.center
             intervals = {
-                "seeds+samples": stats.seed_mean(u, b).interval(LEVEL),
+                "seeds+samples": mean.interval(LEVEL),
                 "samples, seeds fixed": stats.bootstrap_ci(dist, LEVEL),
                 "seeds only": (sp.t.interval(LEVEL, len(values) - 1, loc=values.mean(), scale=sp.sem(values))
                                if len(values) > 1 else (np.nan, np.nan)),
@@ -180,16 +268,79 @@ def simulate(setting: Setting, replicates: int, resamples: int, metrics=METRICS,
                 covered[(name, kind)] += int(lo <= target[name] <= hi)
                 width[(name, kind)] += float(hi - lo)
             ub, bb = units[("b", name)], boots[("b", name)]
-            p_two = stats.difference(u, b, ub, bb, paired=True).p_value()
+            est = stats.difference(u, b, ub, bb, paired=True, bias_corrected=corrected)
             dist_b = stats.seed_mean_distribution(list(bb.values()))
             p_fixed = stats.paired_z_test(dist - dist_b, float(values.mean() - np.mean(list(ub.values()))))
-            for test, p in (("seeds+samples", p_two), ("samples, seeds fixed", p_fixed)):
-                rejected[(name, test)] += int(p < 0.05)
+            for test, p in (("seeds+samples", est.p_value()), ("samples, seeds fixed", p_fixed),
+                            ("WS df", ws_p_value(est, u, ub))):
+                rejected[(name, test)] += int(p < ALPHA)
                 p_values[test].append(p)
-        for test in tests:
-            family[test] += int(np.nanmin(stats.holm(p_values[test])) < 0.05)
-    return {"truth": target, "covered": covered, "width": width, "estimate": estimate,
-            "rejected": rejected, "family": family, "replicates": replicates}
+            if corrected:  # as it would be with the bootstrap's bias correction as well
+                twice = stats.seed_mean(u, b)
+                lo, hi = twice.interval(LEVEL)
+                again[(name, "center")] += twice.center
+                again[(name, "covered")] += int(lo <= target[name] <= hi)
+                again[(name, "rejected")] += int(stats.difference(u, b, ub, bb, paired=True).p_value() < ALPHA)
+        for test in TESTS:
+            family[test] += int(np.nanmin(stats.holm(p_values[test])) < ALPHA)
+    return {"truth": target, "covered": covered, "width": width, "estimate": estimate, "center": center,
+            "rejected": rejected, "family": family, "again": again, "correlation": correlation,
+            "replicates": replicates}
+
+
+def power(setting: Setting, replicates: int, resamples: int, deltas=POWER_DELTAS, grid=POWER_GRID,
+          families=FAMILIES, printed_at=PRINTED_AT, seed: int = 0) -> dict:
+    """Power of the default test for true accuracy gains ``deltas`` over a reference with
+    ``setting``'s accuracy, accuracy alone, the first S of ``max(grid)`` seeds per method
+    for each S in ``grid`` (the reference's seeds shared by every gain).
+
+    A mark in a Holm family of m comparisons (m in ``families``) is p < 0.05 / m with the
+    method ahead: Holm's first step, which the one comparison that differs must pass.
+    Returns ``{"marked": {(delta, S, m): count}, "marked_ws": the same for
+    :func:`ws_p_value`, "needed": {(delta, S, m): [what seeds_needed printed]} for S in
+    ``printed_at``, "seed_sd": mean per-seed accuracy sd of the reference (at max(grid)
+    seeds), "replicates": R}``."""
+    rng = np.random.default_rng(seed)
+    better = {d: with_accuracy_gain(setting, d) for d in deltas}
+    marked = {(d, s, m): 0 for d in deltas for s in grid for m in families}
+    marked_ws = dict(marked)
+    needed = {(d, s, m): [] for d in deltas for s in printed_at for m in families}
+    seed_sd = 0.0
+    most = max(grid)
+    for _ in range(replicates):
+        z = rng.normal(size=setting.n)
+        labels = rng.integers(0, setting.classes, setting.n)
+        w = stats.resample_weights(setting.n, resamples, seed=int(rng.integers(1 << 31)))
+        ref = [_seed_run(setting, rng, z, labels, w, ("accuracy",)) for _ in range(most)]
+        seed_sd += float(np.std([v["accuracy"] for v, _ in ref], ddof=1))
+        for d in deltas:
+            runs = [_seed_run(better[d], rng, z, labels, w, ("accuracy",)) for _ in range(most)]
+            for s in grid:
+                pair = ({k: runs[k][0]["accuracy"] for k in range(s)}, {k: runs[k][1]["accuracy"] for k in range(s)},
+                        {k: ref[k][0]["accuracy"] for k in range(s)}, {k: ref[k][1]["accuracy"] for k in range(s)})
+                est = stats.difference(*pair, paired=True)
+                p, p_ws = est.p_value(), ws_p_value(est, pair[0], pair[2])
+                for m in families:
+                    marked[(d, s, m)] += int(est.center > 0 and p < ALPHA / m)
+                    marked_ws[(d, s, m)] += int(est.center > 0 and p_ws < ALPHA / m)
+                    if s in printed_at:
+                        needed[(d, s, m)].append(stats.seeds_needed(*pair, paired=True, family=m, alpha=ALPHA))
+    return {"marked": marked, "marked_ws": marked_ws, "needed": needed, "seed_sd": seed_sd / replicates,
+            "replicates": replicates}
+
+
+def seeds_at_power(rates: dict[int, float], target: float = 0.8) -> float:
+    """The seed count at which the power ``rates`` (seeds -> rate) first reaches ``target``,
+    linearly interpolated between the grid points around it; ``inf`` if it never does."""
+    before = None
+    for s in sorted(rates):
+        if rates[s] >= target:
+            if before is None:
+                return float(s)
+            s0, r0 = before
+            return s0 + (target - r0) / (rates[s] - r0) * (s - s0)
+        before = (s, rates[s])
+    return float("inf")
 
 
 # ---------------------------------------------------------------------------- the report
@@ -199,12 +350,26 @@ def _binomial_band(p: float, r: int) -> float:
     return 1.96 * np.sqrt(p * (1 - p) / r)
 
 
-def report(results: list[tuple[Setting, dict]], resamples: int, wall: float, argv: list[str]) -> str:
+def _pct(count: float, r: int) -> str:
+    return f"{100 * count / r:.1f}"
+
+
+def _head(keys: list[str], values: list[str]) -> list[str]:
+    """A Markdown table's header and rule: ``keys`` left-aligned, ``values`` right-aligned."""
+    return ["| " + " | ".join(keys + values) + " |", "|" + "---|" * len(keys) + "---:|" * len(values)]
+
+
+def _seeds_text(value: float) -> str:
+    return "> 1000" if np.isinf(value) else f"{value:.0f}" if value == round(value) else f"{value:.1f}"
+
+
+def report(results: list[tuple[Setting, dict]], powered: tuple[Setting, dict] | None, resamples: int,
+           power_resamples: int, wall: float, argv: list[str], note: str = "") -> str:
     from machine import provenance
 
     r = results[0][1]["replicates"]
     lines = [
-        "# Coverage of the intervals and false-positive rate of the marks",
+        "# Coverage of the intervals, false-positive rate and power of the marks",
         "",
         "Simulated benchmarks with a known truth (`benchmarks/coverage.py`, module docstring: images "
         "shared by every seed, seed-level variation, a known calibration map). "
@@ -214,55 +379,193 @@ def report(results: list[tuple[Setting, dict]], resamples: int, wall: float, arg
         f"should reject at most 5% of the time (band ±{100 * _binomial_band(0.05, r):.1f} points).",
         "",
         "Interval kinds: **seeds+samples** = the report's default (`bench.stats.seed_mean`: seed-level "
-        "and test-sample variance, bootstrap bias removed, t with S - 1 df); **samples, "
-        "seeds fixed** = percentile bootstrap over test samples with the trained seeds held fixed "
-        "(`--significance samples_seeds_fixed`); **seeds only** = Student's t over the per-seed values.",
+        "and test-sample variance, t with S - 1 df, centred on the estimate less the bootstrap's bias "
+        "estimate, or on the estimate itself for a metric whose estimate is bias-corrected by construction: "
+        "`ece_debiased`); **samples, seeds fixed** = percentile bootstrap over test samples with the trained "
+        "seeds held fixed (`--significance samples_seeds_fixed`); **seeds only** = Student's t over the "
+        "per-seed values.",
+        "",
+        "## Settings",
+        "",
+        "*Error correlation*: the measured correlation between two seeds' per-image error indicators "
+        "(mean over replicates); *same images* settings make the seeds miss the same images, as in real "
+        "benchmarks.",
+        "",
+        *_head(["setting"], ["error correlation"]),
+    ]
+    for setting, res in results:
+        corr = "n/a" if setting.seeds == 1 else f"{res['correlation'] / r:.2f}"
+        lines.append(f"| {setting.name} | {corr} |")
+    lines += [
         "",
         "## Coverage of 95% intervals of the seed-mean (%, mean width in the metric's unit)",
         "",
-        "| setting | metric | truth | mean estimate | " + " | ".join(KINDS) + " |",
-        "|---|---|---:|---:|" + "---:|" * len(KINDS),
+        "*Centre*: the mean centre of the default interval.",
+        "",
+        *_head(["setting", "metric"], ["truth", "mean estimate", "centre", *KINDS]),
     ]
     for setting, res in results:
-        for name in res["truth"]:
-            if name not in res["estimate"]:
-                continue
+        for name in res["estimate"]:
             scale = get_metric(name).scale
             cells = []
             for kind in KINDS:
                 if setting.seeds == 1 and kind == "seeds only":
                     cells.append("n/a")
                     continue
-                cov = 100 * res["covered"][(name, kind)] / r
-                cells.append(f"{cov:.1f} ({scale * res['width'][(name, kind)] / r:.2f})")
+                cells.append(f"{_pct(res['covered'][(name, kind)], r)} ({scale * res['width'][(name, kind)] / r:.2f})")
             lines.append(f"| {setting.name} | {name} | {scale * res['truth'][name]:.2f} | "
-                         f"{scale * res['estimate'][name] / r:.2f} | " + " | ".join(cells) + " |")
+                         f"{scale * res['estimate'][name] / r:.2f} | {scale * res['center'][name] / r:.2f} | "
+                         + " | ".join(cells) + " |")
+    names = list(results[0][1]["estimate"])
     lines += [
         "",
         "## False-positive rate under the null of two identical methods (% of replicates with p < 0.05)",
         "",
         "Each metric alone, and *family*: any of the metrics marked after Holm across them (the report's "
         "correction). One-run settings compare two single runs: the default test then rests on "
-        "test-sample noise only (marked `△`/`▽` in a report).",
+        "test-sample noise only (marked `△`/`▽` in a report). **WS df** is the candidate with more power: "
+        "the default's estimate referred to Welch-Satterthwaite df that count the test images' part of the "
+        "variance as known.",
         "",
-        "| setting | test | " + " | ".join(results[0][1]["estimate"]) + " | family |",
-        "|---|---|" + "---:|" * (len(results[0][1]["estimate"]) + 1),
+        *_head(["setting", "test"], [*names, "family"]),
     ]
     for setting, res in results:
-        for test in ("seeds+samples", "samples, seeds fixed"):
-            cells = [f"{100 * res['rejected'][(name, test)] / r:.1f}" for name in res["estimate"]]
-            lines.append(f"| {setting.name} | {test} | " + " | ".join(cells) +
-                         f" | {100 * res['family'][test] / r:.1f} |")
+        for test in TESTS:
+            cells = [_pct(res["rejected"][(name, test)], r) for name in names]
+            lines.append(f"| {setting.name} | {test} | " + " | ".join(cells) + f" | {_pct(res['family'][test], r)} |")
+    again = [n for n in names if (n, "center") in results[0][1]["again"]]
+    if again:
+        lines += [
+            "",
+            "## A metric bias-corrected by construction, with and without the bootstrap's bias correction",
+            "",
+            "The report centres `" + "`, `".join(again) + "` on its estimate (its record's `bias_corrected`); "
+            "*corrected again* is the interval and test as they were before, centred on the estimate less the "
+            "bootstrap's bias estimate. Centre in the metric's unit; coverage and false marks in %. Where the "
+            "truth is 0 (calibrated) every bin's true gap is 0 and the debiased estimator keeps 2 - √2 = 0.59 of "
+            "plug-in ECE's upward bias (over an observed gap g ~ N(0, s²), E[2|g| - E|g + sZ|] = "
+            "(2 - √2) s √(2/π) against E|g| = s √(2/π)), which the bootstrap's correction happens to offset there.",
+            "",
+            *_head(["setting", "metric"], ["truth", "centre", "corrected again", "coverage", "corrected again",
+                                           "false marks", "corrected again"]),
+        ]
+        for setting, res in results:
+            for name in again:
+                scale = get_metric(name).scale
+                a = res["again"]
+                lines.append(
+                    f"| {setting.name} | {name} | {scale * res['truth'][name]:.2f} | "
+                    f"{scale * res['center'][name] / r:.2f} | {scale * a[(name, 'center')] / r:.2f} | "
+                    f"{_pct(res['covered'][(name, 'seeds+samples')], r)} | {_pct(a[(name, 'covered')], r)} | "
+                    f"{_pct(res['rejected'][(name, 'seeds+samples')], r)} | {_pct(a[(name, 'rejected')], r)} |")
+    lines += _findings(results)
+    if powered is not None:
+        lines += _power_section(*powered, power_resamples)
+    lines += ["", "## What a mark needs", "",
+              "A mark needs |difference| / se above the two-sided t quantile at 0.05 / m (Holm's first step "
+              "in a family of m comparisons) with S - 1 df: that many standard errors of the difference.",
+              "", *_head([], ["seeds", *(f"m = {m}" for m in (1, 10, 60, 80, 90))])]
+    for s in (3, 4, 5, 10):
+        lines.append(f"| {s} | " + " | ".join(f"{sp.t.ppf(1 - ALPHA / (2 * m), s - 1):.1f}"
+                                                for m in (1, 10, 60, 80, 90)) + " |")
     lines += ["", "## Run", "", *provenance("coverage.py" + (" " + " ".join(argv) if argv else ""),
-                                         f"; wall time {wall / 60:.1f} min"), ""]
+                                         f"; wall time {wall / 60:.1f} min{note}"), ""]
     return "\n".join(lines)
+
+
+def _findings(results: list[tuple[Setting, dict]]) -> list[str]:
+    """What the null and the calibrated settings show, read off the results: each test's
+    largest per-metric and family false-mark rate over the settings with seeds (one-run
+    settings rest on test-sample noise alone), and the debiased ECE's centre where the truth is 0."""
+    r = results[0][1]["replicates"]
+    seeded = [(st, res) for st, res in results if st.seeds > 1]
+    names = list(results[0][1]["estimate"])
+    lines = ["", "## Findings", ""]
+    for test in TESTS:
+        worst = max(((res["rejected"][(n, test)], st.name, n) for st, res in seeded for n in names))
+        family = max((res["family"][test], st.name) for st, res in seeded)
+        rate, band = worst[0] / r, _binomial_band(ALPHA, r)
+        level = ("at most 5%: it holds its level" if rate <= ALPHA else
+                 f"within the Monte-Carlo band of 5% (+{100 * band:.1f} points)" if rate <= ALPHA + band
+                 else "above 5% by more than the Monte-Carlo band: it does not hold its level")
+        lines.append(f"- **{test}**: largest false-mark rate per metric over the settings with seeds "
+                     f"{_pct(worst[0], r)}% ({worst[2]}, {worst[1]}), {level}; for the family after Holm at most "
+                     f"{_pct(family[0], r)}% ({family[1]}).")
+        if test == "WS df":
+            held = rate <= ALPHA + band
+            lines.append(f"- The candidate with more power {'holds' if held else 'does not hold'} its level"
+                         f"{'' if held else ', so the reports keep the default test (seeds+samples)'}. A smaller "
+                         "Holm family is no new test: Holm keeps the family-wise level of whatever family it is "
+                         "given; the power table shows what a family of 10 instead of 60 or 90 buys.")
+    for st, res in seeded:
+        for name in names:
+            if (name, "center") in res["again"] and res["truth"][name] < 1e-9:
+                scale = get_metric(name).scale
+                lines.append(f"- `{name}` where the truth is 0 ({st.name}): centre "
+                             f"{scale * res['center'][name] / r:+.2f} points, "
+                             f"{scale * res['again'][(name, 'center')] / r:+.2f} corrected again; false marks "
+                             f"{_pct(res['rejected'][(name, 'seeds+samples')], r)}%, "
+                             f"{_pct(res['again'][(name, 'rejected')], r)}% corrected again.")
+    return lines
+
+
+def _power_section(setting: Setting, res: dict, resamples: int) -> list[str]:
+    r = res["replicates"]
+    deltas = sorted({d for d, _, _ in res["marked"]})
+    grid = sorted({s for _, s, _ in res["marked"]})
+    families = sorted({m for _, _, m in res["marked"]})
+    printed = sorted({s for _, s, _ in res["needed"]})
+    lines = [
+        "",
+        "## Power of a mark",
+        "",
+        f"`{setting.name}` (the reference; per-seed accuracy sd {100 * res['seed_sd']:.2f} points) against a "
+        "method whose true accuracy is higher by the gain shown, accuracy alone, the default test (paired over "
+        f"seeds), {r} replicates, B = {resamples:,}. A mark in a Holm family of m comparisons needs p < 0.05 / m "
+        "(Holm's first step, which the one comparison that differs must pass): m = 1 is the test alone, 10 one "
+        "method's paper metrics, 60 the table of a suite of 7 methods (default, cifar10_subset, text), 90 the zoo's. "
+        f"% of replicates marked (band ±{100 * _binomial_band(0.5, r):.1f} points at 50%); *WS df*: the candidate "
+        "test of the false-positive table.",
+        "",
+        *_head(["gain (points)", "m", "test"], [f"{s} seeds" for s in grid]),
+    ]
+    for d in deltas:
+        for m in families:
+            for test, counts in (("default", res["marked"]), ("WS df", res["marked_ws"])):
+                lines.append(f"| {100 * d:g} | {m} | {test} | " + " | ".join(_pct(counts[(d, s, m)], r) for s in grid)
+                             + " |")
+    lines += [
+        "",
+        "### *Seeds needed* against the simulated seeds for 80% power",
+        "",
+        "*Simulated*: the seed count at which the default test's power above reaches 80% (interpolated "
+        f"between grid points; `> {grid[-1]}` beyond the grid). *Printed*: the median over replicates of what "
+        "`bench.stats.seeds_needed` (the report's *Seeds needed*, for a family of m) prints from the seeds "
+        "shown, and its ratio to the simulated count.",
+        "",
+        *_head(["gain (points)", "m"], ["simulated", *(f"printed from {s} seeds (ratio)" for s in printed)]),
+    ]
+    for d in deltas:
+        for m in families:
+            target = seeds_at_power({s: res["marked"][(d, s, m)] / r for s in grid})
+            cells = []
+            for s in printed:
+                median = float(np.median(res["needed"][(d, s, m)]))
+                ratio = median / target if np.isfinite(target) and np.isfinite(median) else float("nan")
+                cells.append(f"{_seeds_text(median)} ({ratio:.2f})" if np.isfinite(ratio) else _seeds_text(median))
+            sim = f"> {grid[-1]}" if np.isinf(target) else f"{target:.1f}"
+            lines.append(f"| {100 * d:g} | {m} | {sim} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--replicates", type=int, default=300)
     ap.add_argument("--resamples", type=int, default=stats.DEFAULT_RESAMPLES)
+    ap.add_argument("--power-replicates", type=int, default=300, help="0: no power study")
+    ap.add_argument("--power-resamples", type=int, default=200)
     ap.add_argument("--settings", default="", help="comma-separated indices into SETTINGS (default: all)")
+    ap.add_argument("--note", default="", help="a remark for the Run section (e.g. that the machine was loaded)")
     ap.add_argument("--out", type=Path, default=ROOT / "reports" / "perf" / "coverage.md")
     args = ap.parse_args(argv)
     chosen = [SETTINGS[int(i)] for i in args.settings.split(",")] if args.settings else list(SETTINGS)
@@ -272,7 +575,13 @@ def main(argv: list[str] | None = None) -> None:
         t0 = time.perf_counter()
         results.append((setting, simulate(setting, args.replicates, args.resamples, seed=i)))
         print(f"{setting.name}: {time.perf_counter() - t0:.0f} s", flush=True)
-    text = report(results, args.resamples, time.perf_counter() - started, sys.argv[1:] if argv is None else argv)
+    powered = None
+    if args.power_replicates > 0:
+        t0 = time.perf_counter()
+        powered = (POWER_SETTING, power(POWER_SETTING, args.power_replicates, args.power_resamples))
+        print(f"power: {time.perf_counter() - t0:.0f} s", flush=True)
+    text = report(results, powered, args.resamples, args.power_resamples, time.perf_counter() - started,
+                  sys.argv[1:] if argv is None else argv, f"; {args.note}" if args.note else "")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     print(text)

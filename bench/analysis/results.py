@@ -48,7 +48,8 @@ class AnalysisResults:
     good direction; ``"better (one run)"``/``"worse (one run)"`` when one side's seed
     variation could not be measured; else ``""``), ``test`` (what the p-value accounts
     for, :data:`~bench.analysis.statistics.TESTS`) and ``seeds_needed``
-    (:func:`bench.stats.seeds_needed`).  With the default ``significance``
+    (:func:`bench.stats.seeds_needed` for the comparison's Holm family: the seeds per
+    method a mark would need).  With the default ``significance``
     (``seeds_and_samples``) intervals and tests add the seed-level variance to the paired
     test-sample bootstrap (:mod:`bench.stats`); with ``samples_seeds_fixed`` they are the
     percentile interval and z-test over test samples with the trained seeds held fixed.

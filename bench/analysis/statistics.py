@@ -84,6 +84,10 @@ def summarise(metrics_df: pd.DataFrame, cache: dict, seeds: dict, reference: str
     within the paper selection (with a dataset's ``headlines`` swapped in: CoLA's MCC for
     accuracy), and separately among any further metrics.  A metric whose bootstrap raises
     (recorded in ``errors``, :func:`_resampled`) keeps its mean and std, without CI or test.
+    ``seeds_needed`` (default test only) is what a mark needs in the comparison's Holm family
+    of m finite p-values: 80% power for p < ALPHA / m.  A metric whose estimate is
+    bias-corrected by construction (its record's ``bias_corrected``) is centred on it, every
+    other one on its estimate less the bootstrap's bias estimate (:mod:`bench.stats`).
     ``scores``: the OOD scores of every prediction set (``bench.analysis.evaluate.ood_scores``),
     which the OOD metrics are bootstrapped on."""
     errors = {} if errors is None else errors
@@ -135,30 +139,29 @@ def summarise(metrics_df: pd.DataFrame, cache: dict, seeds: dict, reference: str
     means = dict(zip(rows, out["mean"]))
     both = significance == stats.SEEDS_AND_SAMPLES
     ci = [(np.nan, np.nan) if k not in dist else
-          get_metric(k[3]).clip(*(stats.seed_mean(units[k], boots[k]).interval() if both
-                                  else stats.bootstrap_ci(dist[k])))
+          get_metric(k[3]).clip(*(stats.seed_mean(units[k], boots[k], bias_corrected=_bias_corrected(k[3]))
+                                  .interval() if both else stats.bootstrap_ci(dist[k])))
           for k in rows]
     out["ci_low"], out["ci_high"] = [c[0] for c in ci], [c[1] for c in ci]
-    p_values, directions, tests, needed = [], [], [], []
-    for k in rows:
+    p_values, directions, tests, pairs = [], [], [], {}
+    for i, k in zip(out.index, rows):
         ref = (k[0], reference, *k[2:])
         if k[1] == reference or k not in dist or ref not in dist:
-            p_values.append(np.nan), directions.append(0.0), tests.append(""), needed.append(np.nan)
+            p_values.append(np.nan), directions.append(0.0), tests.append("")
             continue
         if both:
-            pair = (units[k], boots[k], units[ref], boots[ref], k[1] in by_seed and reference in by_seed)
-            est = stats.difference(*pair)
+            pairs[i] = (units[k], boots[k], units[ref], boots[ref], k[1] in by_seed and reference in by_seed)
+            est = stats.difference(*pairs[i], bias_corrected=_bias_corrected(k[3]))
             p_values.append(est.p_value())
             directions.append(est.center)
             tests.append(TESTS["both"] if est.measured else TESTS["one_run"])
-            needed.append(stats.seeds_needed(*pair))
         else:
             observed = float(means[k] - means[ref])
             p_values.append(stats.paired_z_test(dist[k] - dist[ref], observed))
             directions.append(observed)
             tests.append(TESTS[stats.SAMPLES_SEEDS_FIXED])
-            needed.append(np.nan)
     out["p_value"] = p_values
+    out["seeds_needed"] = np.nan
     out["p_holm"] = np.nan
     # Holm families: one dataset's table, the paper selection apart from metrics picked on
     # top of it, so adding columns never changes the verdicts of the paper's metrics
@@ -171,12 +174,22 @@ def summarise(metrics_df: pd.DataFrame, cache: dict, seeds: dict, reference: str
         finite = [i for i in idx if np.isfinite(out.at[i, "p_value"])]
         if finite:
             out.loc[finite, "p_holm"] = stats.holm(out.loc[finite, "p_value"].to_numpy())
+        for i in finite:  # what a mark needs in this family: p below ALPHA / its size (Holm's first step)
+            if i in pairs:
+                out.at[i, "seeds_needed"] = stats.seeds_needed(
+                    *pairs[i], bias_corrected=_bias_corrected(out.at[i, "metric"]), family=len(finite), alpha=ALPHA)
     out["verdict"] = [
         _verdict(method, metric, direction, p, reference, test)
         for method, metric, direction, p, test in zip(out["method"], out["metric"], directions, out["p_holm"], tests)
     ]
-    out["test"], out["seeds_needed"] = tests, needed
+    out["test"] = tests
     return out[SUMMARY_COLUMNS]
+
+
+def _bias_corrected(metric: str) -> bool:
+    """The metric's estimate is bias-corrected by construction (its record's
+    ``bias_corrected``): its intervals and tests get no bootstrap bias correction."""
+    return get_metric(metric).bias_corrected
 
 
 def _verdict(method: str, metric: str, direction: float, p_holm: float, reference: str, test: str) -> str:
@@ -284,7 +297,8 @@ def severity_table(metrics_df: pd.DataFrame, cache: dict, seeds: dict, names: li
     keys = ["dataset", "method", "severity", "metric"]
     units = _units(per_seed, keys)
     ci = [(np.nan, np.nan) if k not in bands else
-          get_metric(k[3]).clip(*(stats.seed_mean(units[k], bands[k]).interval()
+          get_metric(k[3]).clip(*(stats.seed_mean(units[k], bands[k], bias_corrected=_bias_corrected(k[3]))
+                                  .interval()
                                   if significance == stats.SEEDS_AND_SAMPLES
                                   else stats.bootstrap_ci(stats.seed_mean_distribution(list(bands[k].values())))))
           for k in out[keys].itertuples(index=False, name=None)]

@@ -49,6 +49,9 @@ class Metric:
     :data:`APPROXIMATE_CALIBRATION` unless it says more.  ``bounds`` (low <= high): the range of the
     metric's true value (raw scale); the report's 95% intervals are cut to it, as a t
     interval around a value near a bound can reach past it (an AUROC interval past 100%).
+    ``bias_corrected``: the metric's estimate is bias-corrected by construction (the
+    debiased ECE), so the report's intervals and tests centre on it as it is; every other
+    metric is centred on its estimate less the bootstrap's bias estimate (``bench.stats``).
     """
 
     name: str
@@ -62,6 +65,7 @@ class Metric:
     selections: Mapping[str, float] = field(default_factory=dict)
     interval: str = ""
     bounds: tuple[float, float] = (-np.inf, np.inf)
+    bias_corrected: bool = False
 
     def clip(self, low: float, high: float) -> tuple[float, float]:
         """An interval ``(low, high)`` cut to :attr:`bounds`."""
@@ -113,19 +117,21 @@ def metric(
     name: str | None = None,
     interval: str | None = None,
     bounds: tuple[float, float] | None = None,
+    bias_corrected: bool = False,
 ) -> Callable[[_Metric], _Metric]:
     """Decorator: register the function as a :class:`Metric` (named after the function
     unless ``name`` is given) and return the function unchanged.  A plugin module adds a
     metric the same way; it then appears in ``list``, ``--metrics`` and every table of its
     kind.  ``bounds`` defaults to [0, 1] for a metric shown in % (a fraction) and to no
-    bound otherwise."""
+    bound otherwise; ``bias_corrected`` (default False) as in :class:`Metric`."""
 
     def deco(fn: _Metric) -> _Metric:
         key = name or fn.__name__
         note = interval if interval is not None else APPROXIMATE_CALIBRATION if kind == "calibration" else ""
         lo_hi = bounds if bounds is not None else (0.0, 1.0) if unit == "%" else (-np.inf, np.inf)
         METRICS.register(key)(Metric(key, fn, kind, label, unit, higher_is_better, convention,
-                                     bootstrap, dict(selections or {}), note, (float(lo_hi[0]), float(lo_hi[1]))))
+                                     bootstrap, dict(selections or {}), note, (float(lo_hi[0]), float(lo_hi[1])),
+                                     bias_corrected))
         return fn
 
     return deco

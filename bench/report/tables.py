@@ -182,7 +182,8 @@ class TableSpec:
 TABLES: tuple[TableSpec, ...] = (
     TableSpec("summary", "Summary (test split)", "test", (), False, "default",
               SUMMARY_STATS, marks=True, empty="No test split was evaluated.", flags=True),
-    TableSpec("seeds_needed", "Seeds needed for the observed differences (test split)", "test", (), False,
+    TableSpec("seeds_needed", "Seeds needed for the observed differences to be marked (test split, after Holm)",
+              "test", (), False,
               "default", ("seeds_needed",), empty="No test split was evaluated.", cell="seeds_needed"),
     TableSpec("shift_severity", "Shift: metric vs. corruption severity (0 = the corrupted samples before "
               "corruption, all = every corruption split; Samples = samples per split)", "severity",

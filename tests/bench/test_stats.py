@@ -469,3 +469,48 @@ def test_a_difference_observed_to_be_zero_is_not_marked_by_the_bootstrap_bias():
     # a real difference of the same size is still tested on its centre
     shifted = S.difference(units, dips, dict.fromkeys(range(3), 0.99), flat, paired=True)
     assert shifted.center != 0.0
+
+
+def test_a_bias_corrected_estimate_is_centred_on_itself_and_others_lose_the_bootstrap_bias():
+    """Resamples that run 0.01 above the estimate (as a binned calibration error's do): a
+    metric bias-corrected by construction (the debiased ECE) keeps its estimate as the
+    centre of its interval and its test, a plug-in one is moved 0.01 below it."""
+    from scipy import stats as sp
+
+    rng = np.random.default_rng(2)
+    rows_a = {k: v + rng.normal(0.0, 0.004, 1000) for k, v in {0: 0.06, 1: 0.07, 2: 0.065}.items()}
+    rows_b = {k: v + rng.normal(0.0, 0.004, 1000) for k, v in {0: 0.05, 1: 0.058, 2: 0.049}.items()}
+    units_a, units_b = {0: 0.05, 1: 0.06, 2: 0.055}, {0: 0.04, 1: 0.048, 2: 0.039}
+    point = np.mean(list(units_a.values()))
+    boot_mean = np.mean([r.mean() for r in rows_a.values()])
+    assert S.seed_mean(units_a, rows_a, bias_corrected=True).center == pytest.approx(point, abs=1e-15)
+    assert S.seed_mean(units_a, rows_a).center == pytest.approx(2 * point - boot_mean, abs=1e-12)
+    lo, hi = S.seed_mean(units_a, rows_a, bias_corrected=True).interval()
+    assert (lo + hi) / 2 == pytest.approx(point, abs=1e-12)
+    diff = np.mean(list(units_a.values())) - np.mean(list(units_b.values()))
+    est = S.difference(units_a, rows_a, units_b, rows_b, paired=True, bias_corrected=True)
+    assert est.center == pytest.approx(diff, abs=1e-15)
+    assert est.p_value() == pytest.approx(2 * sp.t.sf(abs(diff) / est.se, 2), rel=1e-12)
+    shifted = S.difference(units_a, rows_a, units_b, rows_b, paired=True)
+    assert shifted.se == est.se and shifted.center != pytest.approx(diff, abs=1e-6)
+
+
+def test_seeds_needed_in_a_holm_family_uses_alpha_over_its_size():
+    """No test-sample noise, paired seeds with difference sd 1 and mean 1: the count is the
+    smallest S with 1 / (1 / sqrt(S)) >= t_{1 - 0.05/(2m)}(S - 1) + t_{0.8}(S - 1) (scipy, written
+    out here), for the family sizes of a one-method table (10) and of the default suite (60)."""
+    from scipy import stats as sp
+
+    a = dict(enumerate(np.array([1.0, -1.0, 1.0, -1.0]) * np.sqrt(3) / 2 + 1.0))  # mean 1, sd 1
+    b = dict.fromkeys(range(4), 0.0)
+
+    def expected(m: int) -> int:
+        return next(s for s in range(2, 1001)
+                    if np.sqrt(s) >= sp.t.ppf(1 - 0.05 / (2 * m), s - 1) + sp.t.ppf(0.8, s - 1))
+
+    assert S.seeds_needed(a, flat(a), b, flat(b), paired=True) == expected(1) == 10
+    for m in (10, 60):
+        assert S.seeds_needed(a, flat(a), b, flat(b), paired=True, family=m) == expected(m)
+    assert expected(60) > expected(10) > expected(1)
+    with pytest.raises(ValueError, match="family must be a positive integer"):
+        S.seeds_needed(a, flat(a), b, flat(b), paired=True, family=0)

@@ -291,6 +291,45 @@ def test_a_difference_that_every_seed_repeats_keeps_its_mark(tmp_path):
     assert row.verdict == "better" and row.p_holm < 0.05 and row.seeds_needed <= 3
 
 
+def test_the_debiased_ece_is_centred_on_its_estimate_and_plug_in_ece_on_its_bias_corrected_one(tmp_path):
+    """The metric's record says its estimate is bias-corrected (ece_debiased): its interval
+    is centred on the seed-mean; plug-in ECE's still moves by the bootstrap's bias estimate."""
+    from bench.metrics import get_metric
+
+    assert get_metric("ece_debiased").bias_corrected and not get_metric("ece").bias_corrected
+    catalog = _seed_store(tmp_path, {"msp": [0.80, 0.81, 0.80], "mc_dropout": [0.75, 0.76, 0.75]})
+    s = analyse(catalog, ["ece", "ece_debiased"], resamples=200).summary
+    rows = s[(s.split == "test") & (s.method == "mc_dropout")].set_index("metric")
+    assert 0 < rows.at["ece_debiased", "ci_low"] and rows.at["ece_debiased", "ci_high"] < 1  # not cut to the range
+    centre = (rows.at["ece_debiased", "ci_low"] + rows.at["ece_debiased", "ci_high"]) / 2
+    assert centre == pytest.approx(rows.at["ece_debiased", "mean"], abs=1e-12)
+    assert 0 < rows.at["ece", "ci_low"] and rows.at["ece", "ci_high"] < 1
+    assert abs((rows.at["ece", "ci_low"] + rows.at["ece", "ci_high"]) / 2 - rows.at["ece", "mean"]) > 1e-6
+
+
+def test_seeds_needed_asks_for_a_mark_in_the_comparisons_holm_family(tmp_path, monkeypatch):
+    """*Seeds needed* is computed for the family the comparison's p-value is Holm-corrected
+    in: the paper's metrics of the test table (here 10, one method against the reference),
+    and the debiased ECE, analysed on top of them, in a family of its own (1)."""
+    import bench.stats
+    from bench.metrics import selection
+
+    asked = []
+    real = bench.stats.seeds_needed
+
+    def recording(*pair, **kwargs):
+        asked.append(kwargs["family"])
+        return real(*pair, **kwargs)
+
+    monkeypatch.setattr(bench.stats, "seeds_needed", recording)
+    catalog = _seed_store(tmp_path, {"msp": [0.70, 0.80, 0.90], "mc_dropout": [0.75, 0.85, 0.955]})
+    s = analyse(catalog, resamples=200).summary
+    tested = s[(s.split == "test") & s.p_value.notna()]
+    paper = tested[tested.metric.isin(selection("paper"))]
+    assert len(paper) == 10 and len(tested) == 11
+    assert sorted(asked) == [1] + [10] * 10
+
+
 def test_a_plugin_that_edits_its_arrays_in_place_changes_nothing_else(tmp_path, monkeypatch):
     """A plugin score that overwrites the stored log-probabilities it is handed, a plugin
     metric that overwrites the probabilities, and one that overwrites the OOD scores (each
