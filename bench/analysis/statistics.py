@@ -86,8 +86,9 @@ def summarise(metrics_df: pd.DataFrame, cache: dict, seeds: dict, reference: str
     (recorded in ``errors``, :func:`_resampled`) keeps its mean and std, without CI or test.
     ``seeds_needed`` (default test only) is what a mark needs in the comparison's Holm family
     of m finite p-values: 80% power for p < ALPHA / m.  A metric whose estimate is
-    bias-corrected by construction (its record's ``bias_corrected``) is centred on it, every
-    other one on its estimate less the bootstrap's bias estimate (:mod:`bench.stats`).
+    bias-corrected by construction (its record's ``bias_corrected``) has its interval centred
+    on it, every other one on its estimate less the bootstrap's bias estimate; a difference
+    is tested on its observed value (:func:`bench.stats.difference`).
     ``scores``: the OOD scores of every prediction set (``bench.analysis.evaluate.ood_scores``),
     which the OOD metrics are bootstrapped on."""
     errors = {} if errors is None else errors
@@ -151,7 +152,7 @@ def summarise(metrics_df: pd.DataFrame, cache: dict, seeds: dict, reference: str
             continue
         if both:
             pairs[i] = (units[k], boots[k], units[ref], boots[ref], k[1] in by_seed and reference in by_seed)
-            est = stats.difference(*pairs[i], bias_corrected=_bias_corrected(k[3]))
+            est = stats.difference(*pairs[i])
             p_values.append(est.p_value())
             directions.append(est.center)
             tests.append(TESTS["both"] if est.measured else TESTS["one_run"])
@@ -176,8 +177,7 @@ def summarise(metrics_df: pd.DataFrame, cache: dict, seeds: dict, reference: str
             out.loc[finite, "p_holm"] = stats.holm(out.loc[finite, "p_value"].to_numpy())
         for i in finite:  # what a mark needs in this family: p below ALPHA / its size (Holm's first step)
             if i in pairs:
-                out.at[i, "seeds_needed"] = stats.seeds_needed(
-                    *pairs[i], bias_corrected=_bias_corrected(out.at[i, "metric"]), family=len(finite), alpha=ALPHA)
+                out.at[i, "seeds_needed"] = stats.seeds_needed(*pairs[i], family=len(finite), alpha=ALPHA)
     out["verdict"] = [
         _verdict(method, metric, direction, p, reference, test)
         for method, metric, direction, p, test in zip(out["method"], out["metric"], directions, out["p_holm"], tests)

@@ -474,7 +474,9 @@ def test_a_difference_observed_to_be_zero_is_not_marked_by_the_bootstrap_bias():
 def test_a_bias_corrected_estimate_is_centred_on_itself_and_others_lose_the_bootstrap_bias():
     """Resamples that run 0.01 above the estimate (as a binned calibration error's do): a
     metric bias-corrected by construction (the debiased ECE) keeps its estimate as the
-    centre of its interval and its test, a plug-in one is moved 0.01 below it."""
+    centre of its interval, a plug-in one is moved 0.01 below it; a difference of two is
+    tested on its observed value (two equal methods share their bias) unless asked to
+    subtract the bootstrap's bias estimate."""
     from scipy import stats as sp
 
     rng = np.random.default_rng(2)
@@ -491,8 +493,11 @@ def test_a_bias_corrected_estimate_is_centred_on_itself_and_others_lose_the_boot
     est = S.difference(units_a, rows_a, units_b, rows_b, paired=True, bias_corrected=True)
     assert est.center == pytest.approx(diff, abs=1e-15)
     assert est.p_value() == pytest.approx(2 * sp.t.sf(abs(diff) / est.se, 2), rel=1e-12)
-    shifted = S.difference(units_a, rows_a, units_b, rows_b, paired=True)
-    assert shifted.se == est.se and shifted.center != pytest.approx(diff, abs=1e-6)
+    plain = S.difference(units_a, rows_a, units_b, rows_b, paired=True)  # any metric's test: the observed difference
+    assert plain.center == pytest.approx(diff, abs=1e-15) and plain.se == est.se
+    shifted = S.difference(units_a, rows_a, units_b, rows_b, paired=True, bias_corrected=False)
+    boot_diff = boot_mean - np.mean([r.mean() for r in rows_b.values()])
+    assert shifted.se == est.se and shifted.center == pytest.approx(2 * diff - boot_diff, abs=1e-12)
 
 
 def test_seeds_needed_in_a_holm_family_uses_alpha_over_its_size():
