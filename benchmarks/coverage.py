@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -472,7 +473,7 @@ def report(results: list[tuple[Setting, dict]], powered: tuple[Setting, dict] | 
     for s in (3, 4, 5, 10):
         lines.append(f"| {s} | " + " | ".join(f"{sp.t.ppf(1 - ALPHA / (2 * m), s - 1):.1f}"
                                                 for m in (1, 10, 60, 80, 90)) + " |")
-    lines += ["", "## Run", "", *provenance("coverage.py" + (" " + " ".join(argv) if argv else ""),
+    lines += ["", "## Run", "", *provenance("coverage.py" + (" " + shlex.join(argv) if argv else ""),
                                          f"; wall time {wall / 60:.1f} min{note}"), ""]
     return "\n".join(lines)
 
