@@ -78,7 +78,7 @@ Intervals and tests
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -492,15 +492,12 @@ def difference(units_a: Units, boots_a: Boots, units_b: Units, boots_b: Boots, p
     the coverage study's comparison)."""
     a, b = _Side.of(units_a, boots_a), _Side.of(units_b, boots_b)
     point = float(a.values.mean() - b.values.mean()) if a.n and b.n else float("nan")
-    est = _estimate(point, a.mean_dist() - b.mean_dist(), _sides(units_a, boots_a, units_b, boots_b, paired),
-                    bias_corrected)
-    if point == 0.0:  # no difference observed (e.g. FPR95 at 100% for both): the bootstrap's bias alone is no evidence
-        return replace(est, center=0.0)
-    return est
+    return _estimate(point, a.mean_dist() - b.mean_dist(), _sides(units_a, boots_a, units_b, boots_b, paired),
+                     bias_corrected)
 
 
 def seeds_needed(units_a: Units, boots_a: Boots, units_b: Units, boots_b: Boots, paired: bool, *,
-                 bias_corrected: bool = True, family: int = 1, alpha: float = 0.05, power: float = 0.8,
+                 family: int = 1, alpha: float = 0.05, power: float = 0.8,
                  most: int = 1000) -> float:
     """Seeds per method at which a true difference equal to the observed one would be
     marked with probability ``power`` in a Holm family of ``family`` comparisons: its p-value
@@ -508,7 +505,7 @@ def seeds_needed(units_a: Units, boots_a: Boots, units_b: Units, boots_b: Boots,
     p-value (the one comparison that differs among ``family``); ``family`` 1 is the test
     without a multiplicity correction.  The smallest S >= 2 with
     |d| / se(S) >= t_{1 - alpha/(2 family)} + t_{power} (t with S - 1 df; d = the
-    difference centred as :func:`difference` centres it, ``bias_corrected`` as there).
+    observed difference, as :func:`difference` centres it).
     se(S) keeps the measured variance components and scales the ones that shrink with more
     seeds: the spread of the per-seed values (seed-level variance and each seed's own
     test-sample errors) by 1/S, the test images' shared part not at all.  ``inf`` when no
@@ -518,7 +515,7 @@ def seeds_needed(units_a: Units, boots_a: Boots, units_b: Units, boots_b: Boots,
 
     if isinstance(family, bool) or not isinstance(family, (int, np.integer)) or family < 1:
         raise ValueError(f"family must be a positive integer (the comparisons Holm corrects over), got {family!r}")
-    now = difference(units_a, boots_a, units_b, boots_b, paired, bias_corrected=bias_corrected)
+    now = difference(units_a, boots_a, units_b, boots_b, paired)
     if not now.measured or not np.isfinite(now.center):
         return float("nan")
     if now.center == 0.0:

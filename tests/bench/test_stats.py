@@ -458,8 +458,9 @@ def test_seeds_needed_reaches_80_percent_power_by_the_noncentral_t():
 def test_a_difference_observed_to_be_zero_is_not_marked_by_the_bootstrap_bias():
     """FPR95 at 100% for both methods in every seed (a saturated metric on an easy OOD
     set): the resamples of one side dip below 100% now and then, the other's never do, so
-    the bias-corrected centre is that dip and its se is tiny; an observed difference of
-    exactly 0 is no evidence of one (the zoo report marked such pairs better and worse)."""
+    a centre less the bootstrap's bias would be that dip, with a tiny se; an observed
+    difference of exactly 0 is no evidence of one (the zoo report marked such pairs better
+    and worse)."""
     rng = np.random.default_rng(3)
     dips = {k: np.where(rng.random(1000) < 0.1, 0.99, 1.0) for k in range(3)}
     flat = {k: np.ones(1000) for k in range(3)}
