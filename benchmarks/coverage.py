@@ -484,6 +484,8 @@ def _findings(results: list[tuple[Setting, dict]]) -> list[str]:
     settings rest on test-sample noise alone), and the debiased ECE's centre where the truth is 0."""
     r = results[0][1]["replicates"]
     seeded = [(st, res) for st, res in results if st.seeds > 1]
+    if not seeded:  # one-run settings only: no seed-aware level to read off
+        return []
     names = list(results[0][1]["estimate"])
     lines = ["", "## Findings", ""]
     for test in TESTS:
@@ -573,7 +575,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--note", default="", help="a remark for the Run section (e.g. that the machine was loaded)")
     ap.add_argument("--out", type=Path, default=ROOT / "reports" / "perf" / "coverage.md")
     args = ap.parse_args(argv)
-    chosen = [SETTINGS[int(i)] for i in args.settings.split(",")] if args.settings else list(SETTINGS)
+    picked = args.settings.split(",") if args.settings else [str(i) for i in range(len(SETTINGS))]
+    if not all(i.strip().isdigit() and int(i) < len(SETTINGS) for i in picked):
+        ap.error(f"--settings takes indices 0-{len(SETTINGS) - 1} into SETTINGS, got {args.settings!r}")
+    chosen = [SETTINGS[int(i)] for i in picked]
     started = time.perf_counter()
     results = []
     for i, setting in enumerate(chosen):

@@ -150,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # the destination: a file in the way, no permission, a full disk
+        print(f"error: the subset could not be written: {one_line(exc)}", file=sys.stderr)
+        return 2
     if modified:
         print(f"warning: {', '.join(modified)} of {args.source} differ from the published files (md5): the subset "
               "is cut from them, so it is not the reference run's data", file=sys.stderr)

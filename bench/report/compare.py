@@ -47,6 +47,7 @@ from bench.metrics import get_metric
 from bench.plan import make_plan
 from bench.registry import METRICS, SCORES
 from bench.report.suite import cells_record, read_cells_record
+from bench.runs import COMMAND
 from bench.spec import Suite
 
 #: the fraction of the reference's seed std a difference may reach
@@ -240,7 +241,7 @@ def _read_reference(folder: Path, shown: str) -> tuple[AnalysisResults, dict]:
     schema = meta.get("schema") if isinstance(meta, dict) else None
     if schema != ANALYSIS_SCHEMA:
         raise ConfigError(f"compare: {shown} holds analysis files of schema {schema!r}, this version reads "
-                          f"{ANALYSIS_SCHEMA}: re-report the reference's store with this version (run_suite.py "
+                          f"{ANALYSIS_SCHEMA}: re-report the reference's store with this version ({' '.join(COMMAND)} "
                           "report), or compare with a reference written by it")
     if read_manifest(where) is None:
         raise ConfigError(f"compare: the analysis files under {where} do not match the digests their analysis.json "
@@ -310,7 +311,8 @@ def _check_plan(run: AnalysisResults, ref: AnalysisResults, shown: str) -> None:
 def _refuse(shown: str, problems: list[str]) -> None:
     raise ConfigError("\n  ".join([f"compare: the run and {shown} are of different plans, not compared "
                                    f"({len(problems)} difference{'s' if len(problems) > 1 else ''}); compare a run "
-                                   "with a reference of its own plan (run_suite.py status NAME lists the run's cells):",
+                                   f"with a reference of its own plan ({' '.join(COMMAND)} status NAME lists the run's "
+                                   "cells):",
                                    *problems]))
 
 

@@ -117,3 +117,16 @@ def test_power_grows_with_seeds_and_falls_with_the_family_size():
     assert marked[(10, 1)] > marked[(3, 1)] + 0.2 and marked[(10, 1)] > 0.8
     assert marked[(3, 60)] < marked[(3, 1)] and marked[(3, 60)] <= 0.1
     assert all(np.isfinite(res["needed"][(0.05, 10, 1)]))
+
+
+def test_one_run_settings_alone_report_without_findings_and_bad_indices_are_exit_2(tmp_path, capsys):
+    """--settings naming only the one-run setting has no seed-aware level to read off (it
+    raised on an empty max); an index past SETTINGS is one line, exit 2."""
+    one_run = next(i for i, st in enumerate(study.SETTINGS) if st.seeds == 1)
+    out = tmp_path / "c.md"
+    study.main(["--replicates", "2", "--resamples", "50", "--power-replicates", "0", "--settings", str(one_run),
+                "--out", str(out)])
+    assert "## Findings" not in out.read_text() and "## Run" in out.read_text()
+    with pytest.raises(SystemExit) as stop:
+        study.main(["--settings", str(len(study.SETTINGS)), "--out", str(out)])
+    assert stop.value.code == 2 and "--settings takes indices" in capsys.readouterr().err

@@ -175,3 +175,12 @@ def test_a_source_that_is_no_official_copy_is_named(tmp_path, given, message):
         write_subset(path, tmp_path / "data", SMALL)
     assert message.format(path=path) in str(caught.value) and len(str(caught.value).splitlines()) == 1
     assert not (tmp_path / "data").exists()
+
+
+def test_a_destination_that_cannot_be_written_is_one_line_exit_2(official, tmp_path, capsys):
+    """DEST an existing file: mkdir fails; the error names it in one line, no traceback."""
+    archive, _ = official
+    (tmp_path / "afile").write_text("in the way")
+    assert main(["--from", str(archive), str(tmp_path / "afile")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and str(tmp_path / "afile") in err and len(err.splitlines()) == 1
