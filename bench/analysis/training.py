@@ -188,15 +188,15 @@ def majority_share(cd: CellDir) -> float:
     return float(np.bincount(labels).max() / len(labels)) if len(labels) else np.nan
 
 
-def _stage_row(log: pd.DataFrame | None, why: str, cd: CellDir | None) -> dict:
-    """One convergence row's values: from ``log`` (the cell ``cd``'s, whose stored test
-    labels give the most frequent class's share), or ``n/a: why``."""
+def _stage_row(log: pd.DataFrame | None, why: str, cd: CellDir | None, share: float) -> dict:
+    """One convergence row's values: from ``log`` (the cell ``cd``'s; ``share``: the most
+    frequent class's share of its stored test labels, :func:`majority_share`), or ``n/a: why``."""
     if log is None:
         return {f: np.nan for f in CONVERGENCE_FIELDS} | {"window": 0, "train_acc_rise": np.nan, "val_nll_drop": np.nan,
                                                             "majority_share": np.nan, "verdict": UNJUDGED + why}
     best = (cd.read_cell() or {}).get("best_epoch") if cd is not None else None
     last = log.iloc[-1] if len(log) else pd.Series(dtype=float)
-    judged = judge(log["train_acc"], log["val_nll"], majority_share(cd) if cd is not None else np.nan)
+    judged = judge(log["train_acc"], log["val_nll"], share)
     return {"epochs": len(log), "best_epoch": float(best) if isinstance(best, (int, float)) else np.nan,
             **{f: float(last.get(f, np.nan)) for f in ("train_acc", "train_loss", "val_acc", "val_nll")},
             "window": judged.window, "train_acc_rise": judged.train_acc_rise, "val_nll_drop": judged.val_nll_drop,
@@ -209,10 +209,20 @@ def convergence(catalog: Catalog) -> Convergence:
     by_key = {cd.key: (row, cd) for (_, row, _), cd in catalog.cells.items()}
     logs: dict[str, tuple[pd.DataFrame | None, str]] = {}
 
+    shares: dict[str, float] = {}
+
     def log_of(cd: CellDir) -> tuple[pd.DataFrame | None, str]:
         if cd.key not in logs:
             logs[cd.key] = read_log(cd)
         return logs[cd.key]
+
+    def share_of(cd: CellDir | None, log: pd.DataFrame | None) -> float:
+        """The cell's majority share, read once per cell and only for a log judge can judge."""
+        if cd is None or log is None or len(log) < 2:
+            return np.nan
+        if cd.key not in shares:
+            shares[cd.key] = majority_share(cd)
+        return shares[cd.key]
 
     epochs, cells = [], []
     for d in catalog.datasets:
@@ -240,7 +250,7 @@ def convergence(catalog: Catalog) -> Convergence:
                     stages.append((1, entry.name, own, why, cd))
                 for stage, source, log, why_not, beside in stages:
                     cells.append({"dataset": d, "method": entry.name, "seed": s, "stage": stage, "source": source,
-                                  **_stage_row(log, why_not, beside)})
+                                  **_stage_row(log, why_not, beside, share_of(beside, log))})
                 if own is not None:
                     stage = 2 if isinstance(first, dict) else 1
                     epochs += [{"dataset": d, "method": entry.name, "seed": s, "stage": stage, **row}
