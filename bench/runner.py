@@ -151,8 +151,7 @@ def _run_jobs(plan, store, device: str, console, describe, executor, workers, ce
 
 
 def _log_outcomes(outcomes, summary: RunSummary, console: Console, bar, total: int, jobs: list[tuple[str, str]],
-                  queued: bool, post_hoc: set[str] = frozenset(), measured: dict[str, list[float]] | None = None,
-                  at_once: int = 1) -> None:
+                  queued: bool, post_hoc: set[str], measured: dict[str, list[float]], at_once: int) -> None:
     """Log each cell's outcome as it comes (with ``queued``: the counts of an executor
     that runs several at once) and record it in ``summary`` (a complete cell of
     ``post_hoc``, the keys of cells that train nothing, as fitted).  ``jobs``: the cells
@@ -161,7 +160,6 @@ def _log_outcomes(outcomes, summary: RunSummary, console: Console, bar, total: i
     cells still to come at the measured cost of their method, ``measured`` as the store
     recorded it for the complete cells and as each cell of this run takes, ``at_once``
     cells at a time)."""
-    measured = {} if measured is None else measured
     pending = dict(jobs)
     finished = len(summary.skipped)
     for out in outcomes:
