@@ -84,13 +84,10 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as exc:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
-        if exc.filename is None:
+        if isinstance(exc, OSError) and exc.filename is None:
             exc.filename = str(path)
-        raise
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
         raise
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
