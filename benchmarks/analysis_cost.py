@@ -23,14 +23,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import bench.vit  # noqa: E402,F401
+import bench.train.vit  # noqa: E402,F401
 import datasets  # noqa: E402,F401
 import methods  # noqa: E402,F401
 from bench.analysis import analyse  # noqa: E402
-from bench.catalog import open_store  # noqa: E402
-from bench.plan import make_plan  # noqa: E402
+from bench.store.catalog import open_store  # noqa: E402
+from bench.store.plan import make_plan  # noqa: E402
 from bench.report import write_report  # noqa: E402
-from bench.spec import load_suite, select  # noqa: E402
+from bench.config.spec import load_suite, select  # noqa: E402
 from bench.store import Store  # noqa: E402
 from bench.data import BENCHMARK_CORRUPTIONS, SEVERITIES, corruption_split, is_ood  # noqa: E402
 from machine import provenance  # noqa: E402

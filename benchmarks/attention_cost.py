@@ -1,6 +1,6 @@
 """Forward+backward time and peak memory of one attention layer vs sequence length.
 
-Layers: ``softmax`` (bench.vit), ``sgpa`` (methods/sgpa.py, decoupled, diagonal
+Layers: ``softmax`` (bench.train.vit), ``sgpa`` (methods/sgpa.py, decoupled, diagonal
 covariance), ``kep_svgp`` (methods/kep_svgp.py, add merge) and the attention variants
 (``symmetric``, ``pap`` with one ADMM iteration, ``scaled`` with S in R^{H x N x N},
 ``kdeformer`` with buckets of 64 and 64 residual samples, ``optimised``, ``efficient``,
@@ -55,9 +55,9 @@ def measure(layer: str, n: int, repeats: int = REPEATS) -> dict:
     import torch
 
     import methods  # noqa: F401  (registers sgpa, kep_svgp)
-    from bench.method import extra_losses
-    from bench.spec import ModelConfig
-    from bench.vit import make_attention
+    from bench.train.method import extra_losses
+    from bench.config.spec import ModelConfig
+    from bench.train.vit import make_attention
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)

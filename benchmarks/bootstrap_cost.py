@@ -1,4 +1,4 @@
-"""Cost of the paired bootstrap in ``bench.stats``: B resamples of one evaluation split.
+"""Cost of the paired bootstrap in ``bench.analysis.bootstrap``: B resamples of one evaluation split.
 
 Times ``boot_metric`` for every default classification metric on a 10,000-sample,
 10-class split and ``boot_ood_metric`` for every default OOD metric on 10,000 ID vs 10,000
@@ -34,9 +34,9 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import numpy as np  # noqa: E402
 
-from bench import stats  # noqa: E402
+from bench.analysis import bootstrap as stats  # noqa: E402
 from bench.metrics import get_metric, selection  # noqa: E402
-from bench.registry import METRICS  # noqa: E402
+from bench.core.registry import METRICS  # noqa: E402
 from machine import cpu_model  # noqa: E402
 
 SPOT_CHECKS = 3  # resamples compared with the plain metric on explicitly resampled arrays
@@ -114,7 +114,7 @@ def main() -> None:
     lines = [
         "# Paired bootstrap cost",
         "",
-        f"`bench.stats` with B = {b:,} resamples of one split: every default classification metric on "
+        f"`bench.analysis.bootstrap` with B = {b:,} resamples of one split: every default classification metric on "
         f"N = {n:,} samples x {args.classes} classes (synthetic float32 log-probabilities, accuracy "
         f"{accuracy:.3f}), every default OOD metric on {n:,} ID vs {n:,} OOD MSP scores (ID and OOD "
         "resampled independently).  Seconds for all B resamples of one metric, best of "

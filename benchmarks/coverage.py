@@ -23,12 +23,12 @@ same ECE.
 
 For every replicate, each metric and interval kind, the study records whether the 95%
 interval of the seed-mean covers the truth: ``seeds+samples`` (the report's default,
-``bench.stats.seed_mean``, centred as the report centres the metric), ``samples, seeds
+``bench.analysis.bootstrap.seed_mean``, centred as the report centres the metric), ``samples, seeds
 fixed`` (the percentile bootstrap over test samples, the ``samples_seeds_fixed`` option)
 and ``seeds only`` (Student's t over the S per-seed values, ignoring test-sample noise),
 and the centre of the default interval.  Under the null of two identical methods (same
 settings, their own seeds, the same test images), it records how often the test behind a
-mark gives p < 0.05: the default ``bench.stats.difference`` (paired over seed ids, as the
+mark gives p < 0.05: the default ``bench.analysis.bootstrap.difference`` (paired over seed ids, as the
 report pairs two trained methods), the seeds-fixed z-test, and ``WS df`` (the default's
 estimate on Welch-Satterthwaite degrees of freedom that count the test images' part of
 the variance as known: a candidate with more power), per metric and for the family (any
@@ -40,7 +40,7 @@ The power study (:func:`power`) compares a method with a reference whose true ac
 1, 2 or 5 points lower, accuracy alone, with up to :data:`POWER_SEEDS` seeds each: how
 often the default test marks the difference in a Holm family of m comparisons (p below
 0.05 / m: what Holm asks of the one comparison that differs, the others null), and what
-``bench.stats.seeds_needed`` prints for that family from 3, 5 and 10 seeds, against the
+``bench.analysis.bootstrap.seeds_needed`` prints for that family from 3, 5 and 10 seeds, against the
 seed count at which the simulated power reaches 80%.
 
     nice -n 19 .venv/bin/python benchmarks/coverage.py [--replicates 300] [--power-replicates 300]
@@ -67,7 +67,7 @@ import numpy as np  # noqa: E402
 from scipy import stats as sp  # noqa: E402
 from scipy.special import expit, log_expit  # noqa: E402
 
-from bench import stats  # noqa: E402
+from bench.analysis import bootstrap as stats  # noqa: E402
 from bench.metrics import get_metric  # noqa: E402
 
 METRICS = ("accuracy", "nll", "aurc", "ece", "ece_debiased")
@@ -195,7 +195,7 @@ def error_correlation(errors: list[np.ndarray]) -> float:
 
 
 def ws_p_value(est: stats.TwoLevel, units_a: stats.Units, units_b: stats.Units) -> float:
-    """Two-sided p-value of ``est`` (a paired :func:`bench.stats.difference`) on
+    """Two-sided p-value of ``est`` (a paired :func:`bench.analysis.bootstrap.difference`) on
     Welch-Satterthwaite df that count the test images' part of its variance as known:
     df = se^4 / (v^2 / (S - 1)), v = the variance of the mean of the S per-seed differences
     (>= S - 1, the default's df).  ``est.p_value()`` where no seed spread was measured."""
@@ -380,12 +380,12 @@ def report(results: list[tuple[Setting, dict]], powered: tuple[Setting, dict] | 
         f"±{100 * _binomial_band(0.95, r):.1f} points); a test under the null of two identical methods "
         f"should reject at most 5% of the time (band ±{100 * _binomial_band(0.05, r):.1f} points).",
         "",
-        "Interval kinds: **seeds+samples** = the report's default (`bench.stats.seed_mean`: seed-level "
+        "Interval kinds: **seeds+samples** = the report's default (`bench.analysis.bootstrap.seed_mean`: seed-level "
         "and test-sample variance, t with S - 1 df, centred on the estimate less the bootstrap's bias "
         "estimate, or on the estimate itself for a metric whose estimate is bias-corrected by construction: "
         "`ece_debiased`); **samples, seeds fixed** = percentile bootstrap over test samples with the trained "
         "seeds held fixed (`--significance samples_seeds_fixed`); **seeds only** = Student's t over the "
-        "per-seed values. The default test of a difference (`bench.stats.difference`) is centred on the "
+        "per-seed values. The default test of a difference (`bench.analysis.bootstrap.difference`) is centred on the "
         "observed difference, without the bootstrap's bias correction (two identical methods share their "
         "estimator's bias; the correction's noise made plug-in ECE's test fire in 8.7% of nulls in the "
         "5-seed same-images setting); *corrected again* below shows the debiased ECE's test with it.",
@@ -547,7 +547,7 @@ def _power_section(setting: Setting, res: dict, resamples: int) -> list[str]:
         "",
         "*Simulated*: the seed count at which the default test's power above reaches 80% (interpolated "
         f"between grid points; `> {grid[-1]}` beyond the grid). *Printed*: the median over replicates of what "
-        "`bench.stats.seeds_needed` (the report's *Seeds needed*, for a family of m) prints from the seeds "
+        "`bench.analysis.bootstrap.seeds_needed` (the report's *Seeds needed*, for a family of m) prints from the seeds "
         "shown, and its ratio to the simulated count.",
         "",
         *_head(["gain (points)", "m"], ["simulated", *(f"printed from {s} seeds (ratio)" for s in printed)]),

@@ -7,13 +7,13 @@ so a run cut off at any point still brings back every step it finished:
 
 1. **CUDA-marked tests**: ``pytest -m cuda`` over the test files holding the ``cuda`` mark
    (``tests/helpers/devices.py``); each test's outcome, and every skip with its reason.
-2. **Training**: ``bench.train.fit`` (``benchmarks/train_throughput.py``'s measurement) for
+2. **Training**: ``bench.train.loop.fit`` (``benchmarks/train_throughput.py``'s measurement) for
    msp, kep_svgp and sgpa on the ``vit_cifar_paper`` preset at batch 128, eager and
    compiled, and the original-style path (float32, a CPU DataLoader with per-image
    transforms) for msp and kep_svgp at the same batch, giving the speed-up; then the largest
    batch that trains (eager, doubling until CUDA runs out of memory) and that batch compiled.
    Images/s and peak allocated memory per row.
-3. **Evaluation and MFU**: ``bench.train.predict`` images/s with each method's Monte-Carlo
+3. **Evaluation and MFU**: ``bench.train.loop.predict`` images/s with each method's Monte-Carlo
    passes; the FLOPs of one msp training image (``FlopCounterMode``) over step 2's msp
    rates give its model FLOPs utilisation against the GPU's dense bf16 peak.
 4. **The ``cifar10`` suite**: ``run_suite.py --suite cifar10 --epochs 2 --seeds 0
@@ -205,7 +205,7 @@ def child(kind: str, rows_path: Path, dry_run: bool, device: str) -> None:
     already holds a measurement of (``--resume``) are not measured again."""
     import torch
     import train_throughput as tt
-    from bench.spec import load_suite
+    from bench.config.spec import load_suite
 
     sizes = SIZES[dry_run]
     args = _throughput_args(sizes, device)
@@ -421,7 +421,7 @@ def step_training(ctx: dict, cap: float) -> tuple[str, bool]:
                                            if sizes["model"] else ""))
     L = [*L0, f"The training child {ended(rc, timed_out, secs, cap)}.", "",
          f"Model: {model}; parameters " + ", ".join(f"{m} {n:,}" for m, n in plan["params"].items()) + ". "
-         f"Our loop: `bench.train.fit` with `TrainConfig(epochs=2, warmup_epochs=0, batch_size=B, compile=..., "
+         f"Our loop: `bench.train.loop.fit` with `TrainConfig(epochs=2, warmup_epochs=0, batch_size=B, compile=..., "
          "augment=('crop', 'flip'))` on CIFAR-shaped uint8 images held on the device; the second epoch is timed "
          f"({sizes['steps']} steps at B={sizes['batch']}, {sizes['max_batch_steps']} at the largest B; it includes a "
          f"validation prediction of {sizes['val_size']} images). Original-style path: a DataLoader with "
@@ -476,7 +476,7 @@ def step_evaluation(ctx: dict, cap: float) -> tuple[str, bool]:
     flops = next((r for r in rows if r.get("kind") == "flops"), None)
     sizes = SIZES[ctx["dry_run"]]
     L = [f"The evaluation child {ended(rc, timed_out, secs, cap)}.", "",
-         f"`bench.train.predict` over {sizes['eval_splits']} splits of {sizes['eval_size']:,} images (eval batch "
+         f"`bench.train.loop.predict` over {sizes['eval_splits']} splits of {sizes['eval_size']:,} images (eval batch "
          f"{sizes['eval_batch_size']}, bf16 autocast on CUDA), each image through the method's S Monte-Carlo passes; "
          "one warm-up prediction first. Forward passes/s = images x S / seconds.", ""]
     L += _table(["method", "S", "images/s", "forward passes/s", "seconds", "peak alloc (MiB)"],
@@ -539,7 +539,7 @@ def projection(suite, cells: list[dict], n_train_run: int) -> tuple[dict, list[d
     over the suite's seeds (formula in the report).  A method without a measured cell borrows
     msp's, its prediction scaled by its passes over msp's."""
     import train_throughput as tt
-    from bench.registry import METHODS as REGISTRY
+    from bench.core.registry import METHODS as REGISTRY
 
     work = tt.suite_workload(suite)
     by_method = {c["method"]: c for c in cells}
@@ -573,7 +573,7 @@ def projection(suite, cells: list[dict], n_train_run: int) -> tuple[dict, list[d
 
 def step_suite(ctx: dict, cap: float) -> tuple[str, bool]:
     import train_throughput as tt  # noqa: F401  (registers the data sets and methods)
-    from bench.spec import load_suite
+    from bench.config.spec import load_suite
     from synthetic_cifar import write_synthetic
 
     t0 = time.perf_counter()
@@ -647,7 +647,7 @@ def step_suite(ctx: dict, cap: float) -> tuple[str, bool]:
 def holdout(n_train_file: int) -> int:
     """Validation images held out of the data set's training file (the suite's rule)."""
     import train_throughput as tt
-    from bench.spec import load_suite
+    from bench.config.spec import load_suite
 
     opts = load_suite(SUITE).datasets[0].options
     per_class = n_train_file // tt.CLASSES

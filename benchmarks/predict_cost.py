@@ -5,7 +5,7 @@ Prediction: for every trained method of the ``default`` suite (its backbone, 28x
 and for msp, mc_dropout and kep_svgp on the KEP-SVGP paper backbone (``vit_cifar_paper``:
 7 blocks, width 384, the GP in the last block; 32x32x3 images), the CPU seconds per image
 of a prediction batch with each method's S passes: *whole* = S forwards of the whole model
-(no block shared between the passes), *shared* = ``bench.train.passes`` (the
+(no block shared between the passes), *shared* = ``bench.train.loop.passes`` (the
 blocks before the first that draws noise once, the rest S times), on the same model and
 inputs, and the ratio whole / shared.  Their logits are compared too (the same seed must
 give the same numbers).
@@ -41,9 +41,9 @@ import torch  # noqa: E402
 import datasets  # noqa: E402,F401  (registers the data sets the suites name)
 import methods  # noqa: E402,F401  (registers the methods and attention layers)
 from bench.data import DataBundle, Split  # noqa: E402
-from bench.registry import METHODS  # noqa: E402
-from bench.spec import build_suite, load_suite  # noqa: E402
-from bench.train import Normalize, make_optimizer, passes, seed_everything, to_tensor  # noqa: E402
+from bench.core.registry import METHODS  # noqa: E402
+from bench.config.spec import build_suite, load_suite  # noqa: E402
+from bench.train.loop import Normalize, make_optimizer, passes, seed_everything, to_tensor  # noqa: E402
 from machine import provenance  # noqa: E402
 
 
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> None:
         "",
         "`benchmarks/predict_cost.py` (module docstring). CPU seconds per image of a batch of "
         f"{args.batch}, one thread, best of {args.repeats}. *whole*: S forwards of the whole model (no "
-        "block shared between the passes); *shared*: `bench.train.passes` (the deterministic blocks once, the rest S times). "
+        "block shared between the passes); *shared*: `bench.train.loop.passes` (the deterministic blocks once, the rest S times). "
         "*Deterministic*: blocks before the first that draws noise / all blocks (*embedding*: the "
         "embedding itself draws noise, so every pass is whole). The last column compares the two "
         "paths' logits under the same seed.",

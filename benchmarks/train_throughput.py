@@ -2,7 +2,7 @@
 
 Made for one GPU; it also runs on CPU at tiny sizes, which is how the tests smoke-test it.  Every number is measured on the one device it names.
 
-1. **Our training loop**: :func:`bench.train.fit` on an in-memory CIFAR-shaped data set
+1. **Our training loop**: :func:`bench.train.loop.fit` on an in-memory CIFAR-shaped data set
    (32x32x3 uint8, 10 classes, random pixels) whose train split holds ``steps x B`` images,
    ``TrainConfig(epochs=2, warmup_epochs=0, batch_size=B, compile=on|off,
    augment=("crop", "flip"), precision=...)`` (the other fields at their defaults: AdamW,
@@ -25,7 +25,7 @@ Made for one GPU; it also runs on CPU at tiny sizes, which is how the tests smok
    counted by ``torch.utils.flop_counter.FlopCounterMode``: matrix products, convolutions
    and attention; attention runs through the math SDPA backend while counting so that
    every device counts it) x images/s, over the GPU's dense bf16 peak.
-4. **Evaluation**: :func:`bench.train.predict` with the method's S Monte-Carlo passes over
+4. **Evaluation**: :func:`bench.train.loop.predict` with the method's S Monte-Carlo passes over
    ``--eval-splits`` splits of ``--eval-size`` images (the same random images each time:
    content does not change the cost); a warm-up prediction first.
 5. **Projection** of the device-hours of a suite (``--suite``, default ``cifar10``): train,
@@ -60,16 +60,16 @@ for _p in (str(ROOT), str(ROOT / "benchmarks")):
 
 import torch  # noqa: E402
 
-# Registrations: the softmax attention (bench.vit), cifar10 (so the suite file parses), the methods.
-for _module in ("bench.vit", "datasets", "methods"):
+# Registrations: the softmax attention (bench.train.vit), cifar10 (so the suite file parses), the methods.
+for _module in ("bench.train.vit", "datasets", "methods"):
     importlib.import_module(_module)
 
 from bench.data import (CORRUPTIONS, OOD_PREFIX, SEVERITIES, DataBundle, Split, corruption_split,  # noqa: E402
                         holdout_size, is_ood, is_shift)
-from bench.registry import METHODS  # noqa: E402
-from bench.spec import MODEL_PRESETS, ModelConfig, TrainConfig, load_suite  # noqa: E402
-from bench.cli import positive_int_list  # noqa: E402
-from bench.train import switched_on, fit, predict, resolve_device, seed_everything  # noqa: E402
+from bench.core.registry import METHODS  # noqa: E402
+from bench.config.spec import MODEL_PRESETS, ModelConfig, TrainConfig, load_suite  # noqa: E402
+from bench.run.cli import positive_int_list  # noqa: E402
+from bench.train.loop import switched_on, fit, predict, resolve_device, seed_everything  # noqa: E402
 from datasets.cifar import CIFAR10  # noqa: E402
 import synthetic_cifar  # noqa: E402
 from machine import cpu_model, run_section  # noqa: E402
@@ -234,7 +234,7 @@ def peak_tflops(name: str, override: float | None) -> tuple[float | None, str]:
 
 
 def measure_ours(setup: MethodSetup, batch: int, compile_on: bool, args, device: torch.device) -> dict:
-    """Throughput of :func:`bench.train.fit`: the second of two epochs of ``steps`` steps."""
+    """Throughput of :func:`bench.train.loop.fit`: the second of two epochs of ``steps`` steps."""
     rng = np.random.default_rng(args.seed)
     data = synthetic_bundle(synthetic_images(args.steps * batch, rng), synthetic_images(args.val_size, rng))
     if compile_on:
@@ -341,7 +341,7 @@ def training_flops_per_image(method, model: torch.nn.Module, image_shape: tuple[
 
 
 def measure_eval(setup: MethodSetup, args, device: torch.device) -> dict:
-    """Images/s of :func:`bench.train.predict` with the method's S passes over
+    """Images/s of :func:`bench.train.loop.predict` with the method's S passes over
     ``--eval-splits`` splits of ``--eval-size`` images, after one warm-up prediction."""
     rng = np.random.default_rng(args.seed)
     split = synthetic_images(args.eval_size, rng)
@@ -474,7 +474,7 @@ def render(res: dict, args: argparse.Namespace, argv: list[str]) -> str:
         f"Method options and backbones as suite `{args.suite}` configures them (else the method's defaults). "
         f"Parameters: " + ", ".join(f"{s.name} {res['params'][s.name]:,}" for s in res["setups"]) + ".",
         "",
-        f"## Our training loop (`bench.train.fit`): {tag}",
+        f"## Our training loop (`bench.train.loop.fit`): {tag}",
         "",
         f"`TrainConfig(epochs=2, warmup_epochs=0, batch_size=B, compile=..., augment=('crop', 'flip'), "
         f"precision={args.precision!r})`, other fields at their defaults (AdamW, gradient clipping at norm 1); "
@@ -551,7 +551,7 @@ def render(res: dict, args: argparse.Namespace, argv: list[str]) -> str:
                  for r in res["ref"] if r["method"] == "msp"]
         L += _table(["loop", "B", "compile", "images/s", "achieved TFLOPS", "MFU"], rows, "llrrrr")
 
-    L += ["", f"## Evaluation (`bench.train.predict`): {tag}", "",
+    L += ["", f"## Evaluation (`bench.train.loop.predict`): {tag}", "",
           f"{args.eval_splits} splits of {args.eval_size:,} images, eval batch {args.eval_batch_size}, precision "
           f"{args.precision!r}, S Monte-Carlo passes per image (each pass a forward of the whole batch); "
           "one warm-up prediction first. Forward passes/s = images x S / seconds.", ""]

@@ -1,5 +1,5 @@
 """Data set families; importing this package registers every one of them in
-``bench.registry.DATASETS``.
+``bench.core.registry.DATASETS``.
 
 This top-level package is named ``datasets`` and so shadows the Hugging Face
 ``datasets`` package if both are installed: the suite does not use Hugging Face, is not

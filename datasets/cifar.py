@@ -46,8 +46,8 @@ import numpy as np
 
 from bench.data import (CORRUPTIONS, OOD_LABEL, OOD_PREFIX, SEVERITIES, DataBundle, Split, corruption_split, data_root,
                         data_settings, holdout_size, uniform_noise_split)
-from bench.errors import ConfigError
-from bench.registry import DATASETS
+from bench.core.errors import ConfigError
+from bench.core.registry import DATASETS
 from datasets import formats
 from datasets.shift import ShiftOptions, add_corruption_splits
 

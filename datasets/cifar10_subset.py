@@ -37,7 +37,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterator, Mapping
 
-from bench.errors import ConfigError, one_line
+from bench.core.errors import ConfigError, one_line
 from datasets.formats import OFFICIAL_MD5, read_cifar_batch, read_cifar_meta
 from datasets.py2_pickle import py2_dumps
 

@@ -24,8 +24,8 @@ import numpy as np
 import pandas as pd
 
 from bench.data import DataBundle, data_root, data_settings, stratified_holdout
-from bench.errors import ConfigError
-from bench.registry import DATASETS
+from bench.core.errors import ConfigError
+from bench.core.registry import DATASETS
 from datasets import formats
 from datasets.text_bundle import TOKENS_NOTE, TextOptions, TextSplit, text_bundle
 

@@ -38,8 +38,8 @@ import numpy as np
 import pandas as pd
 
 from bench.data import OOD_LABEL, DataBundle, Split, holdout_size, uniform_noise_split
-from bench.errors import ConfigError
-from bench.registry import DATASETS
+from bench.core.errors import ConfigError
+from bench.core.registry import DATASETS
 from datasets import safe_pickle
 from datasets.shift import ShiftOptions, add_corruption_splits
 

@@ -1,7 +1,7 @@
 """Readers and checks for the standard on-disk formats of image data sets (no registration).
 
 Every reader validates the structure of what it reads and raises
-:class:`~bench.errors.ConfigError` naming the file and the problem (missing key, wrong
+:class:`~bench.core.errors.ConfigError` naming the file and the problem (missing key, wrong
 shape or dtype, label out of range, truncated or corrupt file): a bad data file is a user
 error, not a bug.  Shapes returned are NHWC uint8 images ``[N, H, W, 3]`` and int64 labels
 ``[N]``.
@@ -40,8 +40,8 @@ from typing import Sequence
 import numpy as np
 
 from bench.data import SEVERITIES, check_severity
-from bench.errors import ConfigError
-from bench.options import ALLOW_LARGE_HINT, allow_large
+from bench.core.errors import ConfigError
+from bench.config.options import ALLOW_LARGE_HINT, allow_large
 from datasets import safe_pickle
 
 CIFAR_SIDE = 32
@@ -303,7 +303,7 @@ def read_image_folder(path: Path | str, size: int, *, limit: int | None = None) 
     Each image is converted to RGB, centre-cropped to a square (the shorter side) and resized
     to ``size`` x ``size`` (bilinear).  With ``limit``, only ``limit`` evenly spaced files
     (in sorted order) are decoded.  An image declaring more than :data:`MAX_IMAGE_PIXELS`
-    pixels is a ConfigError before it is decoded, unless :func:`~bench.options.allow_large`.
+    pixels is a ConfigError before it is decoded, unless :func:`~bench.config.options.allow_large`.
     """
     from PIL import Image, UnidentifiedImageError
 

@@ -24,8 +24,8 @@ import numpy as np
 import pandas as pd
 
 from bench.data import OOD_LABEL, DataBundle, stratified_holdout
-from bench.errors import ConfigError
-from bench.registry import DATASETS
+from bench.core.errors import ConfigError
+from bench.core.registry import DATASETS
 from datasets.embedded import package_file, verify_sha256
 from datasets.text_bundle import TOKENS_NOTE, TextOptions, TextSplit, max_len_option, text_bundle
 

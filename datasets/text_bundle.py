@@ -5,7 +5,7 @@ A family's reader returns ``{split: (texts, labels)}`` (``train``, ``val``, ``te
 ``shift/<name>``, ``ood/<name>``); :func:`text_bundle` turns that into a
 :class:`~bench.data.DataBundle` of :class:`~bench.data.TokenSplit` loaders:
 
-* the :class:`~bench.text.WordTokenizer` is fitted on the ``train`` texts only
+* the :class:`~bench.data.text.WordTokenizer` is fitted on the ``train`` texts only
   (``max_len``, ``min_freq``, ``max_vocab``) and kept on the bundle (the runner stores it
   with each cell, so the predictions can be reproduced);
 * every split is encoded when first asked for;
@@ -24,7 +24,7 @@ from typing import Sequence
 import numpy as np
 
 from bench.data import SEVERITIES, DataBundle, TokenSplit, corruption_split
-from bench.text import WordTokenizer
+from bench.data.text import WordTokenizer
 from datasets.corruption_cache import CorruptionCache, Engine
 from datasets.text_corruptions import TEXT_CORRUPTIONS, VERSION, check_name_severity, corrupt_texts
 

@@ -18,11 +18,11 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from bench.method import LossTerm
+from bench.train.method import LossTerm
 
 
 class AnnealedTerm(LossTerm):
-    """A :class:`~bench.method.LossTerm` layer adding ``term_weight · anneal_weight · term``
+    """A :class:`~bench.train.method.LossTerm` layer adding ``term_weight · anneal_weight · term``
     to the loss, where ``term`` (``last_term``, a scalar tensor) is what its last forward
     pass computed in training mode (None after an eval-mode pass).  The layer calls
     :meth:`init_term` in its ``__init__`` (after ``nn.Module.__init__``) and sets

@@ -107,8 +107,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench.method import MonteCarlo, TrainedMethod
-from bench.registry import ATTENTIONS, METHODS
+from bench.train.method import MonteCarlo, TrainedMethod
+from bench.core.registry import ATTENTIONS, METHODS
 from methods._gp import AnnealedTerm, linear_anneal_weight, psd_cholesky, set_anneal_weight
 
 CHOLESKY_TRIES = 20  # jitter, 10·jitter, ... up to 1e19·jitter (official: an unbounded ×10 loop)

@@ -10,7 +10,7 @@ epistemic uncertainty, the softmax entropy the aleatoric one.
 Recipe (B batch, D = model width, C classes)
 --------------------------------------------
 * **Backbone**: the suite's ViT with every residual branch's dense layers spectral-
-  normalised, the same layers and the same mechanism as SNGP (``bench/spectral_norm.py``):
+  normalised, the same layers and the same mechanism as SNGP (``bench/train/spectral_norm.py``):
   ``attn.proj``, ``mlp.0`` and ``mlp.3`` of every block get
         W_sn = W · min(1, c / σ̂),    σ̂ = uᵀ W v (one power iteration per training step),
   the official ``spectral_norm_fc`` (``net/spectral_normalization/spectral_norm_fc.py:98-101``:
@@ -66,10 +66,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from bench.data import DataBundle
-from bench.method import TrainedMethod
-from bench.registry import METHODS
-from bench.spec import ModelConfig
-from bench.spectral_norm import spectral_normalise_residuals
+from bench.train.method import TrainedMethod
+from bench.core.registry import METHODS
+from bench.config.spec import ModelConfig
+from bench.train.spectral_norm import spectral_normalise_residuals
 
 
 @METHODS.register("ddu")
@@ -88,7 +88,7 @@ class DDU(TrainedMethod):
 
     def build_model(self, cfg: ModelConfig, data: DataBundle, attention_layers: dict | None = None):
         """The backbone (with its plain Linear head) and, with ``spectral_norm``, the residual
-        branches' dense layers bounded by ``coeff`` (:mod:`bench.spectral_norm`)."""
+        branches' dense layers bounded by ``coeff`` (:mod:`bench.train.spectral_norm`)."""
         o = self.options
         model = super().build_model(cfg, data, attention_layers)
         if o.spectral_norm:

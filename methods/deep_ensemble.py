@@ -18,8 +18,8 @@ from typing import Literal
 
 import numpy as np
 
-from bench.method import DerivedMethod, log_mean_exp, log_softmax
-from bench.registry import METHODS
+from bench.train.method import DerivedMethod, log_mean_exp, log_softmax
+from bench.core.registry import METHODS
 
 
 @dataclass(frozen=True)

@@ -55,10 +55,10 @@ from typing import Literal
 import torch
 from torch import nn
 
-from bench.errors import ConfigError
-from bench.method import MonteCarlo, TrainedMethod
-from bench.registry import ATTENTIONS, METHODS
-from bench.spec import ModelConfig
+from bench.core.errors import ConfigError
+from bench.train.method import MonteCarlo, TrainedMethod
+from bench.core.registry import ATTENTIONS, METHODS
+from bench.config.spec import ModelConfig
 
 
 RANKINGS = ("gray_code", "gray_index")  # the official order first (the default)

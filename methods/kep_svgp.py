@@ -115,11 +115,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench.distributed import batch_mean
-from bench.errors import ConfigError
-from bench.method import LossTerm, MonteCarlo, TrainedMethod
-from bench.registry import ATTENTIONS, METHODS
-from bench.spec import ModelConfig
+from bench.train.distributed import batch_mean
+from bench.core.errors import ConfigError
+from bench.train.method import LossTerm, MonteCarlo, TrainedMethod
+from bench.core.registry import ATTENTIONS, METHODS
+from bench.config.spec import ModelConfig
 from methods.deep_ensemble import Ensemble, EnsembleOptions
 
 MERGES = ("add", "concat")
@@ -157,7 +157,7 @@ class KEPSVGPAttention(LossTerm, nn.Module):
     returns ``eta_ksvd · J² + eta_kl · KL``.
     """
 
-    stochastic = True  # samples the GP in every forward pass (bench.vit: noise at prediction time)
+    stochastic = True  # samples the GP in every forward pass (bench.train.vit: noise at prediction time)
 
     def __init__(
         self,

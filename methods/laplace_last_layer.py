@@ -43,11 +43,11 @@ Where it runs, and what the store keeps
 A derived method (temperature scaling) runs in analysis on stored predictions; analysis
 never loads a model.  The Laplace fit needs the trained weights and the training images,
 so it runs where both are at hand: in the cell's prediction stage, through the
-:meth:`~bench.method.TrainedMethod.prediction_model` hook.  With ``base = "msp"`` (the
+:meth:`~bench.train.method.TrainedMethod.prediction_model` hook.  With ``base = "msp"`` (the
 suites' setting) the MAP network is msp's cell of the same dataset and seed: the cell
 loads its stored ``checkpoint.pt`` (or trains msp inside the cell when the store has
 none yet) and trains nothing itself (a post-hoc method:
-:meth:`~bench.method.TrainedMethod.post_hoc`).  Without ``base`` the cell trains the MAP
+:meth:`~bench.train.method.TrainedMethod.post_hoc`).  Without ``base`` the cell trains the MAP
 network exactly as ``msp`` (same model, recipe and seed, so on a deterministic device its
 ``checkpoint.pt`` is msp's).  Either way it stores those best-on-validation weights as
 ``checkpoint.pt`` like every cell, then replaces the head by :class:`LaplaceHead` and fits it before the
@@ -96,9 +96,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench.data import DataBundle
-from bench.method import TrainedMethod
-from bench.registry import METHODS
-from bench.spec import ModelConfig
+from bench.train.method import TrainedMethod
+from bench.core.registry import METHODS
+from bench.config.spec import ModelConfig
 
 PROBIT = math.pi / 8  # λ of the probit approximation E[sigmoid(f)] ≈ sigmoid(μ / √(1 + λ σ²))
 
@@ -178,7 +178,7 @@ class LaplaceHead(nn.Module):
     def __init__(self, linear: nn.Linear, hessian: str = "kron", link: str = "probit") -> None:
         super().__init__()
         self.linear, self.hessian, self.link = linear, hessian, link
-        self.stochastic = link == "mc"  # draws noise at prediction (bench.vit.draws_noise)
+        self.stochastic = link == "mc"  # draws noise at prediction (bench.train.vit.draws_noise)
         self.fitted = False
         self.prior_precision = float("nan")
         self.log_evidence = float("nan")
@@ -253,7 +253,7 @@ class LaplaceHead(nn.Module):
 def head_inputs(model: nn.Module, data: DataBundle, indices: np.ndarray | None, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(φ ``[N, D]``, labels ``[N]``): what ``model.head`` receives for the training images
     (all, or ``indices``), in eval mode, in float32."""
-    from bench.train import Normalize, to_tensor
+    from bench.train.loop import Normalize, to_tensor
 
     device = next(model.parameters()).device
     x_all, y_all = to_tensor(data.get("train"), device)

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from bench.method import MonteCarlo, TrainedMethod
-from bench.registry import METHODS
+from bench.train.method import MonteCarlo, TrainedMethod
+from bench.core.registry import METHODS
 
 
 @METHODS.register("mc_dropout")

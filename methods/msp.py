@@ -3,8 +3,8 @@
 backbone compares with the official KEP-SVGP ViT it follows: ``docs/fidelity.md``."""
 from __future__ import annotations
 
-from bench.method import TrainedMethod
-from bench.registry import METHODS
+from bench.train.method import TrainedMethod
+from bench.core.registry import METHODS
 
 
 @METHODS.register("msp")

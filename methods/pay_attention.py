@@ -31,16 +31,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench.errors import ConfigError
-from bench.method import TrainedMethod
-from bench.registry import ATTENTIONS, METHODS
+from bench.core.errors import ConfigError
+from bench.train.method import TrainedMethod
+from bench.core.registry import ATTENTIONS, METHODS
 
 
 class _PayAttention(nn.Module):
     """Shared machinery: per-head queries (and keys), softmax over ``axis``, output W^O."""
 
     own_keys = True  # Optimised: keys from W^K; Efficient/Super: keys = X_(i)
-    stochastic = False  # no noise but its dropout (bench.vit: noise at prediction time)
+    stochastic = False  # no noise but its dropout (bench.train.vit: noise at prediction time)
 
     def __init__(self, dim: int, heads: int, dropout: float = 0.0, axis: str = "keys") -> None:
         super().__init__()

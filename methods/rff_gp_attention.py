@@ -61,8 +61,8 @@ from typing import Literal
 import torch
 from torch import nn
 
-from bench.method import MonteCarlo, TrainedMethod
-from bench.registry import ATTENTIONS, METHODS
+from bench.train.method import MonteCarlo, TrainedMethod
+from bench.core.registry import ATTENTIONS, METHODS
 from methods._gp import AnnealedTerm, kl_anneal_weight, psd_cholesky, set_anneal_weight
 
 KERNELS = ("ard", "exponential")
@@ -93,7 +93,7 @@ class RFFGPAttention(AnnealedTerm, nn.Module):
     forward ``last_term`` holds that pass's KL and ``extra_loss()`` returns
     ``kl_weight · anneal_weight · KL`` (:class:`methods._gp.AnnealedTerm`)."""
 
-    stochastic = True  # samples the GP output in every forward pass (bench.vit: noise at prediction time)
+    stochastic = True  # samples the GP output in every forward pass (bench.train.vit: noise at prediction time)
 
     def __init__(self, dim: int, heads: int, dropout: float = 0.0, *, features: int = 16, kernel: str = "ard",
                  jitter: float = 1e-6, kl_weight: float = 1.0) -> None:

@@ -43,10 +43,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench.errors import ConfigError
-from bench.method import TrainedMethod
-from bench.registry import ATTENTIONS, METHODS
-from bench.spec import ModelConfig
+from bench.core.errors import ConfigError
+from bench.train.method import TrainedMethod
+from bench.core.registry import ATTENTIONS, METHODS
+from bench.config.spec import ModelConfig
 
 
 @ATTENTIONS.register("symmetric")

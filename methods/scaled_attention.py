@@ -24,16 +24,16 @@ from typing import Literal
 import torch
 from torch import nn
 
-from bench.errors import ConfigError
-from bench.method import TrainedMethod
-from bench.registry import ATTENTIONS, METHODS
+from bench.core.errors import ConfigError
+from bench.train.method import TrainedMethod
+from bench.core.registry import ATTENTIONS, METHODS
 
 
 @ATTENTIONS.register("scaled")
 class ScaledAttention(nn.Module):
     """softmax(QK^T / sqrt(D)) (I - S) V with S learned (init 0): see the module docstring."""
 
-    stochastic = False  # no noise but its dropout (bench.vit: noise at prediction time)
+    stochastic = False  # no noise but its dropout (bench.train.vit: noise at prediction time)
 
     def __init__(self, dim: int, heads: int, n_tokens: int, dropout: float = 0.0,
                  variant: str = "matrix") -> None:

@@ -75,7 +75,7 @@ keys).  ``h`` is the block's LayerNorm output ``[B, T, C]``.
   its own rows of W_qk.  (The official multi-head layer projects every head's keys with
   ``fc_qkv.weight[:hdim]``, which in its interleaved layout are not head h's query rows for
   h ≥ 1 (head 1 gets W_v^(0)): an upstream bug we do not copy, in either preset.)  ``key_passing=True`` (official ViT): the keys are the layer's
-  ``hidden_tokens`` and the backbone hands them over (:mod:`bench.vit`, the one mechanism
+  ``hidden_tokens`` and the backbone hands them over (:mod:`bench.train.vit`, the one mechanism
   for this): layer 0 receives z as it is; layer l ≥ 1 receives LN_l(z + MLP_{l−1}(z)),
   its keys through the previous block's MLP with residual and this block's LayerNorm.
   ``key_passing=False``: the keys are used as they are in every layer.
@@ -105,7 +105,7 @@ keys).  ``h`` is the block's LayerNorm output ``[B, T, C]``.
 diagonal covariance, ARD kernel, keys_len 16, jitter 1e-6, official initialisation, key
 passing, 10 samples with probability averaging, KL not divided by the data size; KL
 annealing (``kl_anneal``) is off by default and on in the CIFAR suites, as HEAD's CIFAR
-training anneals.  SGPA replaces the attention of every block of :class:`bench.vit.ViT`.
+training anneals.  SGPA replaces the attention of every block of :class:`bench.train.vit.ViT`.
 ``preset`` sets the remaining modelling choices:
 
 * ``"uqbench"`` (default): the backbone's own blocks and readout (MLP Linear → GELU →
@@ -159,10 +159,10 @@ import torch
 from torch import nn
 
 from bench.data import DataBundle
-from bench.errors import ConfigError
-from bench.method import MonteCarlo, TrainedMethod
-from bench.registry import ATTENTIONS, METHODS
-from bench.spec import ModelConfig
+from bench.core.errors import ConfigError
+from bench.train.method import MonteCarlo, TrainedMethod
+from bench.core.registry import ATTENTIONS, METHODS
+from bench.config.spec import ModelConfig
 from methods._gp import AnnealedTerm, kl_anneal_weight, kl_anneal_weight_per_epoch, psd_cholesky, set_anneal_weight
 
 
@@ -242,11 +242,11 @@ class SGPAAttention(AnnealedTerm, nn.Module):
     ``mask [B, T]`` (True at real tokens) removes padded tokens (module docstring).  Decoupled SGPA
     has M global keys per head, ``[H, M, C]``: with ``key_passing`` they are the layer's
     ``hidden_tokens`` and the backbone hands them over as ``tokens`` (through the previous
-    block, :mod:`bench.vit`); otherwise they are ``self.keys`` in this layer's input space.
+    block, :mod:`bench.train.vit`); otherwise they are ``self.keys`` in this layer's input space.
     ``eps`` fixes the standard-normal noise of the sample (:meth:`rsample`).
     """
 
-    stochastic = True  # samples the GP in every forward pass (bench.vit: noise at prediction time)
+    stochastic = True  # samples the GP in every forward pass (bench.train.vit: noise at prediction time)
 
     def __init__(
         self,

@@ -19,7 +19,7 @@ Equations (B batch, d = model width, M = ``random_features``, C classes)
   estimates σ̂ = uᵀ W v, and the layer uses
         W_sn = W · min(1, c / σ̂),       c = ``spectral_norm_bound``
   (edward2 ``SpectralNormalization``: W is rescaled only when σ̂ exceeds c).  In eval mode
-  u and v stay as they are.  (The mechanism is shared with DDU: ``bench/spectral_norm.py``.)
+  u and v stay as they are.  (The mechanism is shared with DDU: ``bench/train/spectral_norm.py``.)
 * **GP layer** (replaces the readout's Linear; its input is the pooled, LayerNormed token
   ``h ∈ R^d``):
         h̃ = LN₀(h)                              (parameter-free LayerNorm, ``normalize_input``)
@@ -74,12 +74,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench import distributed
+from bench.train import distributed
 from bench.data import DataBundle
-from bench.method import TrainedMethod
-from bench.registry import METHODS
-from bench.spec import ModelConfig
-from bench.spectral_norm import spectral_normalise_residuals
+from bench.train.method import TrainedMethod
+from bench.core.registry import METHODS
+from bench.config.spec import ModelConfig
+from bench.train.spectral_norm import spectral_normalise_residuals
 
 
 class RandomFeatureGP(nn.Module):
@@ -177,7 +177,7 @@ class SNGP(TrainedMethod):
     def build_model(self, cfg: ModelConfig, data: DataBundle, attention_layers: dict | None = None):
         """The backbone with its readout Linear replaced by :class:`RandomFeatureGP` and, with
         ``spectral_norm``, the residual branches' dense layers wrapped
-        (:func:`bench.spectral_norm.residual_linears`)."""
+        (:func:`bench.train.spectral_norm.residual_linears`)."""
         o = self.options
         model = super().build_model(cfg, data, attention_layers)
         model.head = RandomFeatureGP(cfg.dim, data.num_classes, o.random_features, o.kernel_scale, o.scale_features,

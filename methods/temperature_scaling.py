@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import minimize_scalar
 
-from bench.method import DerivedMethod, log_softmax
-from bench.registry import METHODS
+from bench.train.method import DerivedMethod, log_softmax
+from bench.core.registry import METHODS
 
 
 def fit_temperature(log_probs: np.ndarray, labels: np.ndarray) -> float:

@@ -44,7 +44,7 @@ def tiny_store(tmp_path_factory) -> Path:
     """One real run of the tiny suite (``tests.helpers.suites.tiny_suite("hard")`` with seeds
     0 and 1: two msp cells) in a session-wide folder holding ``hard.toml``, ``results/hard``
     and ``reports/hard``; trained once per session.  Tests copy it before changing anything."""
-    from bench.cli import main
+    from bench.run.cli import main
     from tests.helpers.suites import tiny_suite
 
     root = tmp_path_factory.mktemp("tiny_store")

@@ -72,8 +72,8 @@ def test_report_rebuilds_identical_tables_without_models(reference, tmp_path, mo
     """``report`` never builds a model or reads a checkpoint, and is byte-reproducible."""
     import torch
 
-    import bench.vit
-    from bench.cli import main
+    import bench.train.vit
+    from bench.run.cli import main
 
     root = reference["root"]
     for ckpt in (root / "results" / "tiny").rglob("checkpoint.pt"):
@@ -82,7 +82,7 @@ def test_report_rebuilds_identical_tables_without_models(reference, tmp_path, mo
         def forbidden(*a, **k):
             raise AssertionError("report must not build a model or load a checkpoint")
 
-        monkeypatch.setattr(bench.vit.ViT, "__init__", forbidden)
+        monkeypatch.setattr(bench.train.vit.ViT, "__init__", forbidden)
         monkeypatch.setattr(torch, "load", forbidden)
         out = []
         for i in range(2):
@@ -101,7 +101,7 @@ def test_report_rebuilds_identical_tables_without_models(reference, tmp_path, mo
 
 def test_rerun_skips_complete_cells(reference, capsys, monkeypatch):
     """(In this process: what is tested is the store's skip, not a fresh interpreter.)"""
-    from bench.cli import main
+    from bench.run.cli import main
 
     monkeypatch.chdir(REPO)
     root = reference["root"]
@@ -150,7 +150,7 @@ def test_killed_runs_resume_to_identical_tables(reference, tmp_path):
 
 NAN_PLUGIN = '''
 from methods.msp import MSP
-from bench.registry import METHODS
+from bench.core.registry import METHODS
 
 
 @METHODS.register("nan_loss")
@@ -241,7 +241,7 @@ def pd_read(path: Path):
 def report(capsys, *args: str) -> tuple[int, str]:
     """``run_suite.py report ARGS`` in this process, from the repository root (what is tested
     is what the report reads and writes, not a fresh interpreter); exit status and stderr."""
-    from bench.cli import main
+    from bench.run.cli import main
 
     code = main(["report", *args])
     return code, capsys.readouterr().err

@@ -14,7 +14,7 @@ from tests.helpers import REPO
 CORE, PLUGINS = "bench", ("methods", "datasets")
 PACKAGES = (CORE, *PLUGINS)
 # the run, top to bottom: parse and dispatch, plan, where cells run, one cell, the training loop
-RUN_LAYERS = ("bench.cli", "bench.runner", "bench.executors", "bench.cell", "bench.train")
+RUN_LAYERS = ("bench.run.cli", "bench.run.runner", "bench.run.executors", "bench.train.cell", "bench.train.loop")
 
 
 def modules() -> dict[str, Path]:
@@ -118,8 +118,8 @@ def test_the_graph_is_read_from_every_file():
     graph = import_graph()
     for package in PACKAGES:
         assert package in graph and any(m.startswith(f"{package}.") for m in graph)
-    assert "bench.registry" in graph["methods.msp"]
-    assert "bench.errors" in graph["bench.registry"]
+    assert "bench.core.registry" in graph["methods.msp"]
+    assert "bench.core.errors" in graph["bench.core.registry"]
     assert {"methods.deep_ensemble", "methods.msp"} <= graph["methods"]  # from methods import (...)
 
 
@@ -133,7 +133,7 @@ def test_no_import_circle():
 
 def test_the_core_never_imports_methods_or_datasets():
     """``bench/`` reaches methods and data sets through the registries only (built-in
-    ones loaded by name, as plugins are: ``bench.registry``)."""
+    ones loaded by name, as plugins are: ``bench.core.registry``)."""
     upward = sorted(f"{m} -> {t}" for m, targets in import_graph().items() if _top(m) == CORE
                     for t in targets if _top(t) in PLUGINS)
     assert not upward, "the core imports methods/ or datasets/:\n  " + "\n  ".join(upward)
@@ -150,11 +150,37 @@ def test_each_run_layer_imports_only_the_layers_below_it():
 
 def test_the_suite_spec_and_the_analysis_need_no_run_layer():
     """A suite is parsed and checked without the executors (its ``[executor]`` table is
-    :mod:`bench.executor_config`); analysis and report read the store, never a model."""
+    :mod:`bench.config.executor_config`); analysis and report read the store, never a model."""
     graph = import_graph()
-    run = set(RUN_LAYERS) | {"bench.method", "bench.vit"}
+    run = set(RUN_LAYERS) | {"bench.train.method", "bench.train.vit"}
     checked = [m for m in graph if any(m == p or m.startswith(f"{p}.") for p in (
-        "bench.spec", "bench.plan", "bench.catalog", "bench.analysis", "bench.stats", "bench.metrics", "bench.report"))]
-    assert {"bench.spec", "bench.plan", "bench.report"} <= set(checked)
+        "bench.config.spec", "bench.store.plan", "bench.store.catalog", "bench.analysis", "bench.analysis.bootstrap", "bench.metrics", "bench.report"))]
+    assert {"bench.config.spec", "bench.store.plan", "bench.report"} <= set(checked)
     needs = {m: sorted(run & reachable(graph, m)) for m in checked if run & reachable(graph, m)}
     assert not needs, f"modules that import run layers, directly or not: {needs}"
+
+
+# bench's stage packages, top to bottom: a package imports only the packages after it
+STAGES = ("bench.run", "bench.train", "bench.report", "bench.analysis", "bench.store", "bench.config",
+          "bench.scores", "bench.metrics", "bench.data", "bench.core")
+
+
+def _stage(module: str) -> str | None:
+    return next((s for s in STAGES if module == s or module.startswith(f"{s}.")), None)
+
+
+def test_bench_holds_stage_packages_only():
+    """``bench/``'s root holds packages (and its empty ``__init__``), each one of STAGES."""
+    root = REPO / CORE
+    loose = sorted(p.name for p in root.glob("*.py") if p.name != "__init__.py")
+    assert not loose, f"modules at bench/'s root, outside a stage package: {loose}"
+    assert not (root / "__init__.py").read_text().strip()
+    packages = {p.name for p in root.iterdir() if (p / "__init__.py").exists()}
+    assert packages == {s.partition(".")[2] for s in STAGES}
+
+
+def test_each_stage_package_imports_only_the_packages_below_it():
+    graph = import_graph()
+    upward = sorted(f"{m} -> {t}" for m, targets in graph.items() if _stage(m)
+                    for t in targets if _stage(t) and STAGES.index(_stage(t)) < STAGES.index(_stage(m)))
+    assert not upward, "imports that run up the stage packages:\n  " + "\n  ".join(upward)

@@ -3,12 +3,12 @@
 Four steps, one module each, below :func:`analyse` (:mod:`bench.analysis.results`):
 
 * :mod:`bench.analysis.evaluate` -- every selected registered metric on every cell of a
-  :class:`~bench.catalog.Catalog` (derived methods combined from their members' stored
+  :class:`~bench.store.catalog.Catalog` (derived methods combined from their members' stored
   predictions): labelled-split metrics (kinds other than ``ood``) on ``test`` and
   ``shift/...`` splits, OOD metrics on ``ood/...`` splits with the ``test`` split as the
   in-distribution side, once per registered OOD score (:mod:`bench.scores`) the store
   holds what it needs for (features fitted on the cell's stored training features);
-* :mod:`bench.analysis.statistics` -- mean and std over seeds, paired bootstrap intervals
+* :mod:`bench.analysis.summary` -- mean and std over seeds, paired bootstrap intervals
   and significance against the reference method (``test`` and OOD splits), corruption
   aggregates per severity, corruption errors and the efficiency of every method;
 * :mod:`bench.analysis.training` -- every trained cell's training log, judged by one rule
@@ -25,7 +25,7 @@ from bench.analysis.evaluate import (DAMAGED_COLUMNS, FAILURE_COLUMNS, METRIC_CO
                                      split_order, table_of)
 from bench.analysis.files import ANALYSIS_DIR, ANALYSIS_SCHEMA, FILES, analyse_store, fingerprint, load, read_manifest, save
 from bench.analysis.results import AnalysisResults, analyse
-from bench.analysis.statistics import (ALPHA, BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CE_COLUMNS, EFFICIENCY_COLUMNS,
+from bench.analysis.summary import (ALPHA, BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CE_COLUMNS, EFFICIENCY_COLUMNS,
                                        EFFICIENCY_FIELDS, SEVERITY_COLUMNS, SEVERITY_RESAMPLES, SIGNIFICANCE,
                                        SUMMARY_COLUMNS, TESTS, check_significance)
 from bench.analysis.training import (CONVERGENCE_COLUMNS, CONVERGENCE_FIELDS, CONVERGENCE_SUMMARY_COLUMNS, IMPROVING,

@@ -3,10 +3,10 @@
 :func:`evaluate` computes, for one prediction set, labelled-split metrics (kinds other
 than ``ood``) on the ``test`` and ``shift/...`` splits and OOD metrics on the ``ood/...``
 splits with the ``test`` split as the in-distribution side, once per OOD score
-(registered in ``bench.registry.SCORES``, :mod:`bench.scores`; computed by
+(registered in ``bench.core.registry.SCORES``, :mod:`bench.scores`; computed by
 :func:`ood_scores`, fitted on the cell's stored training features where a score needs
 them).  :func:`evaluate_catalog` does so for every cell of a
-:class:`~bench.catalog.Catalog` (derived methods combined from their members' stored
+:class:`~bench.store.catalog.Catalog` (derived methods combined from their members' stored
 predictions) and collects what could not be evaluated: failed, damaged and unnamed
 cells, replicates that could not be formed, metrics that raised, and the scores that
 could not be computed with the reason (:data:`UNSCORED_COLUMNS`).
@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from bench import progress
-from bench.catalog import Catalog, Preds
+from bench.core import progress
+from bench.store.catalog import Catalog, Preds
 from bench.data import is_ood
-from bench.errors import one_line
+from bench.core.errors import one_line
 from bench.store import READ_ERRORS
 from bench.metrics import get_metric, selection
 from bench.scores import NEEDS, TRAINING, TrainingFeatures, default_scores, get_score
@@ -106,7 +106,7 @@ def ood_scores(preds: Preds, names: list[str], training: dict[str, np.ndarray] |
 
 def _no_features(catalog: Catalog, dataset: str, method: str, seed) -> str | None:
     """Why a trained cell stored no features although its suite kept them (``no_features``
-    in its cell.json, :func:`bench.cell.features_absent`), or None."""
+    in its cell.json, :func:`bench.train.cell.features_absent`), or None."""
     cell = catalog.cells.get((dataset, method, seed))
     info = (cell.read_cell() or {}) if cell is not None else {}
     return info.get("no_features") if isinstance(info.get("no_features"), str) else None

@@ -40,10 +40,10 @@ import pandas as pd
 from bench.analysis.evaluate import (DAMAGED_COLUMNS, FAILURE_COLUMNS, METRIC_COLUMNS, UNSCORED_COLUMNS,
                                      analysed_metrics, analysed_scores)
 from bench.analysis.results import AnalysisResults, analyse
-from bench.analysis.statistics import (BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CE_COLUMNS, EFFICIENCY_COLUMNS,
+from bench.analysis.summary import (BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CE_COLUMNS, EFFICIENCY_COLUMNS,
                                        SEVERITY_COLUMNS, SIGNIFICANCE, SUMMARY_COLUMNS, check_significance)
 from bench.analysis.training import CONVERGENCE_COLUMNS, CONVERGENCE_SUMMARY_COLUMNS, TRAINING_COLUMNS
-from bench.catalog import Catalog
+from bench.store.catalog import Catalog
 from bench.metrics import get_metric
 from bench.scores import get_score
 from bench.store import atomic_write_bytes, atomic_write_json
@@ -70,7 +70,7 @@ FILES: dict[str, tuple[str, list[str], tuple[str, ...]]] = {
 }
 #: The code the analysis files depend on, as paths under ``bench/`` (a folder stands for
 #: every ``.py`` file below it); their text is in the fingerprint.
-_CODE = ("metrics", "scores", "stats.py", "analysis", "catalog.py", "method.py")
+_CODE = ("metrics", "scores", "analysis", "store/catalog.py", "train/method.py")
 
 
 def fingerprint(catalog: Catalog, metrics: list[str], resamples: int, seed: int,

@@ -1,8 +1,8 @@
 """The analysis of a catalog: :func:`analyse` and its result, :class:`AnalysisResults`.
 
 :func:`analyse` evaluates every selected registered metric on every cell of a
-:class:`~bench.catalog.Catalog` (:mod:`bench.analysis.evaluate`) and summarises the
-values over seeds (:mod:`bench.analysis.statistics`): paired bootstrap intervals and
+:class:`~bench.store.catalog.Catalog` (:mod:`bench.analysis.evaluate`) and summarises the
+values over seeds (:mod:`bench.analysis.summary`): paired bootstrap intervals and
 significance against the reference method (``test`` and OOD splits), corruption
 aggregates per severity, corruption errors and the efficiency of every method.
 :class:`AnalysisResults` is what the analysis files hold and the report renders from.
@@ -17,11 +17,11 @@ import pandas as pd
 
 from bench.analysis.evaluate import (DAMAGED_COLUMNS, FAILURE_COLUMNS, UNSCORED_COLUMNS, analysed_metrics, analysed_scores,
                                      evaluate_catalog, split_order)
-from bench.analysis.statistics import (BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, SIGNIFICANCE, check_significance,
+from bench.analysis.summary import (BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, SIGNIFICANCE, check_significance,
                                        corruption_errors, efficiency, severity_table, summarise)
 from bench.analysis.training import (CONVERGENCE_COLUMNS, CONVERGENCE_SUMMARY_COLUMNS, TRAINING_COLUMNS,
                                      convergence)
-from bench.catalog import Catalog
+from bench.store.catalog import Catalog
 
 
 @dataclass
@@ -33,7 +33,7 @@ class AnalysisResults:
     are raw (unscaled: accuracy in [0, 1], NLL in nats, ...).  Labelled-split metrics are
     rows for ``test`` and ``shift/...`` splits with ``score == ""``; OOD metrics are rows
     for ``ood/...`` splits, computed with the ``test`` split as the in-distribution side,
-    once per OOD score of ``scores`` (registered in ``bench.registry.SCORES``; a score is
+    once per OOD score of ``scores`` (registered in ``bench.core.registry.SCORES``; a score is
     computed where the store holds what it needs, and ``unscored`` names where it could
     not be).  ``seed`` is the training seed, or the replicate index for methods combined
     from several seeds (ensembles).
@@ -47,11 +47,11 @@ class AnalysisResults:
     ``verdict`` (``"ref"``; ``"better"``/``"worse"`` where p_holm < 0.05 in the metric's
     good direction; ``"better (one run)"``/``"worse (one run)"`` when one side's seed
     variation could not be measured; else ``""``), ``test`` (what the p-value accounts
-    for, :data:`~bench.analysis.statistics.TESTS`) and ``seeds_needed``
-    (:func:`bench.stats.seeds_needed` for the comparison's Holm family: the seeds per
+    for, :data:`~bench.analysis.summary.TESTS`) and ``seeds_needed``
+    (:func:`bench.analysis.bootstrap.seeds_needed` for the comparison's Holm family: the seeds per
     method a mark would need).  With the default ``significance``
     (``seeds_and_samples``) intervals and tests add the seed-level variance to the paired
-    test-sample bootstrap (:mod:`bench.stats`); with ``samples_seeds_fixed`` they are the
+    test-sample bootstrap (:mod:`bench.analysis.bootstrap`); with ``samples_seeds_fixed`` they are the
     percentile interval and z-test over test samples with the trained seeds held fixed.
 
     ``severity``: the metric averaged over the corruption types evaluated at a severity
@@ -70,7 +70,7 @@ class AnalysisResults:
     :mod:`bench.analysis.training`.
 
     ``load_predictions(dataset, method, seed, split)`` returns ``(probs [N, C] float64,
-    labels [N] int64)`` for plots (:meth:`bench.catalog.Catalog.predictions`).
+    labels [N] int64)`` for plots (:meth:`bench.store.catalog.Catalog.predictions`).
     """
 
     suite: str
@@ -112,7 +112,7 @@ def analyse(catalog: Catalog, metrics: list[str] | None = None, resamples: int =
     """Every table of the report, computed from the catalog's stored predictions.
     ``metrics``: the metrics to compute (default :func:`~bench.analysis.evaluate.analysed_metrics`);
     ``scores``: the OOD scores (default :func:`~bench.analysis.evaluate.analysed_scores`);
-    ``significance``: the test behind marks and intervals (:data:`bench.stats.SIGNIFICANCE_TESTS`).
+    ``significance``: the test behind marks and intervals (:data:`bench.analysis.bootstrap.SIGNIFICANCE_TESTS`).
     A metric that raises is named once among the failures (where it first raised, with its
     error); its summary rows where it raised have the verdict ``error`` and it gets no
     bootstrap, while every other metric is computed as usual."""

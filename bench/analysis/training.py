@@ -4,8 +4,8 @@ its training ended.
 A number from an under-trained model is a finding about the training budget, not about the
 method, so every report shows the evidence that its models had converged.
 :func:`convergence` reads the ``train_log.csv`` of each cell of a
-:class:`~bench.catalog.Catalog` (written by ``bench.cell`` from the log of
-``bench.train.fit``: one row per epoch) and gives three tables (:class:`Convergence`):
+:class:`~bench.store.catalog.Catalog` (written by ``bench.train.cell`` from the log of
+``bench.train.loop.fit``: one row per epoch) and gives three tables (:class:`Convergence`):
 
 * ``training`` (:data:`TRAINING_COLUMNS`): one row per dataset, method, seed and epoch of
   every cell that trained: the curves.  ``stage`` is 2 for the rows of a two-stage cell
@@ -59,8 +59,8 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from bench.catalog import Catalog
-from bench.errors import one_line
+from bench.store.catalog import Catalog
+from bench.core.errors import one_line
 from bench.store import READ_ERRORS, TRAIN_LOG, CellDir
 
 WINDOW_FRACTION = 0.2  # the compared windows: the last k epochs and the k before, k = this share of the epochs

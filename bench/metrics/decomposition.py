@@ -5,8 +5,8 @@ entropy, epistemic = their difference, :func:`mutual_information`) are plain fun
 not registered metrics: analysis scores OOD detection by predictive entropy and by the
 mutual information of the stored terms, and an ensemble stores the decomposition's terms
 with its predictions.  This is the decomposition's one numpy definition; its one torch
-twin, :func:`bench.train.decomposition_terms`, computes the same two terms on the device
-while predicting (``tests/bench/test_train.py`` checks that the two agree).
+twin, :func:`bench.train.loop.decomposition_terms`, computes the same two terms on the device
+while predicting (``tests/bench/train/test_loop.py`` checks that the two agree).
 """
 from __future__ import annotations
 
@@ -53,5 +53,5 @@ def decompose(member_probs: np.ndarray) -> dict[str, np.ndarray]:
 def mutual_information(total: np.ndarray, aleatoric: np.ndarray) -> np.ndarray:
     """The epistemic term, total - aleatoric (nats, float64), clipped at 0 against
     round-off: from :func:`decompose`'s terms, or from the stored ``entropy_of_mean`` and
-    ``mean_entropy`` of a prediction set (float32, as :func:`bench.train.predict` writes them)."""
+    ``mean_entropy`` of a prediction set (float32, as :func:`bench.train.loop.predict` writes them)."""
     return np.maximum(np.asarray(total, np.float64) - np.asarray(aleatoric, np.float64), 0.0)

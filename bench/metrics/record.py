@@ -1,7 +1,7 @@
 """The metric record: what is said about a metric besides its function.
 
 Every metric is a function decorated with :func:`metric`, which registers a
-:class:`Metric` in ``bench.registry.METRICS`` carrying everything else that is said
+:class:`Metric` in ``bench.core.registry.METRICS`` carrying everything else that is said
 about it: kind, label and unit, direction, the convention sentence reports print, its
 vectorised bootstrap kernel (if any) and its place in named selections
 (:func:`selection`: ``"paper"`` = the KEP-SVGP Table 1 set, ``"default"`` = what
@@ -18,7 +18,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from bench.metrics.inputs import read_only
-from bench.registry import METRICS
+from bench.core.registry import METRICS
 
 _Metric = Callable[..., float]
 
@@ -41,7 +41,7 @@ class Metric:
     ``convention`` the one sentence the report's conventions table prints.
     ``bootstrap`` is the vectorised evaluator over resamples (``(probs, labels, w)`` or
     ``(scores_id, scores_ood, w_id, w_ood)`` -> ``[B]``), or None: then
-    ``bench.stats`` evaluates ``fn`` once per resample (exact, slower).  ``selections``
+    ``bench.analysis.bootstrap`` evaluates ``fn`` once per resample (exact, slower).  ``selections``
     maps named selections (:func:`selection`; ``"paper"`` = the KEP-SVGP Table 1 set,
     ``"default"`` = the default columns) to this metric's column position in them.
     ``interval`` says, in one sentence, where the report's 95% intervals of this metric are
@@ -51,7 +51,7 @@ class Metric:
     interval around a value near a bound can reach past it (an AUROC interval past 100%).
     ``bias_corrected``: the metric's estimate is bias-corrected by construction (the
     debiased ECE), so the report's intervals and tests centre on it as it is; every other
-    metric is centred on its estimate less the bootstrap's bias estimate (``bench.stats``).
+    metric is centred on its estimate less the bootstrap's bias estimate (``bench.analysis.bootstrap``).
     """
 
     name: str

@@ -1,8 +1,8 @@
 """What the vectorised bootstrap kernels share.
 
-A resample is a count vector ``w[b, i]`` (``bench.stats.resample_weights``); each kernel
+A resample is a count vector ``w[b, i]`` (``bench.analysis.bootstrap.resample_weights``); each kernel
 evaluates one metric on every row of ``w`` over the original samples (exactness contract
-and cost: ``bench.stats``).  A metric names its kernel in ``@metric(bootstrap=...)``, and
+and cost: ``bench.analysis.bootstrap``).  A metric names its kernel in ``@metric(bootstrap=...)``, and
 the kernel sits beside its metric.  Shared here: row chunks that bound the memory of
 ``w @ x`` (:func:`chunks`), and ROC / PR quantities of every resample computed from
 weighted counts over the runs of tied scores (:class:`TieGroups`), the resampled

@@ -3,9 +3,9 @@
 The tables, plots and README render only: they read
 :class:`~bench.analysis.AnalysisResults` as ``bench.analysis.load`` returns them from the
 analysis files (``analysis/`` beside the tables); no number of a table is computed here
-(:mod:`bench.report.suite` has the analysis write those files first).  The plots read
+(:mod:`bench.run.report` has the analysis write those files first).  The plots read
 per-sample predictions through ``results.load_predictions``
-(:meth:`bench.catalog.Catalog.predictions`), the one documented way back into the store.
+(:meth:`bench.store.catalog.Catalog.predictions`), the one documented way back into the store.
 One job per module:
 
 * :mod:`bench.report.tables` — which tables exist (:data:`TABLES`), their columns and
@@ -17,7 +17,7 @@ One job per module:
   the cells still improving when their training
   ended or not learning, hand-written ``NOTES.md`` inlined at the top of a complete one, conventions from the registered
   metrics, tables, failures, plots);
-* :mod:`bench.report.suite` — the report step of ``run`` and ``report``: the store's
+* :mod:`bench.run.report` — the report step of ``run`` and ``report``: the store's
   cells selected, analysed or their analysis files reused (``bench.analysis.analyse_store``),
   the report written (unless it would leave out cells without ``--partial`` or replace a
   report showing more cells), the cells it leaves out and the exit status told.
@@ -32,7 +32,7 @@ Layout written under ``out_dir``::
     plots/severity_<dataset>_<metric>.png      (the "severity" selection vs. severity, CI band)
     plots/ood_hist_<dataset>_<method>.png
     README.md
-    cells.json    (the cells shown: key, dataset, method row, seed, configuration; bench.report.suite)
+    cells.json    (the cells shown: key, dataset, method row, seed, configuration; bench.run.report)
     NOTES.md      (optional, written by hand, never by the report)
 
 Determinism: the same analysis files give byte-identical tables and README.  Imports:
@@ -53,9 +53,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
-from bench import progress
+from bench.core import progress
 from bench.data import SEVERITIES, check_severity
-from bench.errors import ConfigError
+from bench.core.errors import ConfigError
 from bench.metrics import selection
 from bench.report.formats import FORMATS, render, tex_escape, validate_formats
 from bench.report.plots import sanitize, write_plots
@@ -90,7 +90,7 @@ def write_report(
     picks the metric columns of every table, in the given order (``None`` = each table's
     named selection); a table none of whose metrics is picked and that has no fixed
     columns is not written.  ``severity`` (1..5) is the severity of the per-corruption
-    table (``--severity``).  ``left_out`` (:class:`bench.catalog.LeftOut`) are the cells
+    table (``--severity``).  ``left_out`` (:class:`bench.store.catalog.LeftOut`) are the cells
     the tables leave out, listed at the top of the README with ``complete_with``, the
     command that completes them.  ``run`` (:class:`~bench.report.readme.RunTitle`) names the
     run in the README's title, the line under it and every plot's title (None: the

@@ -10,8 +10,8 @@ from typing import Callable, Sequence
 import pandas as pd
 from tabulate import tabulate
 
-from bench.errors import ConfigError
-from bench.registry import did_you_mean
+from bench.core.errors import ConfigError
+from bench.core.registry import did_you_mean
 from bench.report.rows import NO_STAT
 from bench.report.tables import Column, Table
 
@@ -25,7 +25,7 @@ CSV_FLOAT_FORMAT = "%.10g"
 def validate_formats(formats: Sequence[str]) -> tuple[str, ...]:
     """``formats`` checked against :data:`FORMATS`, repeats dropped, order kept; any unknown
     one is a ConfigError that lists them.  Called where formats enter the report (``--format``
-    through :class:`bench.report.suite.ReportOptions`, :func:`bench.report.write_report`)."""
+    through :class:`bench.run.report.ReportOptions`, :func:`bench.report.write_report`)."""
     unknown = [f for f in formats if f not in FORMATS]
     if unknown:
         raise ConfigError(f"unknown report format(s) {unknown}{did_you_mean(unknown[0], FORMATS)}; known: "

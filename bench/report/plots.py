@@ -1,5 +1,5 @@
 """Report plots, drawn from per-sample predictions read through
-:meth:`bench.catalog.Catalog.predictions` (``results.load_predictions``) with the
+:meth:`bench.store.catalog.Catalog.predictions` (``results.load_predictions``) with the
 functions the metrics use (``calibration_bins``, ``risk_coverage_curve``), and from the
 analysis files for the numbers the tables show: the AURC of the risk-coverage legends
 (the summary's mean over seeds), the metric-vs-severity plots (the severity table) and
@@ -23,7 +23,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from bench import progress
+from bench.core import progress
 from bench.data import SEVERITIES, is_ood
 from bench.metrics import calibration_bins, ece, get_metric, risk_coverage_curve
 from bench.report.rows import NO_STAT, VARIES, ResultsIndex, Stat, sample_count

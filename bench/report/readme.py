@@ -15,16 +15,16 @@ from tabulate import tabulate
 
 from bench.analysis import IMPROVING, NOT_LEARNING, RULE, UNJUDGED
 from bench.data import is_ood
-from bench.registry import SCORES
+from bench.core.registry import SCORES
 from bench.report.formats import md_escape, to_markdown
 from bench.report.plots import SMALL_SPLIT
 from bench.scores import default_scores, sort_scores
 from bench.report.tables import IMPROVING_MARK, NOT_REACHED, TABLES, Column, Table, dataset_columns
-from bench.stats import SAMPLES_SEEDS_FIXED
+from bench.analysis.bootstrap import SAMPLES_SEEDS_FIXED
 
 if TYPE_CHECKING:
     from bench.analysis import AnalysisResults
-    from bench.catalog import LeftOut
+    from bench.store.catalog import LeftOut
 
 NOTES = "NOTES.md"  # written by hand, never by the report: inlined at the top of README.md (not of an incomplete one)
 

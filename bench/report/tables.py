@@ -21,7 +21,7 @@ import numpy as np
 
 from bench.analysis import CONVERGENCE_FIELDS, EFFICIENCY_FIELDS
 from bench.metrics import get_metric, selection
-from bench.registry import METRICS
+from bench.core.registry import METRICS
 from bench.report.rows import NO_STAT, SEVERITY_STATS, SUMMARY_STATS, ResultsIndex, Row, Stat, table_rows
 
 if TYPE_CHECKING:
@@ -219,10 +219,10 @@ APPROXIMATE = "≈"  # before the interval of a metric whose intervals are only 
 
 
 def validate_metrics(metrics: Sequence[str]) -> list[str]:
-    """``metrics`` checked against the registry (:meth:`bench.registry.Registry.validate`:
+    """``metrics`` checked against the registry (:meth:`bench.core.registry.Registry.validate`:
     repeats dropped, order kept; an unknown name is a ConfigError naming the closest
     registered one, a metric's label such as "ACC" read as its name).  Called where names
-    enter the report (``--metrics`` through :class:`bench.report.suite.ReportOptions`,
+    enter the report (``--metrics`` through :class:`bench.run.report.ReportOptions`,
     :func:`bench.report.write_report`); what it returns is passed on unchecked."""
     labels = {get_metric(m).label: m for m in METRICS.names()}
     return METRICS.validate(metrics, "--metrics", aliases=labels)

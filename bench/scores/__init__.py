@@ -1,6 +1,6 @@
 """Post-hoc OOD scores: what the OOD metrics rank in-distribution and OOD images by.
 
-Every score is registered in ``bench.registry.SCORES`` by the :func:`ood_score`
+Every score is registered in ``bench.core.registry.SCORES`` by the :func:`ood_score`
 decorator with its metadata (:class:`Score`: label, convention, what it reads and needs,
 reference, place in the default selection); higher = more in-distribution throughout
 (OpenOOD v1.5's sign).  Analysis computes them from the store only (never the model):

@@ -1,7 +1,7 @@
 """OOD scores in feature space, fitted on a cell's stored training features.
 
 The features are the penultimate ones: the pooled token the classifier head reads
-(``bench.vit.Backbone.readout``: after the final LayerNorm), averaged over a method's
+(``bench.train.vit.Backbone.readout``: after the final LayerNorm), averaged over a method's
 passes, stored as float16 and computed with here in float64.  Each score has a plain
 numpy fit/score pair (``fit_mahalanobis`` / ``mahalanobis_score``, ...) and a registered
 :class:`~bench.scores.record.Score`.  Higher = more in-distribution throughout, with

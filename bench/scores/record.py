@@ -1,7 +1,7 @@
 """The OOD score record: what is said about a post-hoc OOD score besides its function.
 
 Every score is a function decorated with :func:`ood_score`, which registers a
-:class:`Score` in ``bench.registry.SCORES``: its label, the one sentence of its
+:class:`Score` in ``bench.core.registry.SCORES``: its label, the one sentence of its
 convention, the stored arrays it reads (which give what it *needs*: probabilities,
 logits, several passes, features, training features), its reference and its place in the
 default selection.  The registry is the only list of scores: analysis, the OOD table, the
@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from bench.metrics.inputs import read_only
-from bench.registry import SCORES
+from bench.core.registry import SCORES
 
 #: What a score may need, and the stored arrays (``bench.store``) that provide it.
 NEEDS: dict[str, tuple[str, ...]] = {
@@ -156,7 +156,7 @@ def sort_scores(names) -> list[str]:
 
 
 def validate_scores(names) -> list[str]:
-    """``names`` checked against the registry (:meth:`bench.registry.Registry.validate`:
+    """``names`` checked against the registry (:meth:`bench.core.registry.Registry.validate`:
     repeats dropped, order kept; an unknown name is a ConfigError naming the closest
     registered one).  Called where scores enter (``--scores``)."""
     return SCORES.validate(names, "--scores")

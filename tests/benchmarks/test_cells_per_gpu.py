@@ -17,8 +17,8 @@ import_benchmarks()
 import cells_per_gpu  # noqa: E402
 import synthetic_cifar  # noqa: E402
 from bench.data import OOD_LABEL, configure_data  # noqa: E402
-from bench.options import parse  # noqa: E402
-from bench.registry import DATASETS  # noqa: E402
+from bench.config.options import parse  # noqa: E402
+from bench.core.registry import DATASETS  # noqa: E402
 from datasets import cifar, formats  # noqa: E402  (registers cifar10 and cifar100)
 
 

@@ -14,8 +14,8 @@ from tests.helpers import import_benchmarks
 import_benchmarks()
 
 import train_throughput as tt  # noqa: E402
-from bench.registry import METHODS  # noqa: E402
-from bench.spec import ModelConfig  # noqa: E402
+from bench.core.registry import METHODS  # noqa: E402
+from bench.config.spec import ModelConfig  # noqa: E402
 
 METHODS_RUN = ("msp", "kep_svgp")
 BATCHES = (4, 8)

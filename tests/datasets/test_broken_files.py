@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.cli import main
+from bench.run.cli import main
 
 
 BREAKAGES = ["svhn text", "corruption npy shape", "corruption npy truncated", "corruption npy objects",
@@ -71,8 +71,8 @@ def test_an_image_declaring_too_many_pixels_is_refused_before_decoding(tmp_path,
     """A 5000 x 5000 PNG (under Pillow's own bomb limit) whose pixel data is missing: the
     refusal names the pixel count, so it came from the header, before any decoding (which
     would fail on the missing data).  UQBENCH_ALLOW_LARGE lets it be decoded."""
-    from bench.errors import ConfigError
-    from bench.options import ALLOW_LARGE_ENV
+    from bench.core.errors import ConfigError
+    from bench.config.options import ALLOW_LARGE_ENV
     from datasets.formats import read_image_folder
 
     monkeypatch.delenv(ALLOW_LARGE_ENV, raising=False)

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from bench.data import configure_data
-from bench.errors import ConfigError
-from bench.options import parse
-from bench.registry import DATASETS
+from bench.core.errors import ConfigError
+from bench.config.options import parse
+from bench.core.registry import DATASETS
 from datasets import formats, safe_pickle
 from datasets.cifar10_subset import main, write_subset
 from tests.helpers.official_files import cifar_batch, images, labels_cycle, py2_dumps, rows_of

@@ -18,9 +18,9 @@ import scipy.io
 from PIL import Image
 
 from bench.data import OOD_LABEL, configure_data, data_root, set_data_root
-from bench.errors import ConfigError
-from bench.options import parse
-from bench.registry import DATASETS
+from bench.core.errors import ConfigError
+from bench.config.options import parse
+from bench.core.registry import DATASETS
 from bench.data import CORRUPTIONS
 from datasets import cifar, formats  # importing cifar registers cifar10 and cifar100
 

@@ -53,8 +53,8 @@ def digits8() -> np.ndarray:
 def mnist() -> np.ndarray:
     """Real MNIST digits [N, 28, 28] through the suite's own data set (read-only arrays)."""
     import datasets  # noqa: F401  (registers the data sets)
-    from bench.options import parse
-    from bench.registry import DATASETS
+    from bench.config.options import parse
+    from bench.core.registry import DATASETS
 
     ds = DATASETS.get("mnist5k")
     x = ds.load(parse(ds.Options, {"train_limit": 1, "eval_limit": 6})).get("test").x
@@ -361,8 +361,8 @@ def test_every_dataset_gets_cached_generated_corruption_splits(tmp_path, monkeyp
     ``corruption_limit`` test images, with their labels, cached under the data root."""
     import datasets  # noqa: F401  (registers the data sets)
     from bench.data import set_data_root
-    from bench.options import parse
-    from bench.registry import DATASETS
+    from bench.config.options import parse
+    from bench.core.registry import DATASETS
 
     cls = DATASETS.get("mnist5k")
     set_data_root(tmp_path)

@@ -14,9 +14,9 @@ import pytest
 
 import datasets  # noqa: F401  (registers the data sets)
 from bench.data import OOD_LABEL
-from bench.errors import ConfigError
-from bench.options import parse
-from bench.registry import DATASETS
+from bench.core.errors import ConfigError
+from bench.config.options import parse
+from bench.core.registry import DATASETS
 from bench.data import CORRUPTIONS
 from datasets import embedded, safe_pickle
 

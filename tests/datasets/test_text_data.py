@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.errors import ConfigError
-from bench.text import PAD_ID, UNK_ID, WordTokenizer, words
+from bench.core.errors import ConfigError
+from bench.data.text import PAD_ID, UNK_ID, WordTokenizer, words
 from datasets.cola import load_cola
 from datasets.imdb import load_imdb
 from datasets.rotten_tomatoes import load_rotten_tomatoes

@@ -57,7 +57,7 @@ def test_the_plugin_report_of_a_partial_store_writes_nothing(tiny_store, tmp_pat
     """Issue 43 row 2, as a user met it: the run stopped before its last cell, then the
     doc's ``report default --plugin my_metric``: exit 1 naming the missing cell, and
     neither the run's report nor a report beside it is written."""
-    from bench.cli import main
+    from bench.run.cli import main
 
     doc = example("add-a-metric.md")
     with reader_folder(tmp_path):

@@ -14,7 +14,7 @@ import typing
 
 import pytest
 
-from bench.registry import METHODS
+from bench.core.registry import METHODS
 from tests.helpers import REPO
 
 WITH_OFFICIAL = [name for name in METHODS.names() if METHODS.get(name).official]

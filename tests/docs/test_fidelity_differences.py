@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.registry import METHODS, METRICS, SCORES
+from bench.core.registry import METHODS, METRICS, SCORES
 
 ROOT = Path(__file__).resolve().parents[2]
 FIDELITY = ROOT / "docs" / "fidelity.md"

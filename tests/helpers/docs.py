@@ -76,7 +76,7 @@ def run_commands(commands: list[list[str]], extra: dict[str, list[str]] | None =
     ``run_suite.py`` command (``"run"``, ``"report"``, ...), ``rename`` replaces whole
     arguments (a run's name).  Returns what each command wrote on standard output; fails
     at the first command that does not exit 0, with what it wrote on stderr."""
-    from bench.cli import COMMANDS, main
+    from bench.run.cli import COMMANDS, main
 
     outputs = []
     for argv in commands:
@@ -100,7 +100,7 @@ def reader_folder(folder: Path) -> Iterator[Path]:
     in the repository root).  Afterwards the working directory, the registries,
     ``sys.path`` and the imported modules are as before: a doc's plugin registers nothing
     for later tests."""
-    from bench.registry import ATTENTIONS, DATASETS, METHODS, METRICS
+    from bench.core.registry import ATTENTIONS, DATASETS, METHODS, METRICS
 
     registries = (ATTENTIONS, DATASETS, METHODS, METRICS)
     for registry in registries:

@@ -34,7 +34,7 @@ def run_in_process(tmp_path: Path, *args: str, suite: str | None = None, capsys=
     """``run_suite.py [args]`` in this process on ``suite`` (default: :func:`tiny_suite` named
     "hard"), written to ``tmp_path/hard.toml``, with results, reports and data under
     ``tmp_path``; returns the exit status and, given ``capsys``, what went to stderr."""
-    from bench.cli import main
+    from bench.run.cli import main
 
     path = tmp_path / "hard.toml"
     path.write_text(tiny_suite("hard") if suite is None else suite)

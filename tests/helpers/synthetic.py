@@ -58,7 +58,7 @@ def fake_store(results, suite_file, *, overrides=None, only=None, failed=(), uns
                splits: tuple[str, ...] = ("val", "test", "ood/noise")) -> dict:
     """Write the cells a suite file plans into ``results/<suite>/`` as ``run`` would, with
     random predictions instead of training (no model is built): ``n`` samples of each of
-    ``splits``, labels shared by all cells, better-than-chance logits.  ``overrides``: a :class:`bench.spec.Overrides`
+    ``splits``, labels shared by all cells, better-than-chance logits.  ``overrides``: a :class:`bench.config.spec.Overrides`
     (e.g. other epochs: another configuration); ``only``: the ``(method, seed)`` pairs to
     write (default all); ``failed`` / ``unsealed``: pairs stored as failed / left as a run
     in progress.  ``suite.json`` is written as ``run`` writes it.  Returns ``(method, seed)``
@@ -68,10 +68,10 @@ def fake_store(results, suite_file, *, overrides=None, only=None, failed=(), uns
 
     from scipy.special import log_softmax
 
-    from bench.catalog import write_store_description
-    from bench.registry import import_plugins
-    from bench.plan import make_plan
-    from bench.spec import Overrides, load_suite
+    from bench.store.catalog import write_store_description
+    from bench.core.registry import import_plugins
+    from bench.store.plan import make_plan
+    from bench.config.spec import Overrides, load_suite
     from bench.store import Store
 
     import_plugins([])  # the built-in methods and datasets the suite names

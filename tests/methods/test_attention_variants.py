@@ -10,11 +10,11 @@ import pytest
 import torch
 
 import methods  # noqa: F401  (registers the layers and methods)
-from bench.errors import ConfigError
-from bench.options import parse
-from bench.registry import ATTENTIONS, METHODS
-from bench.spec import ModelConfig
-from bench.vit import make_attention
+from bench.core.errors import ConfigError
+from bench.config.options import parse
+from bench.core.registry import ATTENTIONS, METHODS
+from bench.config.spec import ModelConfig
+from bench.train.vit import make_attention
 
 DIM, HEADS, N = 32, 4, 16
 D = DIM // HEADS
@@ -133,7 +133,7 @@ def test_rpc_mismatched_iterations_only_when_named():
 
 def test_every_builtin_suite_runs_rpc_with_one_iteration_count():
     import datasets  # noqa: F401  (the suites' data sets)
-    from bench.spec import available_suites, load_suite
+    from bench.config.spec import available_suites, load_suite
 
     seen = 0
     for name in available_suites():

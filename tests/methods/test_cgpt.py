@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from bench.registry import ATTENTIONS, METHODS
-from bench.spec import ModelConfig
-from bench.vit import make_attention
+from bench.core.registry import ATTENTIONS, METHODS
+from bench.config.spec import ModelConfig
+from bench.train.vit import make_attention
 from methods.cgpt import CGPAttention, SparseCGPAttention, init_from_stage1
 from tests.helpers.suites import run_in_process, tiny_suite
 
@@ -273,7 +273,7 @@ def test_methods_registered_with_the_official_cifar_defaults_and_annealing():
 
 
 def test_stage1_weights_are_copied_where_they_match():
-    from bench.spec import ModelConfig as MC
+    from bench.config.spec import ModelConfig as MC
     from tests.helpers.synthetic import squares_bundle
 
     data = squares_bundle()
@@ -333,11 +333,11 @@ def test_both_methods_and_the_two_stage_recipe_train_predict_and_report(tmp_path
 def test_a_missing_stage1_is_trained_in_the_cell_and_a_stored_one_is_reused(tmp_path):
     import torch as th
 
-    from bench.cell import Console, stage1_state
-    from bench.plan import make_plan
-    from bench.spec import build_suite
+    from bench.train.cell import Console, stage1_state
+    from bench.store.plan import make_plan
+    from bench.config.spec import build_suite
     from bench.store import CHECKPOINT
-    from bench.train import seed_everything
+    from bench.train.loop import seed_everything
     from tests.helpers.synthetic import squares_bundle
 
     import tomllib
@@ -363,8 +363,8 @@ def test_a_missing_stage1_is_trained_in_the_cell_and_a_stored_one_is_reused(tmp_
 
 
 def test_the_suite_checks_the_stage1_and_select_adds_it():
-    from bench.errors import ConfigError
-    from bench.spec import build_suite, select
+    from bench.core.errors import ConfigError
+    from bench.config.spec import build_suite, select
 
     import tomllib
 
@@ -379,7 +379,7 @@ def test_the_suite_checks_the_stage1_and_select_adds_it():
 
 def test_cifar_suites_run_both_with_the_official_settings_as_two_stage_recipes():
     import datasets  # noqa: F401  (the suites' data sets)
-    from bench.spec import load_suite
+    from bench.config.spec import load_suite
 
     for name in ("cifar10", "cifar100"):
         by_type = {m.type: m.options for m in load_suite(name).methods if m.type in ("cgpt", "scgpt")}

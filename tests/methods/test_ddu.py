@@ -2,8 +2,8 @@
 official CIFAR defaults), the suites' settings, and the method end to end: trained through
 the CLI, its cell stores features as msp's do, and the report shows the ``ddu_density``
 score for it when ``--scores`` asks.  The density itself is tested against scipy in
-``tests/bench/test_scores.py``; the spectral normalisation it shares with SNGP
-(``bench/spectral_norm.py``) is checked here against an SVD."""
+``tests/bench/scores/test_scores.py``; the spectral normalisation it shares with SNGP
+(``bench/train/spectral_norm.py``) is checked here against an SVD."""
 from __future__ import annotations
 
 import csv
@@ -15,11 +15,11 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from bench.errors import ConfigError
-from bench.options import parse
-from bench.registry import METHODS
-from bench.spec import ModelConfig
-from bench.train import seed_everything
+from bench.core.errors import ConfigError
+from bench.config.options import parse
+from bench.core.registry import METHODS
+from bench.config.spec import ModelConfig
+from bench.train.loop import seed_everything
 from methods.ddu import DDU
 from tests.helpers.suites import run_in_process, tiny_suite
 from tests.helpers.synthetic import squares_bundle
@@ -89,7 +89,7 @@ def test_options_defaults_are_the_official_cifar_ones_and_validate():
 
 def test_cifar_suites_run_ddu_with_the_official_settings():
     import datasets  # noqa: F401  (the suites' data sets)
-    from bench.spec import load_suite
+    from bench.config.spec import load_suite
 
     for name in ("cifar10", "cifar100"):
         (m,) = [m for m in load_suite(name).methods if m.type == "ddu"]

@@ -11,7 +11,7 @@ import numpy as np
 from scipy.special import log_softmax as sp_log_softmax
 from scipy.special import logsumexp as sp_logsumexp
 
-from bench.registry import METHODS
+from bench.core.registry import METHODS
 from methods.deep_ensemble import Ensemble, EnsembleOptions
 
 

@@ -13,10 +13,10 @@ import pytest
 import torch
 from scipy.special import log_softmax
 
-from bench.options import parse
-from bench.registry import METHODS
-from bench.spec import ModelConfig
-from bench.train import seed_everything
+from bench.config.options import parse
+from bench.core.registry import METHODS
+from bench.config.spec import ModelConfig
+from bench.train.loop import seed_everything
 from methods._gp import kl_anneal_weight, kl_anneal_weight_per_epoch, linear_anneal_weight, psd_cholesky
 from tests.helpers.devices import device_params
 from tests.helpers.synthetic import squares_bundle

@@ -16,12 +16,12 @@ import torch.nn.functional as F
 from torch.distributions import MultivariateNormal, kl_divergence
 
 from bench.data import DataBundle
-from bench.errors import ConfigError
-from bench.options import parse
-from bench.registry import ATTENTIONS, METHODS
-from bench.spec import ModelConfig, TrainConfig
-from bench.train import fit, predict, seed_everything
-from bench.vit import SoftmaxAttention
+from bench.core.errors import ConfigError
+from bench.config.options import parse
+from bench.core.registry import ATTENTIONS, METHODS
+from bench.config.spec import ModelConfig, TrainConfig
+from bench.train.loop import fit, predict, seed_everything
+from bench.train.vit import SoftmaxAttention
 from methods.kep_svgp import KEPSVGP, KEPSVGPAttention, KEPSVGPEnsemble
 from tests.helpers.synthetic import squares_bundle
 
@@ -450,7 +450,7 @@ def test_fit_end_to_end_two_epochs(data):
 
 
 def test_deviations_name_the_options_that_leave_the_official_code():
-    from bench.options import parse
+    from bench.config.options import parse
     from methods.kep_svgp import KEPSVGP
 
     assert KEPSVGP(parse(KEPSVGP.Options, {"samples": 10})).deviations() == []  # faithful, logits, 10 passes

@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 from scipy.optimize import minimize_scalar
 
-from bench.errors import ConfigError
-from bench.options import parse
-from bench.registry import METHODS
+from bench.core.errors import ConfigError
+from bench.config.options import parse
+from bench.core.registry import METHODS
 from methods.laplace_last_layer import (LaplaceHead, LastLayerLaplace, augmented, evidence_maximiser, ggn_full,
                                         kron_factors, probit)
 from tests.helpers.suites import run_in_process, tiny_suite
@@ -265,7 +265,7 @@ def test_trains_predicts_and_reports_through_the_cli(tmp_path, capsys):
 
 def test_cifar_suites_run_it_with_the_laplace_redux_setting():
     import datasets  # noqa: F401  (the suites' data sets)
-    from bench.spec import load_suite
+    from bench.config.spec import load_suite
 
     for name in ("cifar10", "cifar100"):
         (m,) = [m for m in load_suite(name).methods if m.type == "laplace_last_layer"]
@@ -276,7 +276,7 @@ def test_cifar_suites_run_it_with_the_laplace_redux_setting():
 def test_a_post_hoc_laplace_with_another_network_than_its_stage1_is_a_config_error():
     import tomllib
 
-    from bench.spec import build_suite
+    from bench.config.spec import build_suite
 
     ok = "[methods.msp]\n[methods.laplace_last_layer]\nbase = \"msp\"\n"
     build_suite(tomllib.loads(tiny_suite("hard", methods=ok)))

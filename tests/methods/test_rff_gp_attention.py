@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import torch
 
-from bench.options import parse
-from bench.registry import ATTENTIONS, METHODS
-from bench.spec import ModelConfig, TrainConfig
-from bench.train import fit, predict, seed_everything
-from bench.vit import make_attention
+from bench.config.options import parse
+from bench.core.registry import ATTENTIONS, METHODS
+from bench.config.spec import ModelConfig, TrainConfig
+from bench.train.loop import fit, predict, seed_everything
+from bench.train.vit import make_attention
 from methods.rff_gp_attention import RFFGPAttention, RFFGPAttentionMethod, orthonormal_columns
 from tests.helpers.suites import only_cell, run_in_process, tiny_suite
 from tests.helpers.synthetic import squares_bundle
@@ -178,7 +178,7 @@ def test_fit_and_predict_two_epochs(data):
 
 
 def test_trains_through_the_cli_with_predictions_and_its_parameter_count(tmp_path, capsys):
-    from bench.cli import main
+    from bench.run.cli import main
 
     suite = tiny_suite("hard", methods="[methods.rff_gp_attention]\nfeatures = 4\nsamples = 2\n")
     code, err = run_in_process(tmp_path, suite=suite, capsys=capsys)
@@ -198,7 +198,7 @@ def test_trains_through_the_cli_with_predictions_and_its_parameter_count(tmp_pat
 
 def test_cifar_suites_run_it_with_the_official_settings_and_sgpa_annealing():
     import datasets  # noqa: F401  (the suites' data sets)
-    from bench.spec import load_suite
+    from bench.config.spec import load_suite
 
     for name in ("cifar10", "cifar100"):
         (m,) = [m for m in load_suite(name).methods if m.type == "rff_gp_attention"]

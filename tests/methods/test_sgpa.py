@@ -15,11 +15,11 @@ from scipy.special import log_softmax as sp_log_softmax
 from torch.distributions import MultivariateNormal, kl_divergence
 
 from bench.data import DataBundle
-from bench.errors import ConfigError
-from bench.options import parse
-from bench.spec import ModelConfig, TrainConfig
-from bench.train import fit, predict, seed_everything
-from bench.vit import ViT
+from bench.core.errors import ConfigError
+from bench.config.options import parse
+from bench.config.spec import ModelConfig, TrainConfig
+from bench.train.loop import fit, predict, seed_everything
+from bench.train.vit import ViT
 from methods.sgpa import SGPA, SGPAAttention
 from tests.helpers.synthetic import squares_bundle
 
@@ -710,7 +710,7 @@ def test_official_layernorm_is_shared_by_every_position_but_the_first_attention_
 
 
 def test_official_readout_is_sequence_pooling_on_images_and_mean_pooling_on_text():
-    from bench.text import PAD_ID
+    from bench.data.text import PAD_ID
     from datasets.text_bundle import TextOptions, text_bundle
 
     (_, dm), (_, om) = preset_pair()
@@ -738,7 +738,7 @@ def test_official_readout_is_sequence_pooling_on_images_and_mean_pooling_on_text
 
 
 def test_sequence_pooling_weights_real_tokens_only():
-    from bench.vit import TextTransformer
+    from bench.train.vit import TextTransformer
 
     torch.manual_seed(0)
     model = TextTransformer(10, 5, 3, ModelConfig(dim=8, depth=1, heads=2, dropout=0.0, pool="sequence")).eval()

@@ -16,11 +16,11 @@ import pytest
 import torch
 from torch.nn.utils import parametrize
 
-from bench.errors import ConfigError
-from bench.options import parse
-from bench.registry import METHODS
-from bench.spec import ModelConfig, TrainConfig
-from bench.train import fit, seed_everything
+from bench.core.errors import ConfigError
+from bench.config.options import parse
+from bench.core.registry import METHODS
+from bench.config.spec import ModelConfig, TrainConfig
+from bench.train.loop import fit, seed_everything
 from methods.sngp import SNGP, RandomFeatureGP
 from tests.helpers.suites import only_cell, run_in_process, tiny_suite
 from tests.helpers.synthetic import squares_bundle
@@ -177,7 +177,7 @@ def head_inputs(model, x) -> torch.Tensor:
 def test_fit_leaves_the_precision_of_the_last_epoch(data):
     """Only the output weights train (the features stay fixed): after two epochs P is
     ridge·I plus the features of one pass over the training set, not two."""
-    from bench.train import Normalize, to_tensor
+    from bench.train.loop import Normalize, to_tensor
 
     sngp = method(spectral_norm_bound=1e3, ridge=2.0)
     seed_everything(0)
@@ -207,7 +207,7 @@ def test_options_defaults_are_vit_sngp_and_validate():
 
 
 def test_trains_through_the_cli_with_predictions_and_its_parameter_count(tmp_path, capsys):
-    from bench.cli import main
+    from bench.run.cli import main
 
     suite = tiny_suite("hard", methods="[methods.sngp]\nrandom_features = 128\n")
     code, err = run_in_process(tmp_path, suite=suite, capsys=capsys)
@@ -231,7 +231,7 @@ def test_trains_through_the_cli_with_predictions_and_its_parameter_count(tmp_pat
 
 def test_cifar_suites_run_sngp_with_the_vit_sngp_settings():
     import datasets  # noqa: F401  (the suites' data sets)
-    from bench.spec import load_suite
+    from bench.config.spec import load_suite
 
     for name in ("cifar10", "cifar100"):
         (m,) = [m for m in load_suite(name).methods if m.type == "sngp"]

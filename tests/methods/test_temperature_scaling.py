@@ -14,8 +14,8 @@ from scipy.optimize import minimize
 from scipy.special import log_softmax as sp_log_softmax
 from scipy.special import logsumexp as sp_logsumexp
 
-from bench.method import DerivedOptions
-from bench.registry import METHODS
+from bench.train.method import DerivedOptions
+from bench.core.registry import METHODS
 from methods.temperature_scaling import TemperatureScaling, fit_temperature
 
 T_TRUE = 2.5

@@ -9,13 +9,13 @@ from scipy.special import log_softmax
 from scipy.stats import entropy as sp_entropy
 from sklearn.metrics import accuracy_score, roc_auc_score
 
-import bench.vit  # noqa: F401
+import bench.train.vit  # noqa: F401
 import datasets  # noqa: F401
 import methods  # noqa: F401
 from bench.analysis import analyse
-from bench.catalog import open_store
-from bench.plan import make_plan
-from bench.spec import build_suite
+from bench.store.catalog import open_store
+from bench.store.plan import make_plan
+from bench.config.spec import build_suite
 from bench.store import Store
 
 SPLITS = ["val", "test", "shift/gaussian_noise/1", "shift/gaussian_noise/2", "shift/contrast/1",
@@ -188,7 +188,7 @@ def _write_cell(store, key: str, dataset: str, method: str, seed: int, finished:
 
 
 def test_catalog_picks_the_planned_cell_else_the_newest_and_names_incomplete_ones(tmp_path):
-    from bench.catalog import open_store, write_store_description
+    from bench.store.catalog import open_store, write_store_description
 
     suite = build_suite({"name": "pick", "seeds": [0, 1], "datasets": {"mnist5k": {}},
                          "methods": {"msp": {}, "ens": "ensemble(msp, 2)"}})
@@ -218,7 +218,7 @@ def test_a_derived_method_costs_and_converges_over_the_replicates_it_formed_only
     """An ensemble of 2 over seeds 0-3 with msp seed 3 not stored: replicate 0 (seeds 0, 1)
     is formed, replicate 1 (seeds 2, 3) is named as failed; its cost is replicate 0's
     members' summed, and its convergence rows count those 2 seeds, never seed 2's cell."""
-    from bench.catalog import write_store_description
+    from bench.store.catalog import write_store_description
 
     suite = build_suite({"name": "part", "seeds": [0, 1, 2, 3], "datasets": {"mnist5k": {}},
                          "methods": {"msp": {}, "ens": "ensemble(msp, 2)"}})
@@ -311,17 +311,17 @@ def test_seeds_needed_asks_for_a_mark_in_the_comparisons_holm_family(tmp_path, m
     """*Seeds needed* is computed for the family the comparison's p-value is Holm-corrected
     in: the paper's metrics of the test table (here 10, one method against the reference),
     and the debiased ECE, analysed on top of them, in a family of its own (1)."""
-    import bench.stats
+    import bench.analysis.bootstrap
     from bench.metrics import selection
 
     asked = []
-    real = bench.stats.seeds_needed
+    real = bench.analysis.bootstrap.seeds_needed
 
     def recording(*pair, **kwargs):
         asked.append(kwargs["family"])
         return real(*pair, **kwargs)
 
-    monkeypatch.setattr(bench.stats, "seeds_needed", recording)
+    monkeypatch.setattr(bench.analysis.bootstrap, "seeds_needed", recording)
     catalog = _seed_store(tmp_path, {"msp": [0.70, 0.80, 0.90], "mc_dropout": [0.75, 0.85, 0.955]})
     s = analyse(catalog, resamples=200).summary
     tested = s[(s.split == "test") & s.p_value.notna()]
@@ -336,7 +336,7 @@ def test_a_plugin_that_edits_its_arrays_in_place_changes_nothing_else(tmp_path, 
     analysed first): every other metric and score gives the values of an analysis without
     them, and each plugin's write is its own error (they receive read-only arrays)."""
     from bench.metrics.record import Metric
-    from bench.registry import METRICS, SCORES
+    from bench.core.registry import METRICS, SCORES
     from bench.scores.record import Score
     from tests.helpers.synthetic import fake_store, fake_suite
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.cli import main
+from bench.run.cli import main
 
 
 def _report(tiny_store: Path, results: Path, reports: Path, capsys) -> str:
@@ -79,8 +79,8 @@ def test_a_plugin_score_whose_helper_changed_is_analysed_again(tmp_path, monkeyp
     import numpy as np
 
     from bench.analysis import analyse_store
-    from bench.catalog import open_store
-    from bench.registry import SCORES
+    from bench.store.catalog import open_store
+    from bench.core.registry import SCORES
     from bench.scores.record import Score
     from tests.helpers.synthetic import fake_store, fake_suite
 

@@ -16,9 +16,9 @@ import pytest
 import datasets  # noqa: F401  (registers the datasets the suite names)
 import methods  # noqa: F401
 from bench.analysis.training import IMPROVING, NOT_IMPROVING, NOT_LEARNING, convergence, judge, window
-from bench.catalog import open_store
-from bench.plan import make_plan
-from bench.spec import build_suite
+from bench.store.catalog import open_store
+from bench.store.plan import make_plan
+from bench.config.spec import build_suite
 from bench.store import TRAIN_LOG, Store
 
 FLAT_ACC = [0.99] * 10

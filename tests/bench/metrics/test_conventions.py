@@ -25,7 +25,7 @@ from sklearn.metrics import (
 )
 
 import bench.metrics as M
-from bench.registry import METRICS
+from bench.core.registry import METRICS
 from tests.helpers.synthetic import make_case
 
 # ----------------------------------------------------------------------------- helpers

@@ -24,7 +24,7 @@ from sklearn.metrics import (
 
 import bench.metrics as M
 from bench.metrics.curves import BinaryCurve
-from bench.registry import METRICS
+from bench.core.registry import METRICS
 from tests.helpers.synthetic import make_case
 
 # ----------------------------------------------------------------------------- helpers

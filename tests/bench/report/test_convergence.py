@@ -11,7 +11,7 @@ import json
 import pandas as pd
 import pytest
 
-from bench.cli import main
+from bench.run.cli import main
 from bench.store import TRAIN_LOG
 from tests.bench.report.test_report import md_rows
 from tests.helpers.suites import tiny_suite

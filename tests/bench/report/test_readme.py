@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from bench.cli import main
+from bench.run.cli import main
 from bench.report import RunTitle
 from tests.helpers.suites import run_in_process
 

@@ -21,7 +21,7 @@ from matplotlib.axes import Axes
 
 import bench.report.plots as report_mod  # the drawing functions the fast_plots fixture skips
 from bench.analysis import AnalysisResults
-from bench.errors import ConfigError
+from bench.core.errors import ConfigError
 from bench.metrics import calibration_bins, ece, get_metric, risk_coverage_curve
 from bench.report import sanitize, write_report
 from bench.report.rows import Row, Stat

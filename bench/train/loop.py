@@ -1,0 +1,520 @@
+"""The one training loop and the one prediction routine, shared by every trained method.
+
+Adam or AdamW (fused where torch offers it: CUDA), linear warm-up then cosine decay to
+``min_lr`` (stepped per batch), gradient-norm clipping, validation after every epoch and
+the best-validation-accuracy weights kept (ties keep the earlier epoch).  Method-specific
+loss terms enter through ``method.training_loss``.  The data sit on the training device
+as uint8 and are cropped, flipped and normalised there in batches; ``[train] precision``
+"auto" runs the forward pass under bf16 autocast on CUDA and in float32 on CPU, where
+everything is deterministic for a seed.  ``[train] compile`` compiles the training
+forward, falling back to eager execution (with the reason recorded) when it fails.
+
+The step loop never waits for the device: no ``.item()``, no Python branch on a device
+value.  A non-finite loss is flagged on the device and checked at the end of the epoch,
+which raises :class:`~bench.core.errors.NonFiniteLoss` naming the epoch and step.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import inspect
+import math
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from bench.train import distributed
+from bench.data import DataBundle, Split, TokenSplit
+from bench.core.errors import ConfigError, NonFiniteLoss
+from bench.train.method import LossTerm, TrainedMethod
+from bench.config.spec import TrainConfig
+from bench.train.vit import Backbone, HeadInputs
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA device is available; use --device cpu or auto")
+    if name not in ("cpu", "cuda"):
+        raise ConfigError(f"--device must be auto, cpu or cuda, got {name!r}")
+    return torch.device(name)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def to_tensor(split: Split | TokenSplit, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A split's inputs and labels on ``device``: uint8 images as ``[N, C, H, W]`` uint8
+    (normalised per batch by :class:`Normalize`), token ids as they are (int64)."""
+    x = torch.from_numpy(np.ascontiguousarray(split.x))
+    if isinstance(split, Split):
+        x = x.unsqueeze(1) if x.ndim == 3 else x.permute(0, 3, 1, 2)
+    return x.contiguous().to(device), torch.from_numpy(split.y).to(device)
+
+
+class Normalize:
+    """A batch as the model takes it: images to float, normalised with the bundle's pixel
+    statistics; token ids unchanged (the text backbone embeds them)."""
+
+    def __init__(self, data: DataBundle, device: torch.device) -> None:
+        self.text = data.tokenizer is not None
+        if not self.text:
+            self.mean = torch.tensor(data.mean, device=device).view(1, -1, 1, 1) * 255.0
+            self.std = torch.tensor(data.std, device=device).view(1, -1, 1, 1) * 255.0
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.text else (x.float() - self.mean) / self.std
+
+
+def augment(x: torch.Tensor, ops: tuple[str, ...], gen: torch.Generator) -> torch.Tensor:
+    """Random crop with 4-pixel zero padding and/or horizontal flip, per sample, on uint8 NCHW.
+    The offsets are drawn on ``gen``'s device (on the GPU: no copy, no wait, per step)."""
+    b, _, h, w = x.shape
+    if "crop" in ops:
+        pad = 4
+        padded = F.pad(x, (pad, pad, pad, pad))
+        oy = torch.randint(0, 2 * pad + 1, (b,), generator=gen, device=gen.device).to(x.device)
+        ox = torch.randint(0, 2 * pad + 1, (b,), generator=gen, device=gen.device).to(x.device)
+        rows = (oy[:, None] + torch.arange(h, device=x.device))[:, None, :, None]
+        cols = (ox[:, None] + torch.arange(w, device=x.device))[:, None, None, :]
+        idx_b = torch.arange(b, device=x.device)[:, None, None, None]
+        idx_c = torch.arange(x.shape[1], device=x.device)[None, :, None, None]
+        x = padded[idx_b, idx_c, rows, cols]
+    if "flip" in ops:
+        flip = (torch.rand(b, generator=gen, device=gen.device) < 0.5).to(x.device)
+        x = torch.where(flip[:, None, None, None], x.flip(3), x)
+    return x
+
+
+def lr_factor(step: int, total: int, warmup: int, lr: float, min_lr: float) -> float:
+    """Multiplier of the base lr: linear warm-up over ``warmup`` steps, then cosine to min_lr."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return (min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))) / lr
+
+
+def switched_on(setting: bool | str, device: torch.device) -> bool:
+    """Whether a ``[train]`` switch whose "auto" means "on CUDA" (``compile``,
+    ``batch_passes``; the bf16 of ``precision``) is on for ``device``: true, or "auto" on a
+    CUDA device."""
+    return setting is True or (setting == "auto" and device.type == "cuda")
+
+
+_FLUSHING = threading.local()  # how deep this thread is in flushing_denormals calls
+
+
+def flushing_denormals(fn):
+    """Run ``fn`` (which takes a ``device`` argument) with denormal floats flushed to zero
+    when the device is the CPU, and restore the default afterwards.
+
+    SGPA's kernel produces denormals, which x86 processors of some makes handle in
+    microcode (a training step several times slower); flushing them costs nothing
+    measurable on processors without that penalty.  Scoped to training and prediction, so
+    that numbers computed later in the process (analysis, numpy) keep the default float
+    behaviour; nested calls (``fit`` validates with ``predict``) leave the flag to the
+    outermost.  The flag is per thread: torch sets it on the calling thread."""
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if signature.bind(*args, **kwargs).arguments["device"].type != "cpu":
+            return fn(*args, **kwargs)
+        depth = getattr(_FLUSHING, "depth", 0)
+        if depth == 0:
+            torch.set_flush_denormal(True)
+        _FLUSHING.depth = depth + 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _FLUSHING.depth = depth
+            if depth == 0:
+                torch.set_flush_denormal(False)
+
+    return wrapper
+
+
+def autocast(device: torch.device, precision: str = "auto"):
+    """The forward pass's precision (``[train] precision``): bf16 autocast for "bf16", and
+    for "auto" on CUDA; float32 otherwise.  Layers keep their delicate parts in float32."""
+    if precision == "bf16" or switched_on(precision, device):
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
+    """Adam or AdamW over ``model``'s parameters; the fused kernel on CUDA (one launch for
+    every parameter; CPU keeps the default for-each implementation, whose results the
+    committed CPU reference runs were made with)."""
+    opt_cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
+    kwargs = {"fused": True} if device.type == "cuda" else {}
+    try:
+        return opt_cls(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, **kwargs)
+    except (RuntimeError, TypeError, ValueError):  # a torch or parameter type without the fused kernel
+        return opt_cls(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+class CompiledForward:
+    """``torch.compile(model)`` when wanted.  torch compiles at the first call (the forward)
+    and the first backward, so the loop runs its first step as a *trial*
+    (:attr:`on_trial`): if that step or the creation fails, the eager model takes over for
+    good, with the reason kept in :attr:`status`; after a successful trial an error is an
+    error."""
+
+    def __init__(self, model: torch.nn.Module, wanted: bool) -> None:
+        self.model, self.fn = model, model
+        self.status = "off"
+        self.on_trial = wanted
+        if wanted:
+            try:
+                self.fn, self.status = torch.compile(model), "on"
+            except Exception as exc:  # noqa: BLE001 - any compiler failure falls back
+                self.fall_back(exc)
+
+    def fall_back(self, exc: BaseException) -> None:
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        self.fn, self.status = self.model, f"failed, trained eagerly: {type(exc).__name__}: {first}"
+        self.on_trial = False
+
+
+def _entropy(log_p: torch.Tensor) -> torch.Tensor:
+    """Shannon entropy (nats) over the last axis of log-probabilities (0 log 0 = 0)."""
+    return -(log_p.exp() * log_p.nan_to_num(neginf=0.0)).sum(-1)
+
+
+def decomposition_terms(sample_lp: torch.Tensor, mean_lp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(total, aleatoric)`` [B] in nats of S passes: total = H[(1/S) sum_s p_s] (from
+    ``mean_lp`` [B, C], the log of the mean probability) and aleatoric = (1/S) sum_s H[p_s]
+    (from ``sample_lp`` [S, B, C]); their difference is the mutual information (epistemic).
+
+    The torch twin of :func:`bench.metrics.decompose` (the same formula, the one numpy
+    definition), kept so that :func:`predict` computes the terms on the device without
+    moving S x B x C probabilities to the host; ``tests/bench/train/test_loop.py`` checks that the two agree."""
+    return _entropy(mean_lp), _entropy(sample_lp).mean(0)
+
+
+@torch.no_grad()
+@flushing_denormals
+def predict(
+    method: TrainedMethod, model: torch.nn.Module, split: Split | TokenSplit, data: DataBundle, device: torch.device,
+    batch_size: int, extras: dict[str, np.ndarray] | None = None, precision: str = "auto",
+    batch_passes: bool | str = "auto", features: bool = False, on_pass: Callable[[int], None] | None = None,
+) -> np.ndarray:
+    """Log predictive probabilities ``[N, C]`` (float32) with the method's S passes and
+    averaging rule (``logits``: softmax of the mean logit; ``probs``: mean probability).
+
+    With an ``extras`` dict, also fills what OOD scores read (float32): ``logits`` [N, C],
+    the mean logit over the S passes; for S > 1 three numbers per image instead of all
+    S x C probabilities: ``entropy_of_mean`` = H[(1/S) sum_s p_s] (total) and
+    ``mean_entropy`` = (1/S) sum_s H[p_s] (aleatoric; :func:`decomposition_terms`, nats)
+    and ``prob_variance`` = sum_c Var_s[p_s,c]; with ``features``, ``features`` [N, D] =
+    the head's input averaged over the passes (:class:`~bench.train.vit.HeadInputs`; the head is
+    linear, so ``logits`` = head(features)).
+
+    With ``batch_passes`` (``[train] batch_passes``; "auto" = on CUDA) and a method whose
+    noise is drawn per input (:attr:`TrainedMethod.batched_samples`), the S passes run as
+    one forward of the batch repeated S times, over ``batch_size // S`` images at a time,
+    so every forward holds about ``batch_size`` inputs; otherwise S forwards of
+    ``batch_size`` images.  Either way only the blocks from the first one that draws noise
+    run S times (:func:`passes`).  Results stay on the device until the end.
+
+    ``on_pass(n)`` (progress) is called after each pass with the number of images it ran
+    (``len(split) * S`` in all)."""
+    method.eval_mode(model)
+    norm = Normalize(data, device)
+    x_all, _ = to_tensor(split, device)
+    samples = method.samples
+    batched = samples > 1 and method.batched_samples and switched_on(batch_passes, device)
+    chunk = max(1, batch_size // samples) if batched else batch_size
+    kept: dict[str, list[torch.Tensor]] = {}
+    out = []
+    with HeadInputs(model, on=extras is not None and features) as head_inputs:
+        for i in range(0, len(x_all), chunk):
+            x = norm(x_all[i : i + chunk])
+            with autocast(device, precision):
+                logits = passes(model, x, samples, batched, on_pass)
+            sample_lp = F.log_softmax(logits, dim=-1)
+            mean_lp = torch.logsumexp(sample_lp, dim=0) - math.log(samples)  # log of the mean probability
+            lp = F.log_softmax(logits.mean(0), dim=-1) if method.average == "logits" else mean_lp
+            out.append(lp)
+            if extras is None:
+                continue
+            kept.setdefault("logits", []).append(logits.mean(0))
+            if samples > 1:
+                h_mean, mean_h = decomposition_terms(sample_lp, mean_lp)
+                kept.setdefault("entropy_of_mean", []).append(h_mean)
+                kept.setdefault("mean_entropy", []).append(mean_h)
+                kept.setdefault("prob_variance", []).append(sample_lp.exp().var(0, correction=0).sum(-1))
+            if (feats := head_inputs.take(samples, len(x))) is not None:
+                kept.setdefault("features", []).append(feats)
+            elif features:
+                kept.pop("features", None)  # a model without a Linear head, or one read otherwise: none
+    for name, parts in kept.items():
+        extras[name] = torch.cat(parts).cpu().numpy().astype(np.float32)
+    return torch.cat(out).cpu().numpy().astype(np.float32)
+
+
+def passes(model: torch.nn.Module, x: torch.Tensor, samples: int, batched: bool,
+           on_pass: Callable[[int], None] | None = None) -> torch.Tensor:
+    """Logits ``[S, B, C]`` (float32) of ``samples`` forward passes of ``x``.
+
+    The blocks before the first one that draws noise in the model's current mode
+    (:meth:`bench.train.vit.Backbone.deterministic_depth`) give the same output in every pass:
+    they run once (:meth:`~bench.train.vit.Backbone.trunk`), and only the rest S times
+    (:meth:`~bench.train.vit.Backbone.tail`), drawing the same random numbers in the same order
+    as S whole forwards would.  ``batched``: the S tails as one forward of the trunk's
+    output repeated S times (pass s reads rows s*B .. (s+1)*B - 1).  ``on_pass(n)`` is
+    called after each pass (the S batched ones: once) with the images it ran."""
+    depth = model.deterministic_depth() if samples > 1 and isinstance(model, Backbone) else None
+    if depth is None:
+        h, mask, tail = x, None, lambda t, m: model(t)
+    else:
+        h, mask = model.trunk(x, depth)
+        tail = lambda t, m: model.tail(t, m, depth)  # noqa: E731
+    tick = on_pass or (lambda _n: None)
+    if batched:
+        repeat = h.repeat(samples, *[1] * (h.dim() - 1))
+        out = tail(repeat, None if mask is None else mask.repeat(samples, 1)).float().unflatten(0, (samples, len(x)))
+        tick(samples * len(x))
+        return out
+    out = []
+    for _ in range(samples):
+        out.append(tail(h, mask).float())
+        tick(len(x))
+    return torch.stack(out)
+
+
+def _training_state(epoch: int, model, opt, sched, gen: torch.Generator, aug_gen: torch.Generator,
+                    best: "TrainResult", seconds: float, device: torch.device) -> dict:
+    """Everything :func:`fit` needs to continue after ``epoch`` epochs (tensors and plain
+    values only, so ``torch.load(weights_only=True)`` reads it); ``aug_gen``, the
+    augmentation's generator, is saved apart when it is not ``gen`` (on the GPU)."""
+    state = {
+        "epoch": epoch, "model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
+        "gen": gen.get_state(), "torch_rng": torch.get_rng_state(), "seconds": seconds,
+        "best_state": best.state_dict, "best_epoch": best.best_epoch, "best_val_acc": best.best_val_acc,
+        "log": best.log,
+    }
+    if device.type == "cuda":
+        state["cuda_rng"] = torch.cuda.get_rng_state(device)
+    if aug_gen is not gen:
+        state["aug_gen"] = aug_gen.get_state()
+    return state
+
+
+def _restore(state: dict, model, opt, sched, gen: torch.Generator, aug_gen: torch.Generator, best: "TrainResult",
+             device: torch.device) -> int:
+    """Load a :func:`_training_state`; returns the first epoch still to run."""
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["opt"])
+    sched.load_state_dict(state["sched"])
+    gen.set_state(state["gen"])
+    if aug_gen is not gen and "aug_gen" in state:
+        aug_gen.set_state(state["aug_gen"])
+    torch.set_rng_state(state["torch_rng"])
+    if device.type == "cuda" and "cuda_rng" in state:
+        torch.cuda.set_rng_state(state["cuda_rng"], device)
+    best.state_dict = state["best_state"]
+    best.best_epoch, best.best_val_acc = int(state["best_epoch"]), float(state["best_val_acc"])
+    best.log = list(state["log"])
+    return int(state["epoch"])
+
+
+def optimiser_steps(n: int, batch_size: int) -> int:
+    """Optimiser steps per epoch of :func:`fit` on ``n`` training samples: full batches of
+    ``min(batch_size, n)``, the last partial batch dropped, as the reference recipe does."""
+    return n // min(batch_size, n)
+
+
+@dataclass
+class TrainResult:
+    state_dict: dict
+    best_epoch: int
+    best_val_acc: float
+    log: list[dict] = field(default_factory=list)
+    seconds: float = 0.0
+    compile: str = "off"  # "on", "off" or "failed, trained eagerly: <reason>"
+
+
+#: the columns every training log row has (:func:`fit`); any other column is the method's own
+LOG_COLUMNS = ("epoch", "lr", "train_loss", "train_ce", "train_acc", "val_acc", "val_nll", "seconds")
+
+
+@flushing_denormals
+def fit(
+    method: TrainedMethod,
+    model: torch.nn.Module,
+    data: DataBundle,
+    cfg: TrainConfig,
+    device: torch.device,
+    seed: int,
+    on_epoch: Callable[[dict], None] | None = None,
+    resume: dict | None = None,
+    on_checkpoint: Callable[[dict], None] | None = None,
+    on_step: Callable[[], None] | None = None,
+) -> TrainResult:
+    """Train ``model`` on ``data``'s train split, validating on ``val`` after each epoch.
+
+    Resumable: at the end of an epoch due for it (``cfg.checkpoint_every``; 0 = every epoch
+    once one took over a minute) ``on_checkpoint`` receives the training state (model,
+    optimiser, schedule, RNG states, epoch, best-so-far, log); ``resume`` = such a state
+    (checked with :func:`bench.train.state.read_training_state` when it comes from a file) continues from
+    the next epoch and ends with the same weights as an uninterrupted run (bit for bit on
+    CPU).
+
+    Inside a process group of K processes (torchrun, :mod:`bench.train.distributed`) the model
+    trains under DistributedDataParallel: each step's global batch of ``batch_size`` is
+    drawn and augmented as in one process, and each rank takes its K-th part, so the
+    averaged gradients, the logged loss and the weights are the single-process ones (up
+    to float summation order and per-rank dropout noise).  Only rank 0 validates.
+
+    Each epoch's log row (``on_epoch(row)``, :attr:`TrainResult.log`) holds the columns of
+    :data:`LOG_COLUMNS` -- the epoch, the learning rate, the training objective
+    (``train_loss``: the cross-entropy plus the method's terms, as optimised), its data term
+    alone (``train_ce``: the cross-entropy of the training logits), the training accuracy,
+    the validation accuracy and NLL, the seconds -- then the method's :meth:`~bench.train.method.TrainedMethod.epoch_log` and the epoch's
+    mean of each named regulariser of its :class:`~bench.train.method.LossTerm` layers
+    (:meth:`~bench.train.method.LossTerm.loss_terms`, summed over layers).  ``on_step()`` is
+    called after every optimiser step (progress)."""
+    start = time.perf_counter()
+    gen = torch.Generator().manual_seed(seed)  # the epoch order (and, on CPU, the augmentation)
+    aug_gen = gen if device.type == "cpu" else torch.Generator(device).manual_seed(seed)
+    train, val = data.get("train"), data.get("val")
+    if cfg.augment and data.tokenizer is not None:
+        raise ConfigError(f"train.augment {list(cfg.augment)} crops and flips images; dataset {data.name!r} is text: "
+                          "set augment = [] for it")
+    x_train, y_train = to_tensor(train, device)
+    norm = Normalize(data, device)
+    n = len(x_train)
+    bs = min(cfg.batch_size, n)  # the batch optimiser_steps counts
+    rank, size = distributed.world()
+    if bs % size:
+        raise ConfigError(f"train.batch_size {bs} cannot be split over {size} torchrun processes: "
+                          f"use a multiple of {size}, or --nproc_per_node dividing it")
+    part = slice(rank * (bs // size), (rank + 1) * (bs // size))  # this rank's share of every batch
+    steps_per_epoch = optimiser_steps(n, cfg.batch_size)
+    total = steps_per_epoch * cfg.epochs
+    warmup = steps_per_epoch * cfg.warmup_epochs
+
+    opt = make_optimizer(model, cfg, device)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, total, warmup, cfg.lr, cfg.min_lr))
+    net = model
+    if size > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        net = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    forward = CompiledForward(net, switched_on(cfg.compile, device))
+    term_layers = [m for m in model.modules() if isinstance(m, LossTerm)]
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward, loss and gradients of one batch (the optimiser steps after)."""
+        with autocast(device, cfg.precision):
+            logits = forward.fn(norm(x))
+            loss = method.training_loss(model, logits, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        return loss, logits
+
+    best = TrainResult(copy.deepcopy(model.state_dict()), -1, -1.0)
+    first = 0
+    if resume is not None:
+        first = _restore(resume, model, opt, sched, gen, aug_gen, best, device)
+        start -= float(resume.get("seconds", 0.0))
+    for epoch in range(first, cfg.epochs):
+        model.train()
+        t0 = time.perf_counter()
+        perm = torch.randperm(n, generator=gen).to(device)
+        loss_sum = torch.zeros((), device=device)
+        ce_sum = torch.zeros((), device=device)  # the data term alone: the cross-entropy of the training logits
+        correct = torch.zeros((), device=device)
+        bad_step = torch.full((), -1, dtype=torch.long, device=device)  # first non-finite loss of the epoch
+        bad_loss = torch.zeros((), device=device)
+        terms: dict[str, torch.Tensor] = {}  # regulariser name -> its sum over the epoch's steps (on the device)
+        method.on_train_epoch(model, epoch, cfg.epochs)
+        for s in range(steps_per_epoch):
+            idx = perm[s * bs : (s + 1) * bs]
+            x = x_train[idx]
+            if cfg.augment:
+                x = augment(x, cfg.augment, aug_gen)
+            y = y_train[idx]
+            if size > 1:
+                x, y = x[part], y[part]
+            method.on_train_step(model, epoch * steps_per_epoch + s, total)
+            if forward.on_trial:  # the first compiled step: where torch compiles
+                try:
+                    loss, logits = step(x, y)
+                    forward.on_trial = False
+                except Exception as exc:  # noqa: BLE001 - a genuine error recurs in the eager retry
+                    forward.fall_back(exc)
+                    loss, logits = step(x, y)
+            else:
+                loss, logits = step(x, y)
+            for layer in term_layers:
+                for name, value in layer.loss_terms().items():
+                    value = torch.as_tensor(value).detach().float()
+                    terms[name] = terms[name] + value if name in terms else value
+            first_bad = (bad_step < 0) & ~torch.isfinite(loss.detach())
+            bad_step = torch.where(first_bad, s, bad_step)
+            bad_loss = torch.where(first_bad, loss.detach().float(), bad_loss)
+            if cfg.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            opt.step()
+            sched.step()
+            loss_sum += loss.detach() * len(y)
+            ce_sum += F.cross_entropy(logits.detach().float(), y) * len(y)
+            correct += (logits.argmax(-1) == y).sum()
+            if on_step is not None:
+                on_step()
+        if size > 1:  # the first step any rank saw a non-finite loss at; global loss and accuracy
+            bad_step = distributed.all_min_(torch.where(bad_step >= 0, bad_step, steps_per_epoch))
+            bad_step = torch.where(bad_step < steps_per_epoch, bad_step, -1)
+            distributed.all_sum_(loss_sum)
+            distributed.all_sum_(ce_sum)
+            distributed.all_sum_(correct)
+        if int(bad_step) >= 0:  # the epoch's one look at the flag
+            value = f" {float(bad_loss)}" if size == 1 else ""
+            raise NonFiniteLoss(f"non-finite training loss{value} at epoch {epoch + 1}, "
+                                f"step {int(bad_step) + 1} of {steps_per_epoch}")
+        val_acc = val_nll = float("nan")
+        if rank == 0:
+            val_lp = predict(method, model, val, data, device, cfg.eval_batch_size, precision=cfg.precision,
+                             batch_passes=cfg.batch_passes)
+            val_acc = float((val_lp.argmax(1) == val.y).mean())
+            val_nll = float(-val_lp[np.arange(len(val.y)), val.y].mean())
+        row = {
+            "epoch": epoch + 1,
+            "lr": opt.param_groups[0]["lr"],
+            "train_loss": float(loss_sum) / (steps_per_epoch * bs),
+            "train_ce": float(ce_sum) / (steps_per_epoch * bs),
+            "train_acc": float(correct) / (steps_per_epoch * bs),
+            "val_acc": val_acc,
+            "val_nll": val_nll,
+            "seconds": time.perf_counter() - t0,
+            **method.epoch_log(model),
+            **{name: float(total) / steps_per_epoch for name, total in terms.items()},
+        }
+        best.log.append(row)
+        if val_acc > best.best_val_acc:
+            best.state_dict = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+            best.best_epoch, best.best_val_acc = epoch + 1, val_acc
+        if on_epoch is not None:
+            on_epoch(row)
+        due = cfg.checkpoint_every and (epoch + 1) % cfg.checkpoint_every == 0
+        if on_checkpoint is not None and epoch + 1 < cfg.epochs and (due or (not cfg.checkpoint_every and row["seconds"] > 60)):
+            on_checkpoint(_training_state(epoch + 1, model, opt, sched, gen, aug_gen, best,
+                                          time.perf_counter() - start, device))
+    model.load_state_dict(best.state_dict)
+    best.seconds = time.perf_counter() - start
+    best.compile = forward.status
+    return best
