@@ -295,42 +295,6 @@ def passes(model: torch.nn.Module, x: torch.Tensor, samples: int, batched: bool,
     return torch.stack(out)
 
 
-def _training_state(epoch: int, model, opt, sched, gen: torch.Generator, aug_gen: torch.Generator,
-                    best: "TrainResult", seconds: float, device: torch.device) -> dict:
-    """Everything :func:`fit` needs to continue after ``epoch`` epochs (tensors and plain
-    values only, so ``torch.load(weights_only=True)`` reads it); ``aug_gen``, the
-    augmentation's generator, is saved apart when it is not ``gen`` (on the GPU)."""
-    state = {
-        "epoch": epoch, "model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
-        "gen": gen.get_state(), "torch_rng": torch.get_rng_state(), "seconds": seconds,
-        "best_state": best.state_dict, "best_epoch": best.best_epoch, "best_val_acc": best.best_val_acc,
-        "log": best.log,
-    }
-    if device.type == "cuda":
-        state["cuda_rng"] = torch.cuda.get_rng_state(device)
-    if aug_gen is not gen:
-        state["aug_gen"] = aug_gen.get_state()
-    return state
-
-
-def _restore(state: dict, model, opt, sched, gen: torch.Generator, aug_gen: torch.Generator, best: "TrainResult",
-             device: torch.device) -> int:
-    """Load a :func:`_training_state`; returns the first epoch still to run."""
-    model.load_state_dict(state["model"])
-    opt.load_state_dict(state["opt"])
-    sched.load_state_dict(state["sched"])
-    gen.set_state(state["gen"])
-    if aug_gen is not gen and "aug_gen" in state:
-        aug_gen.set_state(state["aug_gen"])
-    torch.set_rng_state(state["torch_rng"])
-    if device.type == "cuda" and "cuda_rng" in state:
-        torch.cuda.set_rng_state(state["cuda_rng"], device)
-    best.state_dict = state["best_state"]
-    best.best_epoch, best.best_val_acc = int(state["best_epoch"]), float(state["best_val_acc"])
-    best.log = list(state["log"])
-    return int(state["epoch"])
-
-
 def optimiser_steps(n: int, batch_size: int) -> int:
     """Optimiser steps per epoch of :func:`fit` on ``n`` training samples: full batches of
     ``min(batch_size, n)``, the last partial batch dropped, as the reference recipe does."""
@@ -349,6 +313,240 @@ class TrainResult:
 
 #: the columns every training log row has (:func:`fit`); any other column is the method's own
 LOG_COLUMNS = ("epoch", "lr", "train_loss", "train_ce", "train_acc", "val_acc", "val_nll", "seconds")
+
+
+@dataclass
+class EpochSums:
+    """What one training epoch adds up on the device (read once, at its end): the loss and
+    the cross-entropy weighted by batch size, the correct predictions, each named
+    regulariser's sum over the steps, and the first step whose loss was not finite (-1:
+    none) with that loss."""
+    loss: torch.Tensor
+    ce: torch.Tensor
+    correct: torch.Tensor
+    bad_step: torch.Tensor
+    bad_loss: torch.Tensor
+    terms: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @classmethod
+    def zeros(cls, device: torch.device) -> EpochSums:
+        return cls(torch.zeros((), device=device), torch.zeros((), device=device), torch.zeros((), device=device),
+                   torch.full((), -1, dtype=torch.long, device=device), torch.zeros((), device=device))
+
+    def flag(self, s: int, loss: torch.Tensor, term_layers: list[LossTerm]) -> None:
+        """Before step ``s``'s update: its regularisers (summed over layers) and whether its
+        loss is the epoch's first non-finite one."""
+        for layer in term_layers:
+            for name, value in layer.loss_terms().items():
+                value = torch.as_tensor(value).detach().float()
+                self.terms[name] = self.terms[name] + value if name in self.terms else value
+        first_bad = (self.bad_step < 0) & ~torch.isfinite(loss.detach())
+        self.bad_step = torch.where(first_bad, s, self.bad_step)
+        self.bad_loss = torch.where(first_bad, loss.detach().float(), self.bad_loss)
+
+    def add(self, loss: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> None:
+        """A step's batch: its loss, cross-entropy and correct predictions."""
+        self.loss += loss.detach() * len(y)
+        self.ce += F.cross_entropy(logits.detach().float(), y) * len(y)
+        self.correct += (logits.argmax(-1) == y).sum()
+
+    def all_reduce(self, steps: int) -> None:
+        """Across a process group: the first step any rank saw a non-finite loss at, and
+        the global sums."""
+        bad = distributed.all_min_(torch.where(self.bad_step >= 0, self.bad_step, steps))
+        self.bad_step = torch.where(bad < steps, bad, -1)
+        distributed.all_sum_(self.loss)
+        distributed.all_sum_(self.ce)
+        distributed.all_sum_(self.correct)
+
+    def check(self, epoch: int, steps: int, one_process: bool) -> None:
+        """:class:`NonFiniteLoss` naming the epoch and step when a loss was not finite (the
+        epoch's one look at the flag); the loss too in one process."""
+        if int(self.bad_step) >= 0:
+            value = f" {float(self.bad_loss)}" if one_process else ""
+            raise NonFiniteLoss(f"non-finite training loss{value} at epoch {epoch + 1}, "
+                                f"step {int(self.bad_step) + 1} of {steps}")
+
+
+class Trainer:
+    """The training of one model by :func:`fit`, as named steps: :meth:`step` (one batch),
+    :meth:`epoch` (the steps of an epoch, validation, the log row, the best weights) and
+    the resume state, :meth:`state` and :meth:`resume`: the weights, the optimiser and
+    schedule, the random generators, the epoch, the best weights so far and the log.
+
+    Built in the order the random streams need: the epoch-order generator (``gen``, seeded
+    with ``seed``; on CPU it also draws the augmentation, on the GPU ``aug_gen`` does), the
+    data on the device, the optimiser and its warm-up + cosine schedule, the model wrapped
+    for a process group and compiled when wanted, and the untrained weights as the best so
+    far."""
+
+    def __init__(self, method: TrainedMethod, model: torch.nn.Module, data: DataBundle, cfg: TrainConfig,
+                 device: torch.device, seed: int, on_step: Callable[[], None] | None = None) -> None:
+        self.start = time.perf_counter()
+        self.method, self.model, self.data, self.cfg, self.device, self.on_step = method, model, data, cfg, device, on_step
+        self.gen = torch.Generator().manual_seed(seed)  # the epoch order (and, on CPU, the augmentation)
+        self.aug_gen = self.gen if device.type == "cpu" else torch.Generator(device).manual_seed(seed)
+        train, self.val = data.get("train"), data.get("val")
+        if cfg.augment and data.tokenizer is not None:
+            raise ConfigError(f"train.augment {list(cfg.augment)} crops and flips images; dataset {data.name!r} is "
+                              "text: set augment = [] for it")
+        self.x_train, self.y_train = to_tensor(train, device)
+        self.norm = Normalize(data, device)
+        self.bs = min(cfg.batch_size, len(self.x_train))  # the batch optimiser_steps counts
+        self.rank, self.size = distributed.world()
+        if self.bs % self.size:
+            raise ConfigError(f"train.batch_size {self.bs} cannot be split over {self.size} torchrun processes: "
+                              f"use a multiple of {self.size}, or --nproc_per_node dividing it")
+        per_rank = self.bs // self.size
+        self.part = slice(self.rank * per_rank, (self.rank + 1) * per_rank)  # this rank's share of every batch
+        self.steps_per_epoch = optimiser_steps(len(self.x_train), cfg.batch_size)
+        self.total = total = self.steps_per_epoch * cfg.epochs
+        warmup = self.steps_per_epoch * cfg.warmup_epochs
+        self.opt = make_optimizer(model, cfg, device)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt,
+                                                       lambda s: lr_factor(s, total, warmup, cfg.lr, cfg.min_lr))
+        net = model
+        if self.size > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            net = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        self.forward = CompiledForward(net, switched_on(cfg.compile, device))
+        self.term_layers = [m for m in model.modules() if isinstance(m, LossTerm)]
+        self.best = TrainResult(copy.deepcopy(model.state_dict()), -1, -1.0)
+
+    def state(self, epoch: int) -> dict:
+        """Everything :meth:`resume` needs to continue after ``epoch`` epochs (tensors and
+        plain values only, so ``torch.load(weights_only=True)`` reads it); ``aug_gen``, the
+        augmentation's generator, is saved apart when it is not ``gen`` (on the GPU)."""
+        best = self.best
+        state = {
+            "epoch": epoch, "model": self.model.state_dict(), "opt": self.opt.state_dict(),
+            "sched": self.sched.state_dict(), "gen": self.gen.get_state(), "torch_rng": torch.get_rng_state(),
+            "seconds": time.perf_counter() - self.start,
+            "best_state": best.state_dict, "best_epoch": best.best_epoch, "best_val_acc": best.best_val_acc,
+            "log": best.log,
+        }
+        if self.device.type == "cuda":
+            state["cuda_rng"] = torch.cuda.get_rng_state(self.device)
+        if self.aug_gen is not self.gen:
+            state["aug_gen"] = self.aug_gen.get_state()
+        return state
+
+    def resume(self, state: dict) -> int:
+        """Load a :meth:`state` (its seconds count as already spent); returns the first epoch
+        still to run."""
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["opt"])
+        self.sched.load_state_dict(state["sched"])
+        self.gen.set_state(state["gen"])
+        if self.aug_gen is not self.gen and "aug_gen" in state:
+            self.aug_gen.set_state(state["aug_gen"])
+        torch.set_rng_state(state["torch_rng"])
+        if self.device.type == "cuda" and "cuda_rng" in state:
+            torch.cuda.set_rng_state(state["cuda_rng"], self.device)
+        self.best.state_dict = state["best_state"]
+        self.best.best_epoch, self.best.best_val_acc = int(state["best_epoch"]), float(state["best_val_acc"])
+        self.best.log = list(state["log"])
+        self.start -= float(state.get("seconds", 0.0))
+        return int(state["epoch"])
+
+    def _backward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward, loss and gradients of one batch (the optimiser steps after)."""
+        with autocast(self.device, self.cfg.precision):
+            logits = self.forward.fn(self.norm(x))
+            loss = self.method.training_loss(self.model, logits, y)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        return loss, logits
+
+    def batch(self, perm: torch.Tensor, s: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Step ``s``'s batch of the epoch order ``perm``, augmented, this rank's part of it."""
+        idx = perm[s * self.bs : (s + 1) * self.bs]
+        x = self.x_train[idx]
+        if self.cfg.augment:
+            x = augment(x, self.cfg.augment, self.aug_gen)
+        y = self.y_train[idx]
+        return (x[self.part], y[self.part]) if self.size > 1 else (x, y)
+
+    def step(self, x: torch.Tensor, y: torch.Tensor, s: int, sums: EpochSums) -> None:
+        """One optimiser step on a batch, added to ``sums``.  The first compiled step is the
+        compiler's trial: a failure there falls back to the eager model and retries the step
+        (a genuine error recurs in the retry)."""
+        if self.forward.on_trial:
+            try:
+                loss, logits = self._backward(x, y)
+                self.forward.on_trial = False
+            except Exception as exc:  # noqa: BLE001 - a genuine error recurs in the eager retry
+                self.forward.fall_back(exc)
+                loss, logits = self._backward(x, y)
+        else:
+            loss, logits = self._backward(x, y)
+        sums.flag(s, loss, self.term_layers)
+        if self.cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        self.opt.step()
+        self.sched.step()
+        sums.add(loss, logits, y)
+        if self.on_step is not None:
+            self.on_step()
+
+    def validate(self) -> tuple[float, float]:
+        """Validation accuracy and NLL (rank 0; NaN on the other ranks)."""
+        if self.rank != 0:
+            return float("nan"), float("nan")
+        val = self.val
+        val_lp = predict(self.method, self.model, val, self.data, self.device, self.cfg.eval_batch_size,
+                         precision=self.cfg.precision, batch_passes=self.cfg.batch_passes)
+        return float((val_lp.argmax(1) == val.y).mean()), float(-val_lp[np.arange(len(val.y)), val.y].mean())
+
+    def epoch(self, epoch: int) -> dict:
+        """Train epoch ``epoch`` (0-based), validate, and return its log row (kept in the
+        log; the weights kept when validation accuracy beats the best so far)."""
+        self.model.train()
+        t0 = time.perf_counter()
+        perm = torch.randperm(len(self.x_train), generator=self.gen).to(self.device)
+        sums = EpochSums.zeros(self.device)
+        self.method.on_train_epoch(self.model, epoch, self.cfg.epochs)
+        for s in range(self.steps_per_epoch):
+            x, y = self.batch(perm, s)
+            self.method.on_train_step(self.model, epoch * self.steps_per_epoch + s, self.total)
+            self.step(x, y, s, sums)
+        if self.size > 1:
+            sums.all_reduce(self.steps_per_epoch)
+        sums.check(epoch, self.steps_per_epoch, self.size == 1)
+        val_acc, val_nll = self.validate()
+        seen = self.steps_per_epoch * self.bs
+        row = {
+            "epoch": epoch + 1,
+            "lr": self.opt.param_groups[0]["lr"],
+            "train_loss": float(sums.loss) / seen,
+            "train_ce": float(sums.ce) / seen,
+            "train_acc": float(sums.correct) / seen,
+            "val_acc": val_acc,
+            "val_nll": val_nll,
+            "seconds": time.perf_counter() - t0,
+            **self.method.epoch_log(self.model),
+            **{name: float(total) / self.steps_per_epoch for name, total in sums.terms.items()},
+        }
+        self.best.log.append(row)
+        if val_acc > self.best.best_val_acc:
+            self.best.state_dict = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+            self.best.best_epoch, self.best.best_val_acc = epoch + 1, val_acc
+        return row
+
+    def checkpoint_due(self, done: int, row: dict) -> bool:
+        """Whether a resume state is due after ``done`` epochs (the last one excepted):
+        every ``checkpoint_every`` epochs, or (0) after an epoch that took over a minute."""
+        every = self.cfg.checkpoint_every
+        return done < self.cfg.epochs and (done % every == 0 if every else row["seconds"] > 60)
+
+    def finish(self) -> TrainResult:
+        """The model with the best weights loaded, and the result with the total seconds
+        and the compiler's status."""
+        self.model.load_state_dict(self.best.state_dict)
+        self.best.seconds = time.perf_counter() - self.start
+        self.best.compile = self.forward.status
+        return self.best
 
 
 @flushing_denormals
@@ -387,134 +585,12 @@ def fit(
     mean of each named regulariser of its :class:`~bench.train.method.LossTerm` layers
     (:meth:`~bench.train.method.LossTerm.loss_terms`, summed over layers).  ``on_step()`` is
     called after every optimiser step (progress)."""
-    start = time.perf_counter()
-    gen = torch.Generator().manual_seed(seed)  # the epoch order (and, on CPU, the augmentation)
-    aug_gen = gen if device.type == "cpu" else torch.Generator(device).manual_seed(seed)
-    train, val = data.get("train"), data.get("val")
-    if cfg.augment and data.tokenizer is not None:
-        raise ConfigError(f"train.augment {list(cfg.augment)} crops and flips images; dataset {data.name!r} is text: "
-                          "set augment = [] for it")
-    x_train, y_train = to_tensor(train, device)
-    norm = Normalize(data, device)
-    n = len(x_train)
-    bs = min(cfg.batch_size, n)  # the batch optimiser_steps counts
-    rank, size = distributed.world()
-    if bs % size:
-        raise ConfigError(f"train.batch_size {bs} cannot be split over {size} torchrun processes: "
-                          f"use a multiple of {size}, or --nproc_per_node dividing it")
-    part = slice(rank * (bs // size), (rank + 1) * (bs // size))  # this rank's share of every batch
-    steps_per_epoch = optimiser_steps(n, cfg.batch_size)
-    total = steps_per_epoch * cfg.epochs
-    warmup = steps_per_epoch * cfg.warmup_epochs
-
-    opt = make_optimizer(model, cfg, device)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, total, warmup, cfg.lr, cfg.min_lr))
-    net = model
-    if size > 1:
-        from torch.nn.parallel import DistributedDataParallel
-
-        net = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    forward = CompiledForward(net, switched_on(cfg.compile, device))
-    term_layers = [m for m in model.modules() if isinstance(m, LossTerm)]
-
-    def step(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Forward, loss and gradients of one batch (the optimiser steps after)."""
-        with autocast(device, cfg.precision):
-            logits = forward.fn(norm(x))
-            loss = method.training_loss(model, logits, y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        return loss, logits
-
-    best = TrainResult(copy.deepcopy(model.state_dict()), -1, -1.0)
-    first = 0
-    if resume is not None:
-        first = _restore(resume, model, opt, sched, gen, aug_gen, best, device)
-        start -= float(resume.get("seconds", 0.0))
+    trainer = Trainer(method, model, data, cfg, device, seed, on_step)
+    first = trainer.resume(resume) if resume is not None else 0
     for epoch in range(first, cfg.epochs):
-        model.train()
-        t0 = time.perf_counter()
-        perm = torch.randperm(n, generator=gen).to(device)
-        loss_sum = torch.zeros((), device=device)
-        ce_sum = torch.zeros((), device=device)  # the data term alone: the cross-entropy of the training logits
-        correct = torch.zeros((), device=device)
-        bad_step = torch.full((), -1, dtype=torch.long, device=device)  # first non-finite loss of the epoch
-        bad_loss = torch.zeros((), device=device)
-        terms: dict[str, torch.Tensor] = {}  # regulariser name -> its sum over the epoch's steps (on the device)
-        method.on_train_epoch(model, epoch, cfg.epochs)
-        for s in range(steps_per_epoch):
-            idx = perm[s * bs : (s + 1) * bs]
-            x = x_train[idx]
-            if cfg.augment:
-                x = augment(x, cfg.augment, aug_gen)
-            y = y_train[idx]
-            if size > 1:
-                x, y = x[part], y[part]
-            method.on_train_step(model, epoch * steps_per_epoch + s, total)
-            if forward.on_trial:  # the first compiled step: where torch compiles
-                try:
-                    loss, logits = step(x, y)
-                    forward.on_trial = False
-                except Exception as exc:  # noqa: BLE001 - a genuine error recurs in the eager retry
-                    forward.fall_back(exc)
-                    loss, logits = step(x, y)
-            else:
-                loss, logits = step(x, y)
-            for layer in term_layers:
-                for name, value in layer.loss_terms().items():
-                    value = torch.as_tensor(value).detach().float()
-                    terms[name] = terms[name] + value if name in terms else value
-            first_bad = (bad_step < 0) & ~torch.isfinite(loss.detach())
-            bad_step = torch.where(first_bad, s, bad_step)
-            bad_loss = torch.where(first_bad, loss.detach().float(), bad_loss)
-            if cfg.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            opt.step()
-            sched.step()
-            loss_sum += loss.detach() * len(y)
-            ce_sum += F.cross_entropy(logits.detach().float(), y) * len(y)
-            correct += (logits.argmax(-1) == y).sum()
-            if on_step is not None:
-                on_step()
-        if size > 1:  # the first step any rank saw a non-finite loss at; global loss and accuracy
-            bad_step = distributed.all_min_(torch.where(bad_step >= 0, bad_step, steps_per_epoch))
-            bad_step = torch.where(bad_step < steps_per_epoch, bad_step, -1)
-            distributed.all_sum_(loss_sum)
-            distributed.all_sum_(ce_sum)
-            distributed.all_sum_(correct)
-        if int(bad_step) >= 0:  # the epoch's one look at the flag
-            value = f" {float(bad_loss)}" if size == 1 else ""
-            raise NonFiniteLoss(f"non-finite training loss{value} at epoch {epoch + 1}, "
-                                f"step {int(bad_step) + 1} of {steps_per_epoch}")
-        val_acc = val_nll = float("nan")
-        if rank == 0:
-            val_lp = predict(method, model, val, data, device, cfg.eval_batch_size, precision=cfg.precision,
-                             batch_passes=cfg.batch_passes)
-            val_acc = float((val_lp.argmax(1) == val.y).mean())
-            val_nll = float(-val_lp[np.arange(len(val.y)), val.y].mean())
-        row = {
-            "epoch": epoch + 1,
-            "lr": opt.param_groups[0]["lr"],
-            "train_loss": float(loss_sum) / (steps_per_epoch * bs),
-            "train_ce": float(ce_sum) / (steps_per_epoch * bs),
-            "train_acc": float(correct) / (steps_per_epoch * bs),
-            "val_acc": val_acc,
-            "val_nll": val_nll,
-            "seconds": time.perf_counter() - t0,
-            **method.epoch_log(model),
-            **{name: float(total) / steps_per_epoch for name, total in terms.items()},
-        }
-        best.log.append(row)
-        if val_acc > best.best_val_acc:
-            best.state_dict = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
-            best.best_epoch, best.best_val_acc = epoch + 1, val_acc
+        row = trainer.epoch(epoch)
         if on_epoch is not None:
             on_epoch(row)
-        due = cfg.checkpoint_every and (epoch + 1) % cfg.checkpoint_every == 0
-        if on_checkpoint is not None and epoch + 1 < cfg.epochs and (due or (not cfg.checkpoint_every and row["seconds"] > 60)):
-            on_checkpoint(_training_state(epoch + 1, model, opt, sched, gen, aug_gen, best,
-                                          time.perf_counter() - start, device))
-    model.load_state_dict(best.state_dict)
-    best.seconds = time.perf_counter() - start
-    best.compile = forward.status
-    return best
+        if on_checkpoint is not None and trainer.checkpoint_due(epoch + 1, row):
+            on_checkpoint(trainer.state(epoch + 1))
+    return trainer.finish()

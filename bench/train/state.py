@@ -1,4 +1,5 @@
-"""A cell's resume file (``train_state.pt``): a :func:`bench.train.loop.fit` checkpoint written
+"""A cell's resume file (``train_state.pt``): a :func:`bench.train.loop.fit` checkpoint
+(:meth:`bench.train.loop.Trainer.state`) written
 with the key of the cell it belongs to and a checksum of its contents, and read back only
 when it may continue training the model it is offered (same cell, intact, tensors that fit
 the model, epoch inside the schedule); otherwise :class:`UnusableState` says why.

@@ -593,32 +593,54 @@ def test_only_declared_loss_terms_and_monte_carlo_options_count():
 def test_a_resumed_fit_ends_with_the_uninterrupted_weights(data):
     """Checkpoint every 2 epochs; resuming from each saved state (through torch.save and
     torch.load(weights_only=True), as the runner does) ends bit for bit where the
-    uninterrupted run ends: weights, best epoch and log.  MC Dropout, with augmentation,
-    so the global RNG, the data generator and the schedule all matter."""
+    uninterrupted run ends: weights, best epoch, log and predictions, and the resumed run's
+    later checkpoints hold what the uninterrupted run's do (the same entries, in the same
+    order, with the same contents; only the seconds differ).  MC Dropout, with
+    augmentation, so the global RNG, the data generator and the schedule all matter."""
     import dataclasses
     import io
+
+    from bench.train.state import state_digest
 
     cfg = dataclasses.replace(DET_CFG, epochs=6, checkpoint_every=2)
     mcfg = ModelConfig(patch_size=5, dim=16, depth=1, heads=2, dropout=0.1)
     method = MCDropout(MCDropout.Options(samples=2))
-    states: list[bytes] = []
 
-    def save(state):
-        buf = io.BytesIO()
-        torch.save(state, buf)
-        states.append(buf.getvalue())
+    def saver(states: list[bytes]):
+        def save(state):
+            buf = io.BytesIO()
+            torch.save(state, buf)
+            states.append(buf.getvalue())
+        return save
 
-    full = fit(method, build(method, data, 3, mcfg), data, cfg, CPU, seed=3, on_checkpoint=save)
-    assert [torch.load(io.BytesIO(s), weights_only=True)["epoch"] for s in states] == list(range(2, cfg.epochs, 2))
-    strip = lambda log: [{k: v for k, v in r.items() if k != "seconds"} for r in log]  # noqa: E731
-    for blob in (states[0], states[-1]):
+    def contents(blob: bytes) -> tuple[list[str], str]:
         state = torch.load(io.BytesIO(blob), weights_only=True)
+        names = list(state)
+        del state["seconds"]
+        state["log"] = strip(state["log"])
+        return names, state_digest(state)
+
+    def test_predictions(model) -> np.ndarray:
+        torch.manual_seed(7)
+        return predict(method, model, data.get("test"), data, CPU, 32)
+
+    strip = lambda log: [{k: v for k, v in r.items() if k != "seconds"} for r in log]  # noqa: E731
+    states: list[bytes] = []
+    full_model = build(method, data, 3, mcfg)
+    full = fit(method, full_model, data, cfg, CPU, seed=3, on_checkpoint=saver(states))
+    full_lp = test_predictions(full_model)
+    assert [torch.load(io.BytesIO(s), weights_only=True)["epoch"] for s in states] == list(range(2, cfg.epochs, 2))
+    for i in (0, len(states) - 1):
+        state = torch.load(io.BytesIO(states[i]), weights_only=True)
         seed_everything(99)  # a different process state: everything must come from the checkpoint
-        resumed = fit(method, build(method, data, 99, mcfg), data, cfg, CPU, seed=3, resume=state)
+        later: list[bytes] = []
+        model = build(method, data, 99, mcfg)
+        resumed = fit(method, model, data, cfg, CPU, seed=3, resume=state, on_checkpoint=saver(later))
         for k in full.state_dict:
             assert torch.equal(full.state_dict[k], resumed.state_dict[k]), k
         assert resumed.best_epoch == full.best_epoch and strip(resumed.log) == strip(full.log)
-
+        np.testing.assert_array_equal(test_predictions(model), full_lp)
+        assert [contents(b) for b in later] == [contents(b) for b in states[i + 1:]]
 
 
 # ------------------------------------------------------- Monte-Carlo passes share the trunk
