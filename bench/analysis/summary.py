@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import zlib
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -94,11 +95,42 @@ def summarise(metrics_df: pd.DataFrame, cache: dict, seeds: dict, reference: str
     errors = {} if errors is None else errors
     if metrics_df.empty:
         return pd.DataFrame(columns=SUMMARY_COLUMNS)
-    labelled, on_scores = labelled_and_ood(names)
     keys = ["dataset", "method", "split", "metric", "score"]
     g = metrics_df.groupby(keys, sort=False)["value"]
     out = g.agg(n_seeds="count", mean="mean", std=lambda v: v.std(ddof=1) if len(v) > 1 else np.nan).reset_index()
     out.insert(3, "table", out["split"].map(table_of))
+    boots = _summary_boots(out, cache, seeds, names, resamples, seed, errors, scores or {})
+    boots = {k: per_seed for k, per_seed in boots.items() if k[3] not in errors}
+    dist = {k: stats.seed_mean_distribution(list(per_seed.values())) for k, per_seed in boots.items()}
+
+    units = _units(metrics_df, keys)
+    rows = list(out[keys].itertuples(index=False, name=None))
+    both = significance == stats.SEEDS_AND_SAMPLES
+    ci = [(np.nan, np.nan) if k not in dist else
+          get_metric(k[3]).clip(*(stats.seed_mean(units[k], boots[k], bias_corrected=_bias_corrected(k[3]))
+                                  .interval() if both else stats.bootstrap_ci(dist[k])))
+          for k in rows]
+    out["ci_low"], out["ci_high"] = [c[0] for c in ci], [c[1] for c in ci]
+    means = dict(zip(rows, out["mean"]))
+    comparisons = [_compare(k, reference, units, boots, dist, means, by_seed, both) for k in rows]
+    out["p_value"] = [c.p_value for c in comparisons]
+    out["seeds_needed"] = np.nan
+    out["p_holm"] = np.nan
+    _holm(out, {i: c.pair for i, c in zip(out.index, comparisons) if c.pair is not None}, headlines or {})
+    out["verdict"] = [
+        _verdict(method, metric, c.direction, p, reference, c.test)
+        for method, metric, c, p in zip(out["method"], out["metric"], comparisons, out["p_holm"])
+    ]
+    out["test"] = [c.test for c in comparisons]
+    return out[SUMMARY_COLUMNS]
+
+
+def _summary_boots(out: pd.DataFrame, cache: dict, seeds: dict, names: list[str], resamples: int, seed: int,
+                   errors: dict[str, tuple], scores: dict) -> dict[tuple, dict[int, np.ndarray]]:
+    """(dataset, method, split, metric, score) -> seed -> the metric on every resample: the
+    labelled metrics on ``test``, the OOD metrics on every OOD split's scores against
+    ``test``'s (each split resampled with :func:`_weights` of its size)."""
+    labelled, on_scores = labelled_and_ood(names)
     boots: dict[tuple, dict[int, np.ndarray]] = {}  # key -> seed -> the metric on every resample
     for dataset in out["dataset"].unique():
         weights = {}
@@ -114,60 +146,70 @@ def summarise(metrics_df: pd.DataFrame, cache: dict, seeds: dict, reference: str
                 preds = cache[(dataset, method, s)]
                 if "test" not in preds:
                     continue
+                where = (dataset, method, s)
                 probs = np.exp(preds["test"]["log_probs"].astype(np.float64))
                 for name in labelled:
-                    boot = _resampled(errors, (dataset, method, s), name, stats.boot_metric,
-                                      probs, preds["test"]["labels"], weights["test"])
+                    boot = _resampled(errors, where, name, stats.boot_metric, probs, preds["test"]["labels"],
+                                      weights["test"])
                     if boot is not None:
                         boots.setdefault((dataset, method, "test", name, ""), {})[s] = boot
-                cell_scores = (scores or {}).get((dataset, method, s), {})
-                test_scores = cell_scores.get("test", {})
-                for split in preds:
-                    if not is_ood(split):
-                        continue
-                    for score, ood in cell_scores.get(split, {}).items():
-                        if score in test_scores:
-                            for name in on_scores:
-                                boot = _resampled(errors, (dataset, method, s), name, stats.boot_ood_metric,
-                                                  test_scores[score], ood, weights["test"], weights[split])
-                                if boot is not None:
-                                    boots.setdefault((dataset, method, split, name, score), {})[s] = boot
-    boots = {k: per_seed for k, per_seed in boots.items() if k[3] not in errors}
-    dist = {k: stats.seed_mean_distribution(list(per_seed.values())) for k, per_seed in boots.items()}
+                _ood_boots(boots, where, preds, scores.get(where, {}), on_scores, weights, errors)
+    return boots
 
-    units = _units(metrics_df, keys)
-    rows = list(out[keys].itertuples(index=False, name=None))
-    means = dict(zip(rows, out["mean"]))
-    both = significance == stats.SEEDS_AND_SAMPLES
-    ci = [(np.nan, np.nan) if k not in dist else
-          get_metric(k[3]).clip(*(stats.seed_mean(units[k], boots[k], bias_corrected=_bias_corrected(k[3]))
-                                  .interval() if both else stats.bootstrap_ci(dist[k])))
-          for k in rows]
-    out["ci_low"], out["ci_high"] = [c[0] for c in ci], [c[1] for c in ci]
-    p_values, directions, tests, pairs = [], [], [], {}
-    for i, k in zip(out.index, rows):
-        ref = (k[0], reference, *k[2:])
-        if k[1] == reference or k not in dist or ref not in dist:
-            p_values.append(np.nan), directions.append(0.0), tests.append("")
+
+def _ood_boots(boots: dict, where: tuple, preds: dict, cell_scores: CellScores, on_scores: list[str],
+               weights: dict[str, np.ndarray], errors: dict[str, tuple]) -> None:
+    """Add to ``boots`` the OOD metrics of one prediction set (``where``: dataset, method,
+    seed) on every OOD split's scores against ``test``'s, for each score both have."""
+    dataset, method, s = where
+    test_scores = cell_scores.get("test", {})
+    for split in preds:
+        if not is_ood(split):
             continue
-        if both:
-            pairs[i] = (units[k], boots[k], units[ref], boots[ref], k[1] in by_seed and reference in by_seed)
-            est = stats.difference(*pairs[i])
-            p_values.append(est.p_value())
-            directions.append(est.center)
-            tests.append(TESTS["both"] if est.measured else TESTS["one_run"])
-        else:
-            observed = float(means[k] - means[ref])
-            p_values.append(stats.paired_z_test(dist[k] - dist[ref], observed))
-            directions.append(observed)
-            tests.append(TESTS[stats.SAMPLES_SEEDS_FIXED])
-    out["p_value"] = p_values
-    out["seeds_needed"] = np.nan
-    out["p_holm"] = np.nan
-    # Holm families: one dataset's table, the paper selection apart from metrics picked on
-    # top of it, so adding columns never changes the verdicts of the paper's metrics
+        for score, ood in cell_scores.get(split, {}).items():
+            if score in test_scores:
+                for name in on_scores:
+                    boot = _resampled(errors, where, name, stats.boot_ood_metric,
+                                      test_scores[score], ood, weights["test"], weights[split])
+                    if boot is not None:
+                        boots.setdefault((dataset, method, split, name, score), {})[s] = boot
+
+
+@dataclass(frozen=True)
+class _Comparison:
+    """One summary row against the reference method: the p-value (NaN: not tested), the
+    direction of the difference, the ``test`` column and, for the default test, the
+    :func:`bench.analysis.bootstrap.difference` arguments (what ``seeds_needed`` reuses)."""
+    p_value: float = np.nan
+    direction: float = 0.0
+    test: str = ""
+    pair: tuple | None = None
+
+
+def _compare(k: tuple, reference: str, units: dict, boots: dict, dist: dict, means: dict,
+             by_seed: set[str] | frozenset[str], both: bool) -> _Comparison:
+    """The test of row ``k`` (dataset, method, split, metric, score) against the reference
+    method's row: the default test (``both``: seeds and samples) or a paired z-test of the
+    bootstrap distributions with the seeds fixed; none for the reference itself or where a
+    side has no bootstrap."""
+    ref = (k[0], reference, *k[2:])
+    if k[1] == reference or k not in dist or ref not in dist:
+        return _Comparison()
+    if both:
+        pair = (units[k], boots[k], units[ref], boots[ref], k[1] in by_seed and reference in by_seed)
+        est = stats.difference(*pair)
+        return _Comparison(est.p_value(), est.center, TESTS["both"] if est.measured else TESTS["one_run"], pair)
+    observed = float(means[k] - means[ref])
+    return _Comparison(stats.paired_z_test(dist[k] - dist[ref], observed), observed, TESTS[stats.SAMPLES_SEEDS_FIXED])
+
+
+def _holm(out: pd.DataFrame, pairs: dict[int, tuple], swaps: dict[str, dict[str, str]]) -> None:
+    """Fill ``p_holm`` and ``seeds_needed`` of ``out``: Holm families are one dataset's
+    table, the paper selection (with the dataset's headline ``swaps``) apart from metrics
+    picked on top of it, so adding columns never changes the verdicts of the paper's
+    metrics; what a mark needs in its family is p below ALPHA / the family's size (Holm's
+    first step), for the rows with ``pairs`` (the default test)."""
     paper = set(selection("paper"))
-    swaps = headlines or {}
     family = pd.Series([
         (metric in paper and metric not in swaps.get(d, {})) or metric in swaps.get(d, {}).values()
         for d, metric in zip(out["dataset"], out["metric"])], index=out.index, dtype=bool)
@@ -175,15 +217,9 @@ def summarise(metrics_df: pd.DataFrame, cache: dict, seeds: dict, reference: str
         finite = [i for i in idx if np.isfinite(out.at[i, "p_value"])]
         if finite:
             out.loc[finite, "p_holm"] = stats.holm(out.loc[finite, "p_value"].to_numpy())
-        for i in finite:  # what a mark needs in this family: p below ALPHA / its size (Holm's first step)
+        for i in finite:
             if i in pairs:
                 out.at[i, "seeds_needed"] = stats.seeds_needed(*pairs[i], family=len(finite), alpha=ALPHA)
-    out["verdict"] = [
-        _verdict(method, metric, direction, p, reference, test)
-        for method, metric, direction, p, test in zip(out["method"], out["metric"], directions, out["p_holm"], tests)
-    ]
-    out["test"] = tests
-    return out[SUMMARY_COLUMNS]
 
 
 def _bias_corrected(metric: str) -> bool:

@@ -293,17 +293,11 @@ def readme_text(
 ) -> str:
     """The README; ``run`` names the run in the title and the line under it (None: the
     suite's name alone, a report made without a run)."""
-    flagged = set().union(*(t.flagged for t in tables))  # (dataset, method) rows the tables mark
     parts = [f"# uqbench report: {run.name if run is not None else results.suite}", ""]
     parts += run.lines() if run is not None else []
     parts += _left_out(left_out, complete_with)
-    parts += _convergence_header(results, methods, flagged)
-    notes = out_dir / NOTES
-    if notes.is_file() and left_out:  # written for the run's complete report, not for this one
-        parts += [f"*`{NOTES}`, written by hand, describes the complete run: it is left out of this incomplete "
-                  "report.*", ""]
-    elif notes.is_file():  # the run's hand-written discussion (e.g. a comparison with a paper)
-        parts += [notes.read_text(encoding="utf-8").strip(), ""]
+    parts += _convergence_header(results, methods, set().union(*(t.flagged for t in tables)))
+    parts += _hand_notes(out_dir, bool(left_out))
     parts += [_note(results.reference, results.significance), "", CONVERGENCE_NOTE, ""]
     fidelity, footnotes = _fidelity(results, methods)
     parts += fidelity
@@ -313,24 +307,53 @@ def readme_text(
         parts += [f"Not shown (none of the selected metrics belongs to them): {', '.join(skipped)}.", ""]
     parts += _conventions(tables, results, methods)
     for dataset in results.datasets:
-        parts += [f"## {dataset}", ""]
-        if results.notes.get(dataset):  # the data set's protocol (registered class's report_note)
-            parts += [results.notes[dataset], ""]
-        for table in tables:
-            parts += [f"### {table.spec.title.format(severity=severity)}", ""]
-            if not table.spec.in_readme:
-                parts += [f"Too long to show here: see `tables/{table.spec.name}.md` / `.csv` / `.tex`.", ""]
-                continue
-            mine = replace(table, columns=dataset_columns(table, results.headlines, dataset),
-                           rows=[r for r in table.rows if r.dataset == dataset])
-            parts.append(to_markdown(mine, drop_dataset=True))
-            if table.spec.flags and any((dataset, r.method) in table.flagged for r in mine.rows):
-                parts += [f"`{IMPROVING_MARK.strip()}`: still improving when training ended, or not learning, in at "
-                          "least one seed of the method's own training log or its base's (see *Convergence*).", ""]
-            if table.spec.source == "ood":
-                parts += _best_scores(results, dataset, methods) + _ood_groups(results, dataset, methods)
+        parts += _dataset_section(results, methods, tables, dataset, severity)
+    parts += _failed_and_damaged(results, methods)
+    parts += _plots_section(results, plots, out_dir)
+    parts += footnotes
+    return "\n".join(parts).rstrip("\n") + "\n"
 
-    parts += ["## Failed cells", ""]
+
+def _hand_notes(out_dir: Path, incomplete: bool) -> list[str]:
+    """The run's hand-written discussion (:data:`NOTES` in ``out_dir``, e.g. a comparison
+    with a paper), or, in an ``incomplete`` report, a line saying it is left out (it was
+    written for the run's complete report)."""
+    notes = out_dir / NOTES
+    if notes.is_file() and incomplete:
+        return [f"*`{NOTES}`, written by hand, describes the complete run: it is left out of this incomplete "
+                "report.*", ""]
+    if notes.is_file():
+        return [notes.read_text(encoding="utf-8").strip(), ""]
+    return []
+
+
+def _dataset_section(results: AnalysisResults, methods: list[str], tables: list[Table], dataset: str,
+                     severity: int) -> list[str]:
+    """A data set's section: its protocol note, then each table's rows of it (a table too
+    long for the README is named instead), the still-improving mark's legend where a row
+    carries it, and under the OOD table the best scores and the near/far OOD groups."""
+    parts = [f"## {dataset}", ""]
+    if results.notes.get(dataset):  # the data set's protocol (registered class's report_note)
+        parts += [results.notes[dataset], ""]
+    for table in tables:
+        parts += [f"### {table.spec.title.format(severity=severity)}", ""]
+        if not table.spec.in_readme:
+            parts += [f"Too long to show here: see `tables/{table.spec.name}.md` / `.csv` / `.tex`.", ""]
+            continue
+        mine = replace(table, columns=dataset_columns(table, results.headlines, dataset),
+                       rows=[r for r in table.rows if r.dataset == dataset])
+        parts.append(to_markdown(mine, drop_dataset=True))
+        if table.spec.flags and any((dataset, r.method) in table.flagged for r in mine.rows):
+            parts += [f"`{IMPROVING_MARK.strip()}`: still improving when training ended, or not learning, in at "
+                      "least one seed of the method's own training log or its base's (see *Convergence*).", ""]
+        if table.spec.source == "ood":
+            parts += _best_scores(results, dataset, methods) + _ood_groups(results, dataset, methods)
+    return parts
+
+
+def _failed_and_damaged(results: AnalysisResults, methods: list[str]) -> list[str]:
+    """The *Failed cells* and *Damaged cells* sections ("None." when there are none)."""
+    parts = ["## Failed cells", ""]
     failures = _failures_in_order(results, methods)
     if len(failures):
         body = [[md_escape(str(v)) for v in row] for row in failures.itertuples(index=False)]
@@ -351,8 +374,13 @@ def readme_text(
                               tablefmt="pipe", disable_numparse=True) + "\n")
     else:
         parts += ["None.", ""]
+    return parts
 
-    parts += ["## Plots", ""]
+
+def _plots_section(results: AnalysisResults, plots: list[tuple[str, str, Path]], out_dir: Path) -> list[str]:
+    """The *Plots* section: each data set's plots (``(dataset, caption, path)``), linked
+    relative to ``out_dir``."""
+    parts = ["## Plots", ""]
     if not plots:
         parts += ["None.", ""]
     for dataset in results.datasets:
@@ -362,8 +390,7 @@ def readme_text(
         parts += [f"### {dataset}", ""]
         for caption, path in mine:
             parts += [f"![{caption}]({path.relative_to(out_dir).as_posix()})", ""]
-    parts += footnotes
-    return "\n".join(parts).rstrip("\n") + "\n"
+    return parts
 
 
 def _best_scores(results: AnalysisResults, dataset: str, methods: list[str]) -> list[str]:
