@@ -26,6 +26,7 @@ from __future__ import annotations
 import ast
 import gzip
 import hashlib
+import importlib.machinery
 import importlib.util
 import inspect
 import json
@@ -97,9 +98,10 @@ def module_digests(objects: list) -> dict[str, str]:
     fit, a derived method) is, by module name: the sha256 of the source file of each
     module defining one, and of every module that file imports (at its top or inside a
     function) whose file lies in the same folder or below it (a plugin's helpers), followed
-    through those files in turn.  The ``bench`` package (its analysis code is
-    :data:`_CODE`) and installed packages (the environment's) are left out; an object
-    without a source file counts by its source text, or its repr."""
+    through those files in turn; files are found without importing anything
+    (:func:`_spec_file`).  The ``bench`` package (its analysis code is :data:`_CODE`) and
+    installed packages (the environment's) are left out; an object without a source file
+    counts by its source text, or its repr."""
     bench = Path(__file__).parent.parent.resolve()
     installed = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
 
@@ -160,13 +162,31 @@ def _file_of(module) -> Path | None:
 
 
 def _spec_file(name: str) -> Path | None:
-    """The source file of an importable module not imported yet (None when there is none)."""
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError, AttributeError):
-        return None
-    origin = getattr(spec, "origin", None)
+    """The source file of a module not imported yet (None when there is none), found as the
+    import system's path finder finds it, but without importing anything: each parent
+    package is looked up in turn (its ``__path__`` when it is imported already, else the
+    folders its spec names), so no package's ``__init__`` runs."""
+    parts = name.split(".")
+    search = None  # sys.path, for a top-level name
+    for depth in range(1, len(parts)):
+        prefix = ".".join(parts[:depth])
+        if (parent := sys.modules.get(prefix)) is not None:
+            search = getattr(parent, "__path__", None)
+        else:
+            search = getattr(_path_spec(prefix, search), "submodule_search_locations", None)
+        if search is None:  # no such package, or a module (it has no submodules)
+            return None
+    origin = getattr(_path_spec(name, search), "origin", None)
     return Path(origin).resolve() if isinstance(origin, str) and origin.endswith(".py") else None
+
+
+def _path_spec(name: str, search):
+    """The path finder's spec of ``name`` in the folders ``search`` (None: ``sys.path``),
+    or None; nothing is imported."""
+    try:
+        return importlib.machinery.PathFinder.find_spec(name, search)
+    except (ImportError, ValueError):
+        return None
 
 
 def _code_files() -> dict[str, Path]:

@@ -116,3 +116,47 @@ def test_a_plugin_score_whose_helper_changed_is_analysed_again(tmp_path, monkeyp
                                                                 "MSP times the helper's sign.", ("log_probs",)))
     second, reused = auroc()
     assert not reused and np.isclose(second, 1.0 - first) and not np.isclose(first, 0.5)
+
+
+SIDE_EFFECT = 'from pathlib import Path\n\nPath(__file__).with_name("imported").write_text("yes")\n'
+
+
+def test_module_digests_imports_no_package_of_a_plugin_and_follows_its_helpers(tmp_path, monkeypatch):
+    """A plugin's score (``side_41.inner.score``, loaded from its file alone) imports its
+    helpers inside the function, by absolute and by relative name: the digests cover the
+    helpers without importing a package on the way (each ``__init__`` writes a file when
+    it runs), and change when a helper's source changes."""
+    import importlib.util
+    import sys
+
+    from bench.analysis.files import module_digests
+
+    root = tmp_path / "plugins"
+    inner = root / "side_41" / "inner"
+    inner.mkdir(parents=True)
+    for package in (root / "side_41", inner):
+        (package / "__init__.py").write_text(SIDE_EFFECT)
+    (inner / "helper.py").write_text("SIGN = 1.0\n")
+    (inner / "scale.py").write_text("SCALE = 2.0\n")
+    (inner / "score.py").write_text(
+        "def score(x):\n"
+        "    from side_41.inner.helper import SIGN\n"
+        "    from .scale import SCALE\n"
+        "    return SIGN * SCALE * x\n")
+    monkeypatch.syspath_prepend(str(root))
+    for name in ("side_41", "side_41.inner", "side_41.inner.helper", "side_41.inner.scale", "side_41.inner.score"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    spec = importlib.util.spec_from_file_location("side_41.inner.score", inner / "score.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "side_41.inner.score", module)
+    spec.loader.exec_module(module)
+
+    before = module_digests([module.score])
+    assert {"side_41.inner.score", "side_41.inner.helper", "side_41.inner.scale"} <= set(before)
+    assert not any((p / "imported").exists() for p in (root / "side_41", inner))
+    assert "side_41" not in sys.modules and "side_41.inner" not in sys.modules
+
+    (inner / "helper.py").write_text("SIGN = -1.0\n")
+    after = module_digests([module.score])
+    assert after["side_41.inner.helper"] != before["side_41.inner.helper"]
+    assert after["side_41.inner.scale"] == before["side_41.inner.scale"]
