@@ -1,5 +1,7 @@
-"""Where cells run: :func:`run_job` (one cell under its lock, in any process) behind three
-executors.
+"""Where cells run: :func:`run_job` (one cell under its lock, in any process) behind the
+executors, each an :class:`Executor` registered by name in
+:data:`bench.core.registry.EXECUTORS` here, where it is defined (``--executor``, a suite's
+``[executor] kind``).
 
 * ``local`` (default): the cells one after another in this process.
 * ``processes``: a pool of ``--workers N`` processes on this machine (:func:`pool`;

@@ -26,14 +26,15 @@ def add(sub, groups: OptionGroups) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    record = named_run(args)  # the store's record, read once
-    load_plugins(args, record.spec.plugins if record is not None else ())
-    configure(args)
-    options = report_options(args)  # unknown --metrics, --format or --severity: an error here, before any work
+    """Report the run (module docstring); its store's record is read once, here."""
     from bench.config.spec import load_suite
     from bench.run.report import report_suite
     from bench.store.runs import check_owner, owner, read_record, view_name
 
+    record = named_run(args)
+    load_plugins(args, record.spec.plugins if record is not None else ())
+    configure(args)
+    options = report_options(args)  # unknown --metrics, --format or --severity: an error here, before any work
     suite, suite_file = None, args.suite
     if args.run is not None:
         name = args.run
