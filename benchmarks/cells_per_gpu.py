@@ -292,7 +292,7 @@ def render(args: argparse.Namespace, argv: list[str], runs: list[Run], warmup: R
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    from bench.run.cli import int_at_least, positive_int_list
+    from bench.run.flags import int_at_least, positive_int_list
 
     _positive = int_at_least(1)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -68,7 +68,7 @@ from bench.data import (CORRUPTIONS, OOD_PREFIX, SEVERITIES, DataBundle, Split, 
                         holdout_size, is_ood, is_shift)
 from bench.core.registry import METHODS  # noqa: E402
 from bench.config.spec import MODEL_PRESETS, ModelConfig, TrainConfig, load_suite  # noqa: E402
-from bench.run.cli import positive_int_list  # noqa: E402
+from bench.run.flags import positive_int_list  # noqa: E402
 from bench.train.loop import switched_on, fit, predict, resolve_device, seed_everything  # noqa: E402
 from datasets.cifar import CIFAR10  # noqa: E402
 import synthetic_cifar  # noqa: E402

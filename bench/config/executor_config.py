@@ -16,8 +16,7 @@ from dataclasses import dataclass, field, replace
 
 from bench.core.errors import ConfigError
 from bench.config.options import Problems, parse
-
-EXECUTORS = ("local", "processes", "slurm", "submitit-local")  # the executors of bench.run.executors
+from bench.core.registry import EXECUTORS
 
 
 @dataclass
@@ -99,7 +98,7 @@ class ExecutorConfig:
         account = "myproject"
     """
 
-    kind: str = field(default="local", metadata={"choices": EXECUTORS})  # --executor
+    kind: str = "local"  # --executor: a name of bench.core.registry.EXECUTORS
     workers: int = field(default=2, metadata={"min": 1, "soft_max": 4096})  # --workers (CPU pool size)
     cells_per_gpu: int = field(default=1, metadata={"min": 1, "soft_max": 1024})  # --cells-per-gpu
     partition: str = ""  # --slurm-partition; "" = the cluster's default partition
@@ -130,6 +129,8 @@ def parse_executor(table: object, path: str = "executor", problems: Problems | N
         problems.add(f"{path}.time", f"the time limit per cell in minutes, an integer (e.g. time = 1440 for "
                                      f"24 hours), got {table['time']!r}")
         table = {k: v for k, v in table.items() if k != "time"}
+    if table is not None and isinstance(table.get("kind"), str):  # a name of the registry, told as its names are
+        EXECUTORS.validate(table["kind"], f"{path}.kind", problems=problems)
     config = parse(ExecutorConfig, table, path, problems) if table is not None else None
     if config is not None:
         options = {}

@@ -40,7 +40,7 @@ from typing import Any, Literal
 from bench.core.errors import ConfigError
 from bench.config.executor_config import ExecutorConfig, parse_executor
 from bench.config.options import ALLOW_LARGE_HINT, Problems, allow_large, parse
-from bench.core.registry import ATTENTIONS, DATASETS, METHODS, SCORES, closest, did_you_mean
+from bench.core.registry import ATTENTIONS, DATASETS, METHODS, SCORES, Registry, did_you_mean
 from bench import scores as _scores  # noqa: F401  (registers the built-in OOD scores a suite may name)
 
 SUITES_DIR = Path(__file__).resolve().parent.parent / "suites"
@@ -225,11 +225,59 @@ class _Top:
 
 @dataclass(frozen=True)
 class Overrides:
-    """Command-line settings applied on top of the suite file."""
+    """The plan overrides of the command line, applied on top of the suite file
+    (``--methods``, ``--datasets``, ``--seeds``, ``--epochs``; None: not given).  The
+    datasets only select (:func:`select`); the others also change the suite built."""
 
     seeds: tuple[int, ...] | None = None
     epochs: int | None = None
     methods: tuple[str, ...] | None = None  # registered methods missing from the suite are added
+    datasets: tuple[str, ...] | None = None
+
+    def to_json(self) -> dict:
+        """The overrides given as plain JSON values, in :data:`PLAN_OVERRIDES` order (a run
+        record's ``overrides``; a run's default name and tag are made from it)."""
+        given = {key: getattr(self, key) for key in PLAN_OVERRIDES}
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in given.items() if v is not None}
+
+    @classmethod
+    def from_json(cls, given: dict | None) -> Overrides:
+        """The overrides a run record keeps (:meth:`to_json`)."""
+        given = given or {}
+        listed = {k: tuple(given[k]) for k in ("seeds", "methods", "datasets") if given.get(k) is not None}
+        return cls(**listed, epochs=given.get("epochs"))
+
+    def flags(self) -> list[str]:
+        """The overrides as the command line gives them: ``["--epochs", "1", "--seeds", "0,1"]``."""
+        return [part for key, value in self.to_json().items()
+                for part in (f"--{key}", ",".join(map(str, value)) if isinstance(value, list) else str(value))]
+
+
+#: the flags that change a run's plan, in the order a run's tag and record name them
+PLAN_OVERRIDES = ("methods", "datasets", "seeds", "epochs")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run, built once from the command line (or read back from its ``run.json``,
+    :mod:`bench.store.runs`) and handed whole to the runner and the report step: its
+    ``name`` (its store ``<results>/NAME`` and report ``<reports>/NAME``), its ``suite``'s
+    name, the ``suite_file`` it was given (a built-in suite's name or a file's path; a run
+    records the file's absolute path; "" when unknown: a store reported alone, a report's
+    record), its plan ``overrides`` and its ``plugins``."""
+
+    name: str
+    suite: str
+    suite_file: str = ""
+    overrides: Overrides = Overrides()
+    plugins: tuple[str, ...] = ()
+
+    def identity(self) -> dict:
+        """What makes two runs the same plan: the suite's name and the overrides (JSON)."""
+        return {"suite": self.suite, "overrides": self.overrides.to_json()}
+
+    def same_plan(self, other: RunSpec | None) -> bool:
+        return other is not None and self.identity() == other.identity()
 
 
 def available_suites() -> list[str]:
@@ -511,11 +559,6 @@ def _check_stage1(m: MethodSpec, by_name: dict[str, MethodSpec], problems: Probl
                                                "them on both")
 
 
-def _closest(name: str, known: list[str]) -> str:
-    match = closest(name, known)
-    return f" Did you mean {match!r}?" if match is not None else ""
-
-
 def select(
     suite: Suite, methods: tuple[str, ...] | None = None, datasets: tuple[str, ...] | None = None, *, to_run: bool = True,
     run: str = "",
@@ -524,30 +567,18 @@ def select(
     trained methods that the selected derived ones are computed from.  ``to_run`` also
     checks that every selected combinator has enough seeds for one replicate.  A selection
     of more than :data:`MAX_CELLS` cells is an error unless :func:`~bench.config.options.allow_large`.
-    ``run``: the run whose datasets and methods ``suite`` holds (a report of it), named in
-    the error for a name it lacks; "" names the suite, and a method it lacks may be any
-    registered one."""
+    ``run``: the run whose datasets and methods ``suite`` holds (a report of it), whose
+    names alone ``--methods`` may give; "" names the suite, and a method it lacks may be any
+    registered one.  An unknown name is the registry's message
+    (:meth:`bench.core.registry.Registry.validate`)."""
     whose = f"run {run!r}" if run else f"suite {suite.name!r}"
     if datasets is not None:
-        known = [d.name for d in suite.datasets]
-        for name in datasets:
-            if name not in known:
-                raise ConfigError(
-                    f"--datasets: {whose} has no dataset {name!r}.{_closest(name, known)} It has: {', '.join(known)}"
-                )
+        Registry.of("dataset", [d.name for d in suite.datasets], whose).validate(datasets, "--datasets")
     chosen_methods = suite.methods
     if methods is not None:
-        known = [m.name for m in suite.methods]
-        for name in methods:
-            if name in known:
-                continue
-            if run:  # a report shows what the run has: only its methods can be meant
-                raise ConfigError(f"--methods: {whose} has no method {name!r}.{_closest(name, known)} "
-                                  f"It has: {', '.join(known)}")
-            raise ConfigError(
-                f"--methods: unknown method {name!r}.{_closest(name, known + METHODS.names())} "
-                f"Suite {suite.name!r} has: {', '.join(known)}; registered methods: {', '.join(METHODS.names())}"
-            )
+        known = [m.name for m in suite.methods]  # a report shows what the run has: only its methods can be meant
+        Registry.of("method", known if run else dict.fromkeys(known + METHODS.names()),
+                    whose if run else f"{whose} or registered").validate(methods, "--methods")
         wanted = set(methods)
         wanted |= {m.options.base for m in suite.methods if m.name in wanted and m.kind == "derived"}
         wanted |= {stage1_of(m) for m in suite.methods if m.name in wanted and stage1_of(m)}

@@ -1,5 +1,5 @@
-"""One small generic registry, used for methods, datasets, attention layers, metrics and
-OOD scores, and the loading of the modules that fill them (:func:`import_plugins`).
+"""One small generic registry, used for methods, datasets, attention layers, metrics, OOD
+scores and executors, and the loading of the modules that fill them (:func:`import_plugins`).
 
 ``bench`` never names a concrete method or dataset: modules in ``methods/`` and
 ``datasets/`` register themselves with a decorator and the core looks them up by name.
@@ -60,11 +60,21 @@ class Registry(Generic[T]):
     are imported before the first lookup, and before the first registration from any
     other module, so a plugin that reuses a built-in name is told so at once."""
 
-    def __init__(self, kind: str, builtins: tuple[str, ...] = ()) -> None:
+    def __init__(self, kind: str, builtins: tuple[str, ...] = (), scope: str = "") -> None:
         self.kind = kind
         self.builtins = builtins
+        self.scope = scope  # whose names these are, in the message of an unknown one: "run 'x'"
         self._items: dict[str, T] = {}
         self._complete = not builtins
+
+    @classmethod
+    def of(cls, kind: str, names: Iterable[str], scope: str = "") -> "Registry[None]":
+        """A registry of just ``names`` (a suite's or a run's datasets or methods, given by
+        ``--datasets``/``--methods``), so that a name it lacks is checked and told as every
+        other registry name is (:meth:`validate`); ``scope`` says whose names they are."""
+        names_only: Registry = cls(kind, scope=scope)
+        names_only._items = dict.fromkeys(names)
+        return names_only
 
     def complete(self) -> None:
         """Import the built-in modules, once.  A lookup made while they are being imported
@@ -132,13 +142,14 @@ class Registry(Generic[T]):
         return out
 
     def unknown_message(self, name: str, key: str | None = None, aliases: dict[str, str] | None = None) -> str:
-        """``unknown <kind> 'name' (at key). Did you mean 'x'? Known <kind>s: ...``: the one
-        message of an unknown name (:func:`closest` finds ``x``)."""
+        """``unknown <kind> 'name' (at key). Did you mean 'x'? Known <kind>s[ of scope]: ...``:
+        the one message of an unknown name (:func:`closest` finds ``x``)."""
         where = f" (at {key})" if key else ""
         known = ", ".join(self.names()) or "none registered"
         match = closest(str(name), self.names(), aliases)
         hint = f" Did you mean {match!r}?" if match is not None else ""
-        return f"unknown {self.kind} {name!r}{where}.{hint} Known {self.kind}s: {known}."
+        scope = f" of {self.scope}" if self.scope else ""
+        return f"unknown {self.kind} {name!r}{where}.{hint} Known {self.kind}s{scope}: {known}."
 
     def names(self) -> list[str]:
         self.complete()
@@ -168,6 +179,8 @@ ATTENTIONS: Registry = Registry("attention", builtins=("bench.train.vit", "metho
 METRICS: Registry = Registry("metric", builtins=("bench.metrics",))
 # post-hoc OOD scores (bench.scores): what OOD metrics rank the in-distribution and OOD images by
 SCORES: Registry = Registry("OOD score", builtins=("bench.scores",))
+# where a run's cells run (bench.run.executors.Executor): local, processes, slurm, submitit-local
+EXECUTORS: Registry = Registry("executor", builtins=("bench.run.executors",))
 
 
 def import_plugins(names: list[str]) -> None:
@@ -177,7 +190,7 @@ def import_plugins(names: list[str]) -> None:
     registered name is a one-line ConfigError naming it."""
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    for registry in (ATTENTIONS, METRICS, SCORES, METHODS, DATASETS):
+    for registry in (ATTENTIONS, METRICS, SCORES, METHODS, DATASETS, EXECUTORS):
         registry.complete()
     for name in names:
         try:

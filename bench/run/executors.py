@@ -1,5 +1,7 @@
-"""Where cells run: :func:`run_job` (one cell under its lock, in any process) behind three
-executors.
+"""Where cells run: :func:`run_job` (one cell under its lock, in any process) behind the
+executors, each an :class:`Executor` registered by name in
+:data:`bench.core.registry.EXECUTORS` here, where it is defined (``--executor``, a suite's
+``[executor] kind``).
 
 * ``local`` (default): the cells one after another in this process.
 * ``processes``: a pool of ``--workers N`` processes on this machine (:func:`pool`;
@@ -36,6 +38,7 @@ import time
 from contextlib import suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
@@ -43,10 +46,10 @@ from bench.core import progress
 from bench.train.cell import Console, load_data, run_cell
 from bench.data import configure_data
 from bench.core.errors import ConfigError, require_package
-from bench.config.executor_config import SlurmOptions
+from bench.config.executor_config import ExecutorConfig, SlurmOptions
 from bench.store.lock import LOCK_SUFFIX, CellLock
 from bench.store.plan import Cell
-from bench.core.registry import import_plugins
+from bench.core.registry import EXECUTORS, import_plugins
 from bench.store import Store
 from bench.train.loop import resolve_device
 
@@ -303,21 +306,99 @@ def pool(jobs: list[Job], workers: int, devices: list[str] | None):
                 process.join()
 
 
-def require_executor(kind: str) -> None:
-    """Refuse, before any work, an executor this machine cannot run (a ConfigError): slurm
-    and submitit-local need submitit, slurm also SLURM's ``sbatch`` and ``srun`` on PATH."""
-    if kind not in ("slurm", "submitit-local"):
-        return
-    require_package("submitit", "submitit", f"--executor {kind}", install="submitit==1.5.4")
-    missing = [tool for tool in ("sbatch", "srun") if kind == "slurm" and shutil.which(tool) is None]
-    if missing:
-        raise ConfigError(f"--executor slurm: no {' or '.join(missing)} on PATH, so no SLURM here; run on a "
-                          "SLURM login node, or use --executor processes (or submitit-local) on this machine")
+class Executor:
+    """How a run's incomplete cells are run, chosen by name from
+    :data:`bench.core.registry.EXECUTORS` (``--executor``, the suite's ``[executor] kind``);
+    ``config``: the run's :class:`~bench.config.executor_config.ExecutorConfig`."""
+
+    in_process = False  # runs the cells in this process (the only executor torchrun allows)
+    other_nodes = False  # runs the cells on other machines, which resolve --device where they run
+
+    def __init__(self, config: ExecutorConfig) -> None:
+        self.config = config
+
+    def check(self) -> None:
+        """Refuse, before any work, an executor this machine cannot run (a ConfigError)."""
+
+    def outcomes(self, jobs: list[Job], store_root: Path, device: str, console, datasets: dict) -> Iterator[Outcome]:
+        """Each job's :class:`Outcome` as it finishes (``device``: where the jobs train;
+        ``datasets``: the run's data sets, loaded in this process)."""
+        raise NotImplementedError
+
+    def at_once(self) -> int:
+        """How many cells run at once (after :meth:`outcomes` started them)."""
+        return 1
+
+
+@EXECUTORS.register("local")
+class Local(Executor):
+    """The cells one after another in this process."""
+
+    in_process = True
+
+    def outcomes(self, jobs, store_root, device, console, datasets):
+        preload(datasets)
+        return (run_job(job, console) for job in jobs)
+
+
+@EXECUTORS.register("processes")
+class Processes(Executor):
+    """A pool of ``workers`` spawned processes on this machine (:func:`pool`); on CUDA,
+    ``cells_per_gpu`` workers on each visible GPU."""
+
+    def __init__(self, config: ExecutorConfig) -> None:
+        super().__init__(config)
+        self.workers = config.workers
+
+    def outcomes(self, jobs, store_root, device, console, datasets):
+        devices = None
+        if torch.device(device).type == "cuda" and torch.cuda.device_count() > 0:
+            gpus = torch.cuda.device_count()
+            self.workers = gpus * self.config.cells_per_gpu
+            devices = [f"cuda:{i % gpus}" for i in range(self.workers)]
+        console.log(f"executor processes: {self.workers} worker(s)"
+                    + (f" on {len(set(devices))} GPU(s)" if devices else ""))
+        return pool(jobs, self.workers, devices)
+
+    def at_once(self) -> int:
+        return self.workers
+
+
+@EXECUTORS.register("submitit-local")
+class SubmititLocal(Executor):
+    """One job per cell through submitit, as local processes (for testing, a workstation):
+    :func:`submitit_run`, its scripts and logs under ``<store>/.submitit``."""
+
+    def check(self) -> None:
+        require_package("submitit", "submitit", f"--executor {self.config.kind}", install="submitit==1.5.4")
+
+    def outcomes(self, jobs, store_root, device, console, datasets):
+        folder = Path(store_root) / ".submitit"
+        console.log(f"executor {self.config.kind}: {len(jobs)} job(s), scripts and logs in {folder}")
+        return submitit_run(jobs, folder, self.config.kind, self.config.slurm_options())
+
+    def at_once(self) -> int:
+        return self.config.slurm_options().array_limit
+
+
+@EXECUTORS.register("slurm")
+class Slurm(SubmititLocal):
+    """One job per cell through submitit, as a SLURM job array (:class:`SlurmOptions`);
+    it needs SLURM's ``sbatch`` and ``srun`` on PATH."""
+
+    other_nodes = True
+
+    def check(self) -> None:
+        super().check()
+        missing = [tool for tool in ("sbatch", "srun") if shutil.which(tool) is None]
+        if missing:
+            raise ConfigError(f"--executor slurm: no {' or '.join(missing)} on PATH, so no SLURM here; run on a "
+                              "SLURM login node, or use --executor processes (or submitit-local) on this machine")
 
 
 def submitit_executor(folder: Path, kind: str, slurm: SlurmOptions):
     """A submitit executor writing its scripts and logs under ``folder``."""
-    require_executor(kind)
+    EXECUTORS.get(kind)(ExecutorConfig(kind=kind)).check()
     import submitit
 
     if kind == "slurm":

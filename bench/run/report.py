@@ -30,7 +30,7 @@ import json
 import shlex
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench.analysis import ANALYSIS_DIR, SIGNIFICANCE, analyse_store
@@ -42,10 +42,10 @@ from bench.report import RunTitle, render_report, staged
 from bench.report.formats import FORMATS, validate_formats
 from bench.report.readme import left_out_summary
 from bench.report.tables import validate_metrics
-from bench.store.runs import (COMMAND, RUN_RECORD, DamagedRecord, identity, implied, override_flags, owner, read_record,
-                        resume_flags, started, suite_argument, write_record)
+from bench.store.runs import COMMAND, RUN_RECORD, implied, owner, resume_flags, suite_argument, write_record
 from bench.scores import validate_scores
-from bench.config.spec import Suite, select
+from bench.config.spec import Overrides, RunSpec, Suite, select
+from bench.core.registry import Registry
 from bench.store import STORE_SUITE, atomic_write_json, read_json_object
 
 #: the cells a report shows (key, dataset, method row, seed, configuration digest), beside
@@ -58,9 +58,13 @@ class ReportOptions:
     """What a suite report shows, how its outcome is told, and what the command that
     completes its left-out cells repeats.
 
-    ``methods``: the methods shown (``report --methods``; ``None``: every method of the
-    suite or store); ``datasets``: the datasets analysed and shown (``None``: all);
-    ``metrics``: the metric columns and the metrics analysed on top of the default
+    ``run``: the run whose report this is (:class:`~bench.config.spec.RunSpec`; kept as
+    ``run.json`` in it; its ``suite_file`` is the suite the completing command names;
+    None: a report of no run).  ``selection``: the command line's plan flags
+    (:class:`~bench.config.spec.Overrides`): its ``methods`` are the methods shown
+    (``report --methods``; ``None``: every method of the suite or store), its ``datasets``
+    the datasets analysed and shown (``None``: all), and with its ``seeds`` and ``epochs``
+    they are repeated in the completing command.  ``metrics``: the metric columns and the metrics analysed on top of the default
     selection (``None``: each table's selection); ``scores``: the OOD scores analysed and
     shown (``None``: :func:`bench.scores.default_scores`); ``formats``, ``severity``,
     ``significance``: as :func:`bench.report.write_report` and
@@ -72,17 +76,13 @@ class ReportOptions:
     leaves out any cell; ``after_run``: the report step of ``run``, which leaves the report
     to the runner still training cells when those are all that is missing (exit 0);
     ``quiet``: no line on success; ``debug``: an error that keeps the report
-    from being written propagates instead of being told in one line.  ``suite`` (the name
-    or path given), ``results``, ``data_root``, ``seeds`` and ``epochs`` are repeated in
-    the completing command."""
+    from being written propagates instead of being told in one line.  ``results`` and
+    ``data_root`` are repeated in the completing command."""
 
-    suite: str = "default"
+    run: RunSpec | None = None
+    selection: Overrides = Overrides()
     results: Path = Path("results")
     data_root: Path | None = None
-    methods: tuple[str, ...] | None = None
-    datasets: tuple[str, ...] | None = None
-    seeds: tuple[int, ...] | None = None
-    epochs: int | None = None
     metrics: tuple[str, ...] | None = None
     scores: tuple[str, ...] | None = None
     formats: tuple[str, ...] = FORMATS
@@ -93,7 +93,6 @@ class ReportOptions:
     after_run: bool = False
     quiet: bool = False
     debug: bool = False
-    run: dict | None = None  # the run whose report this is (bench.store.runs.report_record), kept as run.json in it
 
     def __post_init__(self) -> None:  # where the choices enter the report: checked once, then passed on
         if self.metrics is not None:
@@ -139,16 +138,18 @@ class Refused(Exception):
         self.waiting = waiting
 
 
-def report_suite(suite: Suite | None, store_root: Path, out_dir: Path, options: ReportOptions) -> int:
+def report_suite(suite: Suite | None, store_root: Path, out_dir: Path, options: ReportOptions,
+                 started: str = "") -> int:
     """Analyse the store (or reuse its analysis files) and write the report; name on stderr
-    the cells it leaves out.  ``suite`` selects and orders (``None``: the store alone).
+    the cells it leaves out (``started``: when the run began, its store record's, for the
+    report's title).  ``suite`` selects and orders (``None``: the store alone).
     Exit status: 1 when the report is refused (:class:`Refused`; 0 from ``run``'s report
     step when only cells a live runner trains are missing), when failed or damaged cells
     are left out (with ``options.strict``: any cell left out), or when the report could not
     be written (the previous one is kept)."""
-    started = time.perf_counter()
+    began = time.perf_counter()
     try:
-        outcome = write_suite_report(suite, store_root, out_dir, options)
+        outcome = write_suite_report(suite, store_root, out_dir, options, started)
     except ConfigError:
         raise
     except Refused as refused:
@@ -163,7 +164,7 @@ def report_suite(suite: Suite | None, store_root: Path, out_dir: Path, options: 
         return 1
     if not options.quiet:
         how = "reused the analysis files" if outcome.reused else "analysed the store"
-        print(f"report: {outcome.readme} ({how}; {time.perf_counter() - started:.1f} s)", file=sys.stderr)
+        print(f"report: {outcome.readme} ({how}; {time.perf_counter() - began:.1f} s)", file=sys.stderr)
     for line in [*outcome.left_out_lines(), *outcome.failures, *outcome.unscored]:
         print(f"report: {line}", file=sys.stderr)
     if outcome.troubles:
@@ -173,7 +174,8 @@ def report_suite(suite: Suite | None, store_root: Path, out_dir: Path, options: 
     return 1 if options.strict and outcome.left_out else 0
 
 
-def write_suite_report(suite: Suite | None, store_root: Path, out_dir: Path, options: ReportOptions) -> Reported:
+def write_suite_report(suite: Suite | None, store_root: Path, out_dir: Path, options: ReportOptions,
+                       started: str = "") -> Reported:
     """Analyse the store (``suite`` selects and orders; ``None`` = the store alone) and
     write the analysis files and the report into a copy of ``out_dir`` beside it, swapped
     in when complete (:func:`bench.report.staged`).  Bad input -- a missing or empty store,
@@ -186,22 +188,21 @@ def write_suite_report(suite: Suite | None, store_root: Path, out_dir: Path, opt
         raise ConfigError(f"no results for suite {name!r} under {store_root}; run the suite first "
                           f"(`{' '.join(COMMAND)}{'' if name == 'default' else ' --suite ' + name}`) or pass "
                           "--results DIR")
-    methods = list(options.methods) if options.methods else None
+    methods = list(options.selection.methods) if options.selection.methods else None
+    datasets = options.selection.datasets
     planned, wanted, configured = set(), None, None
     if suite is not None:  # the run's configuration: each planned dataset and method's config, whatever is shown
         configured = {(c.dataset.name, c.method.name): _configuration(c.config) for c in make_plan(suite).cells}
-        run = str(options.run.get("name", "")) if options.run is not None else ""
-        shown = select(suite, methods, options.datasets, to_run=False, run=run)  # unknown names: an error here
-        reported = select(suite, None, options.datasets, to_run=False, run=run)  # analysed, whatever is shown
+        run = options.run.name if options.run is not None else ""
+        shown = select(suite, methods, datasets, to_run=False, run=run)  # unknown names: an error here
+        reported = select(suite, None, datasets, to_run=False, run=run)  # analysed, whatever is shown
         planned = {c.key for c in make_plan(reported).cells}
         wanted = [(c.key, c.dataset.name, c.method.name, c.seed) for c in make_plan(shown).cells]
         suite = reported
     catalog = open_store(store_root, suite, planned)
-    if options.datasets is not None and suite is None:
-        unknown = [d for d in options.datasets if d not in catalog.datasets]
-        if unknown:
-            raise ConfigError(f"--datasets: the store has no dataset(s) {unknown}; it has: {', '.join(catalog.datasets)}")
-        catalog.datasets = [d for d in catalog.datasets if d in options.datasets]
+    if datasets is not None and suite is None:
+        Registry.of("dataset", catalog.datasets, "the store").validate(datasets, "--datasets")
+        catalog.datasets = [d for d in catalog.datasets if d in datasets]
     if not catalog.cells and not catalog.problems and not catalog.running and not catalog.unnamed:
         raise ConfigError(f"the store {store_root} has no cell for this selection (datasets "
                           f"{catalog.datasets}, methods {[m.name for m in catalog.methods]}, seeds "
@@ -224,9 +225,10 @@ def write_suite_report(suite: Suite | None, store_root: Path, out_dir: Path, opt
         damaged = dict(zip(results.damaged["cell"], results.damaged["reason"]))
         left_out = _left_out(catalog, wanted, methods, damaged)  # with the cells found damaged while analysing
         command = _check(catalog, shown_rows, left_out, earlier, configured, Path(out_dir), options, suite is None)
+        infos = {cd.key: cd.read_cell() or {} for (_, m, _), cd in catalog.cells.items() if m in shown_rows}
         render_report(results, stage, options.formats, rows, picked, options.severity, left_out, command,
-                      _run_title(options, store_root, catalog, shown_rows))
-        atomic_write_json(stage / CELLS_RECORD, {"cells": cells_record(catalog, shown_rows)})
+                      _run_title(options, started, infos))
+        atomic_write_json(stage / CELLS_RECORD, {"cells": cells_record(catalog, shown_rows, infos)})
         if options.run is not None and not implied(options.run, Path(out_dir).name):
             write_record(stage, options.run)
         elif options.run is not None:  # the plain suite's report keeps none: a damaged one copied here goes
@@ -250,24 +252,19 @@ def write_suite_report(suite: Suite | None, store_root: Path, out_dir: Path, opt
                     tuple(failures), tuple(unscored))
 
 
-def _run_title(options: ReportOptions, store_root: Path, catalog: Catalog, rows: set[str]) -> RunTitle | None:
+def _run_title(options: ReportOptions, started: str, infos: dict[str, dict]) -> RunTitle | None:
     """The run the report shows (``options.run``; None: a report made without one): its
-    overrides, what this report narrows or adds, the day it started (the store's
-    ``run.json``) or else the day its newest shown cell finished."""
+    overrides, what this report narrows or adds, the day it ``started`` (its store record's)
+    or else the day its newest shown cell finished (``infos``: the shown cells' records)."""
     if options.run is None:
         return None
-    overrides = options.run.get("overrides") or {}
-    shown = [("--methods", options.methods), ("--metrics", options.metrics), ("--scores", options.scores)]
-    if options.datasets and list(options.datasets) != overrides.get("datasets"):
-        shown.insert(1, ("--datasets", options.datasets))
-    try:
-        date = started(read_record(store_root))[:10]
-    except DamagedRecord:
-        date = ""
-    finished = [str((cd.read_cell() or {}).get("finished", ""))[:10]
-                for (_, method, _), cd in catalog.cells.items() if method in rows]
-    return RunTitle(str(options.run.get("name")), str(options.run.get("suite")), " ".join(override_flags(overrides)),
-                    " ".join(f"{flag} {','.join(map(str, value))}" for flag, value in shown if value), date,
+    run, datasets = options.run, options.selection.datasets
+    shown = [("--methods", options.selection.methods), ("--metrics", options.metrics), ("--scores", options.scores)]
+    if datasets and datasets != run.overrides.datasets:
+        shown.insert(1, ("--datasets", datasets))
+    finished = [str(info.get("finished", ""))[:10] for info in infos.values()]
+    return RunTitle(run.name, run.suite, " ".join(run.overrides.flags()),
+                    " ".join(f"{flag} {','.join(map(str, value))}" for flag, value in shown if value), started[:10],
                     max(finished, default=""))
 
 
@@ -281,13 +278,18 @@ def _left_out(catalog: Catalog, wanted: list | None, methods: list[str] | None,
     return left_out
 
 
-def cells_record(catalog: Catalog, rows: set[str]) -> list[dict]:
+def cells_record(catalog: Catalog, rows: set[str], infos: dict[str, dict] | None = None) -> list[dict]:
     """What :data:`CELLS_RECORD` holds: per cell used by the rows ``rows``, its ``key``,
     ``dataset``, ``method`` row, ``seed`` and ``configuration`` (:func:`_configuration`),
-    sorted by (dataset, method row, seed)."""
-    return [{"key": catalog.cells[cell].key, "dataset": cell[0], "method": cell[1], "seed": cell[2],
-             "configuration": _configuration((catalog.cells[cell].read_cell() or {}).get("config"))}
-            for cell in sorted(_shown_cells(catalog, rows))]
+    sorted by (dataset, method row, seed).  ``infos``: the cells' records (``cell.json``)
+    already read, by key; a cell not there is read here."""
+    infos = infos or {}
+    record = []
+    for cell, key in sorted(_shown_cells(catalog, rows).items()):
+        info = infos[key] if key in infos else catalog.cells[cell].read_cell() or {}
+        record.append({"key": key, "dataset": cell[0], "method": cell[1], "seed": cell[2],
+                       "configuration": _configuration(info.get("config"))})
+    return record
 
 
 def read_cells_record(folder: Path) -> list[tuple] | None:
@@ -320,7 +322,7 @@ def _earlier_cells(out_dir: Path, options: ReportOptions, catalog: Catalog) -> l
     configuration)``, from its :data:`CELLS_RECORD`; for a report written before that
     record, from its ``analysis/analysis.json`` (the seeds of each trained method row; key
     and configuration None).  [] when there is no report there, or it is another run's."""
-    if options.run is not None and owner(out_dir, "report") not in (None, identity(options.run)):
+    if options.run is not None and (theirs := owner(out_dir, "report")) is not None and not options.run.same_plan(theirs):
         return []
     recorded = read_cells_record(out_dir)
     if recorded is not None:
@@ -406,20 +408,21 @@ def _completing_command(options: ReportOptions, store_only: bool) -> str:
     commands (``.venv/bin/python run_suite.py ...``; ``make suite`` for the default suite's
     own run): the report's suite (a built-in one by its name), store and selection (a store
     reported alone needs the suite file that made it)."""
-    suite = "SUITE.toml" if store_only else suite_argument(options.suite)
-    flags = []
-    if options.run is not None and not implied(options.run, options.run.get("name")) and not store_only:
+    given = options.run.suite_file if options.run is not None and options.run.suite_file else "default"
+    suite = "SUITE.toml" if store_only else suite_argument(given)
+    flags, selection = [], options.selection
+    if options.run is not None and not implied(options.run, options.run.name) and not store_only:
         flags += resume_flags(options.run)  # the run's own command: its overrides (and --name)
-        options = replace(options, datasets=None, seeds=None, methods=None, epochs=None)
+        selection = Overrides()
     if options.results != Path("results"):
         flags += ["--results", str(options.results)]
     if options.data_root is not None:
         flags += ["--data-root", str(options.data_root)]
-    for flag, value in (("--datasets", options.datasets), ("--seeds", options.seeds), ("--methods", options.methods)):
+    for flag, value in (("--datasets", selection.datasets), ("--seeds", selection.seeds), ("--methods", selection.methods)):
         if value:
             flags += [flag, ",".join(map(str, value))]
-    if options.epochs is not None:
-        flags += ["--epochs", str(options.epochs)]
+    if selection.epochs is not None:
+        flags += ["--epochs", str(selection.epochs)]
     if suite == "default" and not flags:
         return "make suite"
     parts = [*COMMAND, *(["--suite", suite] if suite != "default" else []), *flags]

@@ -1,7 +1,7 @@
 """Runs a plan: loads each data set once, checks the configuration before anything is
 written (:func:`preflight`: every split readable, every split pattern matching a split,
-every model buildable), records the suite in the store, hands the incomplete cells to an
-executor (:mod:`bench.run.executors`) and logs each outcome as it comes.  Complete cells
+every model buildable), records the suite in the store, hands the incomplete cells to the
+executor its :class:`RunOptions` name (:mod:`bench.run.executors`) and logs each outcome as it comes.  Complete cells
 (their manifest verifies) are skipped with a log line.  Under torchrun, rank 0 does all
 this and the other ranks follow it, training each cell it announces (:func:`_follow`).
 """
@@ -17,11 +17,12 @@ from bench.core import progress
 from bench.train.cell import Console, load_data
 from bench.data import DataBundle, split_summary
 from bench.core.errors import ConfigError, NonFiniteLoss
-from bench.config.executor_config import SlurmOptions
-from bench.run.executors import Job, pool, preload, run_job, submitit_run
+from bench.config.executor_config import ExecutorConfig
+from bench.config.spec import Suite
+from bench.run.executors import Executor, Job
 from bench.store.plan import Plan
-from bench.core.registry import METHODS
-from bench.store.runs import claim
+from bench.core.registry import EXECUTORS, METHODS
+from bench.store.runs import RunRecord, claim
 from bench.store import Store
 from bench.train.loop import fit, seed_everything
 
@@ -63,25 +64,41 @@ class RunSummary:
     skipped: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     elsewhere: list[str] = field(default_factory=list)  # locked by another runner on the same store
+    started: str = ""  # when the run was first started, as its store record keeps it ("" without a record)
 
 
-def run_plan(plan: Plan, store: Store, device: torch.device, console: Console, describe=None,
-             executor: str = "local", workers: int = 1, cells_per_gpu: int = 1, slurm=None,
-             plugins: tuple[str, ...] = (), record: dict | None = None, tensorboard: bool = False,
-             job_device: str | None = None) -> RunSummary:
-    """Run every incomplete cell with the chosen executor (:mod:`bench.run.executors`).
-    ``job_device``: the device the cells' jobs ask for where they run instead of ``device``
-    (SLURM: ``"auto"`` is resolved on each job's node, as a login node may have no GPU).
-    ``record`` (:func:`bench.store.runs.store_record`) claims the store as its ``run.json``
-    (:func:`bench.store.runs.claim`: a ConfigError when another run claimed it for another plan
-    meanwhile) and ``describe`` (the full suite) is recorded in its ``suite.json``, once the
-    data loaded and the preflight checks passed, before any cell.  ``tensorboard``: each
-    cell also writes its training log as TensorBoard events.  Under torchrun, rank 0 does
-    all this and the other ranks follow it (:func:`_follow`)."""
+@dataclass(frozen=True)
+class RunOptions:
+    """How :func:`run_plan` runs a plan.  ``executor``: where the cells run (an
+    :class:`~bench.config.executor_config.ExecutorConfig`, its ``kind`` a name of
+    :data:`bench.core.registry.EXECUTORS`).  ``record`` (:func:`bench.store.runs.store_record`)
+    claims the store as its ``run.json`` (:func:`bench.store.runs.claim`: a ConfigError when
+    another run claimed it for another plan meanwhile); its plugins are loaded by each
+    job.  ``describe`` (the full suite) is recorded in the store's ``suite.json``.
+    ``tensorboard``: each cell also writes its training log as TensorBoard events.
+    ``job_device``: the device the cells' jobs ask for where they run instead of the
+    runner's (SLURM: ``"auto"`` is resolved on each job's node, as a login node may have
+    no GPU)."""
+
+    executor: ExecutorConfig = ExecutorConfig()
+    record: RunRecord | None = None
+    describe: Suite | None = None
+    tensorboard: bool = False
+    job_device: str | None = None
+
+
+def run_plan(plan: Plan, store: Store, device: torch.device, console: Console,
+             options: RunOptions = RunOptions()) -> RunSummary:
+    """Run every incomplete cell with the executor of ``options`` (:class:`RunOptions`).
+    The record and the description are written once the data loaded and the preflight
+    checks passed, before any cell.  Under torchrun, rank 0 does all this and the other
+    ranks follow it (:func:`_follow`)."""
+    executor = EXECUTORS.get(options.executor.kind, key="--executor")(options.executor)
     rank, size = distributed.world()
-    if size > 1 and executor != "local":
+    if size > 1 and not executor.in_process:
         raise ConfigError(f"torchrun trains each cell on its {size} processes together: use --executor local "
-                          f"(got {executor}); to run several cells at once, start several runners instead")
+                          f"(got {options.executor.kind}); to run several cells at once, start several runners "
+                          "instead")
     if rank > 0:
         return _follow(plan, device)
     try:
@@ -96,27 +113,30 @@ def run_plan(plan: Plan, store: Store, device: torch.device, console: Console, d
     if size > 1:
         distributed.announce("ready")  # the data (and generated caches) are in place for the followers
     try:
-        return _run_jobs(plan, store, job_device or str(device), console, describe, executor, workers, cells_per_gpu,
-                         slurm, plugins, datasets, conditions, record, tensorboard)
+        return _run_jobs(plan, store, options.job_device or str(device), console, options, executor,
+                         (datasets, conditions))
     finally:
         if size > 1:
             distributed.announce(None)  # no more cells: the followers return
 
 
-def _run_jobs(plan, store, device: str, console, describe, executor, workers, cells_per_gpu, slurm, plugins,
-              datasets, conditions, record, tensorboard) -> RunSummary:
-    """:func:`run_plan` once the data are loaded and checked: describe the store, submit the
-    incomplete cells to the executor (each job on ``device``), log each outcome."""
+def _run_jobs(plan, store, device: str, console, options: RunOptions, executor: Executor, loaded) -> RunSummary:
+    """:func:`run_plan` once the data are loaded and checked (``loaded``: the data sets by
+    name and each cell's condition): claim and describe the store, submit the incomplete
+    cells to the ``executor`` (each job on ``device``), log each outcome."""
     from bench.data import data_settings
 
-    if record is not None:  # first: a store another run claimed meanwhile for another plan is refused here
-        if (damage := claim(store.root, record)) is not None:
+    datasets, conditions = loaded
+    summary = RunSummary()
+    if options.record is not None:  # first: a store another run claimed meanwhile for another plan is refused here
+        claimed, damage = claim(store.root, options.record)
+        summary.started = claimed.started
+        if damage is not None:
             console.warn(f"{damage}; rewritten for this run")
-    if describe is not None:
+    if options.describe is not None:
         from bench.store.catalog import write_store_description
 
-        write_store_description(store.root, describe)
-    summary = RunSummary()
+        write_store_description(store.root, options.describe)
     total = len(plan.cells)
     measured: dict[str, list[float]] = {}  # method -> seconds per cell: the time-left estimate's costs
     for cell in plan.cells:
@@ -126,29 +146,16 @@ def _run_jobs(plan, store, device: str, console, describe, executor, workers, ce
             measured.setdefault(cell.method.name, []).append(store.cell(cell.key).seconds())
     settings = data_settings()
     # a worker process shows a line per epoch and split unless the run is quiet; this one keeps its mode
-    shown = progress.mode() if executor == "local" else "off" if progress.mode() == "off" else "lines"
+    shown = progress.mode() if executor.in_process else "off" if progress.mode() == "off" else "lines"
+    plugins = options.record.spec.plugins if options.record is not None else ()
     jobs = [Job(c, str(store.root), device, tuple(plugins), str(settings.root) if settings.root else None,
-                settings.download, settings.strict, tensorboard=tensorboard, progress=shown, verbose=progress.verbose())
+                settings.download, settings.strict, tensorboard=options.tensorboard, progress=shown,
+                verbose=progress.verbose())
             for c in plan.cells if conditions[c.key][0] != "complete"]
-    if executor == "local":
-        preload(datasets)
-        outcomes = (run_job(job, console) for job in jobs)
-    elif executor == "processes":
-        devices = None
-        if torch.device(device).type == "cuda" and torch.cuda.device_count() > 0:
-            gpus = torch.cuda.device_count()
-            workers = gpus * cells_per_gpu
-            devices = [f"cuda:{i % gpus}" for i in range(workers)]
-        console.log(f"executor processes: {workers} worker(s)" + (f" on {len(set(devices))} GPU(s)" if devices else ""))
-        outcomes = pool(jobs, workers, devices)
-    else:
-        folder = store.root / ".submitit"
-        console.log(f"executor {executor}: {len(jobs)} job(s), scripts and logs in {folder}")
-        outcomes = submitit_run(jobs, folder, executor, slurm or SlurmOptions())
-    at_once = {"local": 1, "processes": workers}.get(executor, (slurm or SlurmOptions()).array_limit)
+    outcomes = executor.outcomes(jobs, store.root, device, console, datasets)
     with progress.task("cells", total=total, unit="cell", initial=len(summary.skipped), rate=False) as bar:
         _log_outcomes(outcomes, summary, console, bar, total, [(j.cell.key, j.cell.method.name) for j in jobs],
-                      executor != "local", {c.key for c in plan.cells if c.post_hoc}, measured, at_once)
+                      not executor.in_process, {c.key for c in plan.cells if c.post_hoc}, measured, executor.at_once())
     return summary
 
 

@@ -36,20 +36,19 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
 from bench.core.errors import ConfigError
 from bench.store.lock import guard
-from bench.config.spec import SUITES_DIR, suite_name_problem
+from bench.config.spec import PLAN_OVERRIDES, SUITES_DIR, Overrides, RunSpec, suite_name_problem
 from bench.store import CELL, DAMAGED_MARK, MANIFEST, STORE_SUITE, CellDir, atomic_write_json, read_json_object
 
 RUN_RECORD = "run.json"
 #: how a hint writes the command line, as the README teaches it (from the repository root)
 COMMAND = (".venv/bin/python", "run_suite.py")
-PLAN_OVERRIDES = ("methods", "datasets", "seeds", "epochs")  # the flags that change a run's plan, in tag order
-#: the fields of a store's record (:func:`store_record`) and of a report's (:func:`report_record`), with their types
+#: the fields of a store's record (:func:`store_record`) and of a report's (:func:`report_json`), with their types
 STORE_FIELDS = {"name": str, "suite": str, "suite_file": str, "overrides": dict, "plugins": list, "source": str,
                 "cells": list}
 REPORT_FIELDS = {"name": str, "suite": str, "overrides": dict}
@@ -65,12 +64,6 @@ class DamagedRecord(ConfigError):
     def __init__(self, path: Path, why: str, hint: str) -> None:
         super().__init__(f"{path} is damaged: {why}; {hint}")
         self.path, self.why = path, why
-
-
-def plan_overrides(methods=None, datasets=None, seeds=None, epochs=None) -> dict:
-    """The plan overrides given (None = not given), as plain JSON values."""
-    given = {"methods": methods, "datasets": datasets, "seeds": seeds, "epochs": epochs}
-    return {k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in given.items() if v is not None}
 
 
 def default_name(suite: str, overrides: dict) -> str:
@@ -117,21 +110,61 @@ def check_name(name: str, flag: str = "--name") -> None:
         raise ConfigError(f"{flag}: {why}")
 
 
-def override_flags(overrides: dict) -> list[str]:
-    """A run's plan overrides as the command line gives them: ``["--epochs", "1", "--seeds", "0,1"]``."""
-    return [part for key, value in (overrides or {}).items()
-            for part in (f"--{key}", ",".join(map(str, value)) if isinstance(value, list) else str(value))]
-
-
-def describe(identity: dict) -> str:
+def describe(spec: RunSpec) -> str:
     """``suite default with --epochs 1`` (or ``with no overrides``)."""
-    flags = " ".join(override_flags(identity.get("overrides") or {}))
-    return f"suite {identity.get('suite')!r} with {flags or 'no overrides'}"
+    return f"suite {spec.suite!r} with {' '.join(spec.overrides.flags()) or 'no overrides'}"
 
 
-def identity(record: dict) -> dict:
-    """What makes two runs the same plan: the suite's name and the overrides."""
-    return {"suite": record.get("suite"), "overrides": record.get("overrides") or {}}
+@dataclass(frozen=True)
+class PlannedCell:
+    """A cell of a run's plan as its record keeps it (an entry of ``cells``)."""
+
+    key: str
+    dataset: str
+    method: str
+    seed: int
+    epochs: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.dataset} / {self.method} / seed {self.seed}"
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """A store's ``run.json``: the run (:class:`~bench.config.spec.RunSpec`), its suite
+    file's contents (``source``, in the file's order), its plan's cells and when it was
+    first started (UTC, ``2026-11-28T09:14:03+00:00``; "" in a record made before runs
+    kept it)."""
+
+    spec: RunSpec
+    source: dict
+    cells: tuple[PlannedCell, ...]
+    started: str = ""
+
+    def to_json(self) -> dict:
+        spec = self.spec
+        return {"name": spec.name, "suite": spec.suite, "suite_file": spec.suite_file,
+                "overrides": spec.overrides.to_json(), "plugins": list(spec.plugins),
+                **({"started": self.started} if self.started else {}),
+                "source": json.dumps(self.source, default=str),  # text: the tables keep their order
+                "cells": [{f: getattr(c, f) for f in CELL_FIELDS} for c in self.cells]}
+
+    @classmethod
+    def from_json(cls, record: dict) -> RunRecord:
+        """A record that :func:`record_problem` passed."""
+        spec = RunSpec(record["name"], record["suite"], record["suite_file"], Overrides.from_json(record["overrides"]),
+                       tuple(record["plugins"]))
+        started = record.get("started")
+        return cls(spec, recorded_source(record), tuple(PlannedCell(**{f: c[f] for f in CELL_FIELDS})
+                                                        for c in record["cells"]),
+                   started if isinstance(started, str) else "")
+
+
+def report_json(spec: RunSpec) -> dict:
+    """The record a run's report keeps: whose report it is (nothing that changes between
+    two reports of one store)."""
+    return {"name": spec.name, **spec.identity()}
 
 
 def _json_kind(value: object) -> str:
@@ -143,7 +176,7 @@ def _json_kind(value: object) -> str:
 
 def record_problem(record: object, kind: str) -> str | None:
     """Why ``record`` (a parsed ``run.json`` of a ``kind``: store or report) is not what
-    :func:`store_record` or :func:`report_record` writes, or None: every field there with
+    :func:`store_record` or :func:`report_json` writes, or None: every field there with
     its type, plan overrides of :data:`OVERRIDE_TYPES`, every cell entry with the fields of
     :data:`CELL_FIELDS`, the suite's source an object in JSON text."""
     if not isinstance(record, dict):
@@ -187,10 +220,16 @@ def _overrides_problem(overrides: object) -> str | None:
     return None
 
 
-def read_record(folder: Path, kind: str = "store") -> dict | None:
-    """A folder's ``run.json`` (a ``kind``: store or report record), or None when it has
-    none; :class:`DamagedRecord` when it is there but unreadable or no record
-    (:func:`record_problem`)."""
+def read_record(folder: Path) -> RunRecord | None:
+    """A store's ``run.json``, or None when it has none; :class:`DamagedRecord` when it is
+    there but unreadable or no record (:func:`record_problem`)."""
+    record = _read(folder, "store")
+    return RunRecord.from_json(record) if record is not None else None
+
+
+def _read(folder: Path, kind: str) -> dict | None:
+    """A folder's ``run.json`` (a ``kind``: store or report record) as checked JSON, or
+    None when it has none (:func:`read_record`)."""
     path = Path(folder) / RUN_RECORD
     try:
         text = path.read_bytes()
@@ -231,7 +270,7 @@ def rewrite_hint(folder: Path, record: object, kind: str) -> str:
     flags_known = _overrides_problem(overrides) is None
     parts = [*COMMAND, "--suite", suite_argument(suite_file)]
     if flags_known:
-        parts += override_flags(overrides)
+        parts += Overrides.from_json(overrides).flags()
     parts += ["--name", Path(folder).name]
     root = Path(folder).parent
     if root != Path("results" if kind == "store" else "reports"):
@@ -243,16 +282,20 @@ def rewrite_hint(folder: Path, record: object, kind: str) -> str:
     return f"rewrite it with the run's own command, `{shlex.join(parts)}`{notes}, which keeps every complete cell"
 
 
-def owner(folder: Path, kind: str = "store") -> dict | None:
-    """The identity of the run a store or report folder (``kind``) belongs to: its
-    record's; for a folder without one that holds anything, the plain suite of the folder's
-    name; None for an absent or empty folder.  :class:`DamagedRecord` for a damaged record."""
+def owner(folder: Path, kind: str = "store", record: RunRecord | None = None) -> RunSpec | None:
+    """The run a store or report folder (``kind``) belongs to: its record's (``record``: a
+    store's record already read, else it is read here); for a folder without one that
+    holds anything, the plain suite of the folder's name; None for an absent or empty
+    folder.  :class:`DamagedRecord` for a damaged record."""
     folder = Path(folder)
-    record = read_record(folder, kind)
+    if record is None and kind == "store":
+        record = read_record(folder)
     if record is not None:
-        return identity(record)
+        return record.spec
+    if kind != "store" and (given := _read(folder, kind)) is not None:
+        return RunSpec(given["name"], given["suite"], overrides=Overrides.from_json(given["overrides"]))
     if folder.is_dir() and any(not p.name.startswith(".") for p in folder.iterdir()):
-        return {"suite": folder.name, "overrides": {}}
+        return RunSpec(folder.name, folder.name)
     return None
 
 
@@ -266,7 +309,7 @@ def foreign_cells(store: Path, keys) -> list[str]:
                   if p.is_dir() and (p / CELL).is_file() and p.name.split(DAMAGED_MARK)[0] not in keys)
 
 
-def check_owner(folder: Path, kind: str, name: str, mine: dict, rewritable: bool = False) -> str | None:
+def check_owner(folder: Path, kind: str, mine: RunSpec, rewritable: bool = False) -> str | None:
     """A ConfigError when ``folder`` (a ``kind``: store or report) belongs to another plan
     than ``mine``; nothing is written either way.  A damaged record is a
     :class:`DamagedRecord` unless it is ``rewritable`` (this run's store holds no cell of
@@ -277,29 +320,26 @@ def check_owner(folder: Path, kind: str, name: str, mine: dict, rewritable: bool
         if not rewritable:
             raise
         return f"{exc.path} was damaged ({exc.why})"
-    if theirs is None or theirs == mine:
+    if theirs is None or mine.same_plan(theirs):
         return None
-    suggestion = default_name(str(mine["suite"]), mine["overrides"])
+    name = mine.name
+    suggestion = default_name(mine.suite, mine.overrides.to_json())
     hint = (f"leave --name out (this plan's own name is {suggestion!r})" if suggestion != name
             else "give another --name")
     raise ConfigError(f"run {name!r}: the {kind} {folder} holds the run of {describe(theirs)}, and this command is "
                       f"{describe(mine)}; a run never overwrites another plan's {kind}: {hint}")
 
 
-def store_record(name: str, suite: str, suite_file: str, overrides: dict, source: dict, plugins, plan) -> dict:
+def store_record(spec: RunSpec, source: dict, plan) -> RunRecord:
     """The record a run keeps in its store (``plan``: a :class:`bench.store.plan.Plan`); its
     ``started`` (UTC, to the second) is now, and :func:`claim` keeps the first run's."""
-    return {
-        "name": name, "suite": suite, "suite_file": suite_file, "overrides": overrides, "plugins": list(plugins),
-        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "source": json.dumps(source, default=str),  # text: the tables keep their order (the methods' order)
-        "cells": [{"key": c.key, "dataset": c.dataset.name, "method": c.method.name, "seed": c.seed,
-                   "epochs": c.method.train.epochs} for c in plan.cells],
-    }
+    return RunRecord(spec, source, tuple(PlannedCell(c.key, c.dataset.name, c.method.name, c.seed,
+                                                     c.method.train.epochs) for c in plan.cells),
+                     datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
 
 def recorded_source(record: dict) -> dict | None:
-    """The suite file's contents a store record keeps (None when it keeps none)."""
+    """The suite file's contents a store record's JSON keeps (None when it keeps none)."""
     try:
         source = json.loads(record["source"])
     except (KeyError, TypeError, ValueError):
@@ -307,60 +347,46 @@ def recorded_source(record: dict) -> dict | None:
     return source if isinstance(source, dict) else None
 
 
-def report_record(name: str, ident: dict) -> dict:
-    """The record a run's report keeps: whose report it is (nothing that changes between
-    two reports of one store)."""
-    return {"name": name, **ident}
+def implied(spec: RunSpec, folder_name: str) -> bool:
+    """Whether a run says only what a folder without a record counts as (:func:`owner`):
+    the plain suite of the folder's name.  Such a report keeps no ``run.json``, so the
+    plain suite's report (a committed reference among them) stays as it was."""
+    return report_json(spec) == report_json(RunSpec(folder_name, folder_name))
 
 
-def implied(record: dict, folder_name: str) -> bool:
-    """Whether a report record (:func:`report_record`) says only what a folder without
-    one counts as (:func:`owner`): the plain suite of the folder's name.  Such a report
-    keeps no ``run.json``, so the plain suite's report (a committed reference among them)
-    stays as it was."""
-    return record == report_record(folder_name, {"suite": folder_name, "overrides": {}})
-
-
-def resume_flags(record: dict) -> list[str]:
-    """The flags that name a run (:func:`report_record`) on the ``run`` command line after
-    ``--suite``: its overrides, and ``--name`` unless the name is their default."""
-    overrides = record.get("overrides") or {}
-    flags = override_flags(overrides)
-    if record.get("name") != default_name(str(record.get("suite")), overrides):
-        flags += ["--name", str(record.get("name"))]
+def resume_flags(spec: RunSpec) -> list[str]:
+    """The flags that name a run on the ``run`` command line after ``--suite``: its
+    overrides, and ``--name`` unless the name is their default."""
+    flags = spec.overrides.flags()
+    if spec.name != default_name(spec.suite, spec.overrides.to_json()):
+        flags += ["--name", spec.name]
     return flags
 
 
-def write_record(folder: Path, record: dict) -> None:
+def write_record(folder: Path, record: RunRecord | RunSpec) -> None:
+    """Write a store's record, or a report's (a :class:`RunSpec`: :func:`report_json`)."""
     folder.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(folder / RUN_RECORD, json.loads(json.dumps(record, default=str)))
+    text = record.to_json() if isinstance(record, RunRecord) else report_json(record)
+    atomic_write_json(folder / RUN_RECORD, json.loads(json.dumps(text, default=str)))
 
 
-def claim(folder: Path, record: dict) -> str | None:
+def claim(folder: Path, record: RunRecord) -> tuple[RunRecord, str | None]:
     """Make ``record`` (:func:`store_record`) the record of the store ``folder``, unless the
     store belongs to another plan (a ConfigError, and nothing is written).  Check and write
     are one step under the store's lock (:func:`bench.store.lock.guard`), so of two runs that
     passed :func:`check_owner` together under one name with different plans, the second to
     claim the name reads the first one's record and is refused.  A damaged record is
-    replaced when the store holds no cell of another plan (:func:`foreign_cells`); what was
-    wrong with it is returned (None otherwise).  A run resumed keeps the ``started`` of the
-    record it finds (the date its report gives)."""
+    replaced when the store holds no cell of another plan (:func:`foreign_cells`).  A run
+    resumed keeps the ``started`` of the record it finds (the date its report gives).
+    Returns the record written and what was wrong with a damaged one (None otherwise)."""
     folder.mkdir(parents=True, exist_ok=True)
-    keys = {c["key"] for c in record["cells"]}
+    keys = {c.key for c in record.cells}
     with guard(folder, "a run claims its store"):
-        damage = check_owner(folder, "store", record["name"], identity(record),
-                             rewritable=not foreign_cells(folder, keys))
-        if damage is None and (first := started(read_record(folder))):
-            record = {**record, "started": first}
+        damage = check_owner(folder, "store", record.spec, rewritable=not foreign_cells(folder, keys))
+        if damage is None and (earlier := read_record(folder)) is not None and earlier.started:
+            record = replace(record, started=earlier.started)
         write_record(folder, record)
-    return damage
-
-
-def started(record: dict | None) -> str:
-    """When a run (its store record) was first started, ``2026-11-28T09:14:03+00:00``; ""
-    for a record made before runs kept it, or none."""
-    value = (record or {}).get("started")
-    return value if isinstance(value, str) else ""
+    return record, damage
 
 
 @dataclass(frozen=True)
@@ -404,10 +430,9 @@ def list_runs(root: Path) -> list[RunRow]:
         if record is None and not states and not (folder / STORE_SUITE).is_file():
             continue  # not a store
         if record is not None:
-            keys = [c["key"] for c in record["cells"]]
-            picked = [states.get(k, "missing") for k in keys]
-            overrides = describe(identity(record)).partition(" with ")[2]
-            rows.append(RunRow(folder.name, str(record.get("suite", "?")), overrides, picked.count("done"),
+            picked = [states.get(c.key, "missing") for c in record.cells]
+            overrides = describe(record.spec).partition(" with ")[2]
+            rows.append(RunRow(folder.name, record.spec.suite, overrides, picked.count("done"),
                                picked.count("failed"), len(picked) - picked.count("done") - picked.count("failed"),
                                max(newest)))
         else:

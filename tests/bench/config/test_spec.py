@@ -561,7 +561,9 @@ def test_a_suite_without_executor_table_runs_locally_with_the_flag_defaults():
     "table, path, needle",
     [
         ({"workers": 0}, "executor.workers", "must be >= 1, got 0"),
-        ({"kind": "ray"}, "executor.kind", "expected one of 'local', 'processes', 'slurm', 'submitit-local', got 'ray'"),
+        ({"kind": "ray"}, "executor.kind", "unknown executor 'ray'. Known executors: local, processes, slurm, "
+                                           "submitit-local."),
+        ({"kind": "slrum"}, "executor.kind", "unknown executor 'slrum'. Did you mean 'slurm'?"),
         ({"worker": 2}, "executor.worker", "did you mean 'workers'?"),
         ({"type": "slurm"}, "executor.type", "known keys: kind,"),
         ({"mem_gb": -1}, "executor.mem_gb", "must be > 0"),

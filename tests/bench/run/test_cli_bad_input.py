@@ -145,3 +145,17 @@ def test_a_flag_of_another_command_names_the_commands_that_take_it(tmp_path, cap
     err = capsys.readouterr().err
     assert stop.value.code == 2 and err.count("\n") == 1
     assert "--data-root is an option of report, run only" in err and "did you mean" not in err
+
+
+@pytest.mark.parametrize("flag,given,message", [
+    ("--methods", "mps", "error: unknown method 'mps' (at --methods). Did you mean 'msp'? Known methods of suite "
+                         "'hard' or registered: "),
+    ("--datasets", "mnist", "error: unknown dataset 'mnist' (at --datasets). Did you mean 'mnist5k'? Known datasets of "
+                            "suite 'hard': mnist5k.\n"),
+    ("--executor", "slrum", "error: unknown executor 'slrum' (at --executor). Did you mean 'slurm'? Known executors: "
+                            "local, processes, slurm, submitit-local.\n"),
+])
+def test_a_misspelt_name_is_the_registrys_one_message_and_writes_nothing(tmp_path, capsys, flag, given, message):
+    code, err = run(tmp_path, flag, given, capsys=capsys)
+    assert code == 2 and err.startswith(message), err
+    assert nothing_written(tmp_path)

@@ -1,4 +1,4 @@
-"""The commands that describe a suite or a run (``bench/run/commands.py``): ``list --suite``
+"""The commands that describe a suite or a run (``bench/run/commands/``): ``list --suite``
 names every method of a suite, derived ones included, and what each is computed from;
 ``status`` names the derived methods of the run after its cells."""
 from __future__ import annotations

@@ -154,7 +154,8 @@ def test_a_killed_worker_fails_only_its_cell_and_the_next_run_retries_it(tmp_pat
 
 
 def test_executor_flags_override_the_table_key_by_key(tmp_path):
-    from bench.run.cli import build_parser, executor_settings
+    from bench.run.cli import build_parser
+    from bench.run.commands.run import executor_settings
     from bench.core.registry import import_plugins
     from bench.config.spec import load_suite
 
@@ -182,7 +183,7 @@ def test_a_bad_executor_table_stops_the_run_before_any_work(tmp_path, capsys):
                  "--data-root", str(tmp_path / "data")])
     err = capsys.readouterr().err
     assert code == 2, err
-    assert "executor.kind: expected one of 'local', 'processes', 'slurm', 'submitit-local', got 'ray'" in err
+    assert "executor.kind: unknown executor 'ray'. Known executors: local, processes, slurm, submitit-local." in err
     assert "executor.worker: unknown key (did you mean 'workers'?)" in err
     assert not (tmp_path / "results").exists()
 
@@ -234,7 +235,7 @@ def test_slurm_jobs_resolve_the_device_on_their_own_node(tmp_path, monkeypatch, 
 
     import torch
 
-    from bench.run import runner
+    from bench.run import executors
     from bench.run.cli import main
     from bench.run.executors import Outcome, run_job
 
@@ -250,7 +251,7 @@ def test_slurm_jobs_resolve_the_device_on_their_own_node(tmp_path, monkeypatch, 
         submitted.extend(jobs)
         return iter([Outcome(j.cell.key, j.cell.label, "failed", "not submitted (test)", 0.0) for j in jobs])
 
-    monkeypatch.setattr(runner, "submitit_run", submit)
+    monkeypatch.setattr(executors, "submitit_run", submit)
     for device in ("cuda", "auto"):
         submitted.clear()
         code = main(["--suite", str(_suite(tmp_path)), "--results", str(tmp_path / "results"), "--reports",
@@ -342,3 +343,15 @@ def test_a_pool_hands_out_longer_cells_first_and_two_stage_cells_last():
     plan = [job("msp", 40), job("cgpt", 10, True), job("mc", 40), job("sgpa", 80), job("scgpt", 30, True),
             job("kep", 40)]
     assert [j.cell.method.name for j in dispatch_order(plan)] == ["sgpa", "msp", "mc", "kep", "scgpt", "cgpt"]
+
+
+def test_the_executors_are_a_registry_filled_where_they_are_defined():
+    from bench.config.executor_config import ExecutorConfig
+    from bench.core.errors import ConfigError
+    from bench.core.registry import EXECUTORS
+
+    assert EXECUTORS.names() == ["local", "processes", "slurm", "submitit-local"]
+    assert EXECUTORS.names_from("bench.run.executors") == EXECUTORS.names()
+    assert EXECUTORS.get("local")(ExecutorConfig()).in_process and EXECUTORS.get("slurm").other_nodes
+    with pytest.raises(ConfigError, match=r"unknown executor 'proceses' \(at --executor\)\. Did you mean 'processes'\?"):
+        EXECUTORS.get("proceses", key="--executor")

@@ -76,7 +76,7 @@ def test_a_second_ctrl_c_stops_at_once(tmp_path):
 
 WIND_DOWN = """
 import sys, time
-from bench.run.commands import CtrlC
+from bench.run.interrupt import CtrlC
 with CtrlC():
     try:
         print("running", flush=True)

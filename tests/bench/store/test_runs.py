@@ -264,6 +264,51 @@ def test_report_of_a_run_names_the_run_and_its_methods_for_a_method_it_lacks(tmp
     capsys.readouterr()
     assert main(["report", "try1", "--methods", "mc_dropout", *where]) == 2
     err = capsys.readouterr().err
-    assert err == "error: --methods: run 'try1' has no method 'mc_dropout'. It has: msp\n", err
+    assert err == "error: unknown method 'mc_dropout' (at --methods). Known methods of run 'try1': msp.\n", err
     assert main(["report", "--suite", "zoo", *where]) == 2  # no store of the zoo: how to make one, as typed
     assert "(`.venv/bin/python run_suite.py --suite zoo`)" in capsys.readouterr().err
+
+
+# A store's run.json as runs wrote it before they kept when they started (the committed reference stores' kind).
+OLD_RECORD = {
+    "cells": [{"dataset": "mnist5k", "epochs": 40, "key": "1e575a86ae7dfaa7", "method": "msp", "seed": 0},
+              {"dataset": "mnist5k", "epochs": 80, "key": "4007df5aa518fe5e", "method": "sgpa", "seed": 0}],
+    "name": "default-sgpa.msp-1b2c", "overrides": {"methods": ["sgpa", "msp"], "epochs": 3}, "plugins": ["my_plugin"],
+    "source": "{\"seeds\": [0], \"datasets\": {\"mnist5k\": {}}, \"methods\": {\"msp\": {}, \"sgpa\": {}}, "
+              "\"name\": \"default\"}",
+    "suite": "default", "suite_file": "/somewhere/bench/suites/default.toml",
+}
+
+
+def test_an_old_run_json_is_read_into_its_run_spec_and_cells(tmp_path):
+    from bench.config.spec import Overrides, RunSpec
+    from bench.store.runs import PlannedCell, read_record
+
+    (tmp_path / "run.json").write_text(json.dumps(OLD_RECORD, indent=2, sort_keys=True))
+    record = read_record(tmp_path)
+    assert record.spec == RunSpec("default-sgpa.msp-1b2c", "default", "/somewhere/bench/suites/default.toml",
+                                  Overrides(methods=("sgpa", "msp"), epochs=3), ("my_plugin",))
+    assert record.cells[1] == PlannedCell("4007df5aa518fe5e", "mnist5k", "sgpa", 0, 80)
+    assert list(record.source["methods"]) == ["msp", "sgpa"] and record.started == ""
+
+
+def test_a_run_record_round_trips_through_run_json_in_the_format_runs_read(tmp_path):
+    """Written and read back, a record is the same; on disk it has the fields an old
+    record has (plus ``started``), so older code paths read it as before."""
+    from dataclasses import replace
+
+    from bench.config.spec import Overrides, RunSpec
+    from bench.store.runs import read_record, write_record
+
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "run.json").write_text(json.dumps(OLD_RECORD))
+    old = read_record(tmp_path / "old")
+    record = replace(old, spec=replace(old.spec, overrides=Overrides(seeds=(1, 2), datasets=("mnist5k",))),
+                     started="2026-01-02T03:04:05+00:00")
+    write_record(tmp_path / "new", record)
+    assert read_record(tmp_path / "new") == record
+    written = json.loads((tmp_path / "new" / "run.json").read_text())
+    assert set(written) == set(OLD_RECORD) | {"started"}
+    assert written["overrides"] == {"datasets": ["mnist5k"], "seeds": [1, 2]}
+    assert json.loads(written["source"]) == json.loads(OLD_RECORD["source"])
+    assert isinstance(old.spec, RunSpec)

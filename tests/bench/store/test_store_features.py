@@ -216,7 +216,7 @@ def test_a_store_without_logits_or_features_reports_and_names_what_it_cannot_sco
     suite_file = tmp_path / "old.toml"
     suite_file.write_text(fake_suite("old"))
     fake_store(tmp_path / "results", suite_file)
-    options = ReportOptions(suite=str(suite_file), results=tmp_path / "results", formats=("md",))
+    options = ReportOptions(results=tmp_path / "results", formats=("md",))
     status = report_suite(load_suite(str(suite_file)), tmp_path / "results" / "old", tmp_path / "reports", options)
     err = capsys.readouterr().err
     assert status == 0, err
