@@ -566,7 +566,7 @@ def _additions(args: argparse.Namespace, record: dict | None) -> tuple[list, lis
 def _run(args: argparse.Namespace) -> int:
     """``run``: name the run, refuse another plan's store or report, train and predict its
     incomplete cells, report; Ctrl-C says where it stopped (:class:`Interrupted`)."""
-    from bench.train.cell import Console, require_tensorboard
+    from bench.train.telemetry import Console, require_tensorboard
     from bench.run.executors import require_executor
     from bench.store.plan import make_plan
     from bench.run.report import report_suite

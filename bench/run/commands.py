@@ -178,7 +178,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     """Check every cell directory of a run's store (``verify NAME``, or ``--suite``: the
     suite's store): print one line per cell that is not complete; exit 0 when nothing is
     damaged, 1 otherwise (failed and interrupted cells are listed but are not damage)."""
-    from bench.train.cell import TENSORBOARD
+    from bench.train.telemetry import TENSORBOARD
     from bench.store.runs import COMMAND
     from bench.config.spec import suite_name_problem
     from bench.store import DAMAGED_MARK, CellDir
@@ -285,14 +285,14 @@ def stopped_at(plan, store_root: Path) -> str:
     """The line Ctrl-C ends a run with: its cells done, the ones in progress and the epoch
     each saved its training at."""
     from bench.train.cell import saved_epoch
-    from bench.store import CellDir
+    from bench.store import CellDir, CellRecord
 
     done, saved = 0, []
     for cell in plan.cells:
         cd = CellDir(store_root / cell.key)
         if cd.says_complete():
             done += 1
-        elif (cd.read_cell() or {}).get("status") == "running":
+        elif (cd.read_cell() or CellRecord()).running:
             saved.append(saved_epoch(cd))
     where = f"{len(saved)} in progress"
     if saved and all(e is None for e in saved):

@@ -46,7 +46,7 @@ from bench.store.runs import (COMMAND, RUN_RECORD, DamagedRecord, identity, impl
                         resume_flags, started, suite_argument, write_record)
 from bench.scores import validate_scores
 from bench.config.spec import Suite, select
-from bench.store import STORE_SUITE, atomic_write_json, read_json_object
+from bench.store import STORE_SUITE, CellRecord, atomic_write_json, read_json_object
 
 #: the cells a report shows (key, dataset, method row, seed, configuration digest), beside
 #: its README: what a later report of the same run is compared with
@@ -264,7 +264,7 @@ def _run_title(options: ReportOptions, store_root: Path, catalog: Catalog, rows:
         date = started(read_record(store_root))[:10]
     except DamagedRecord:
         date = ""
-    finished = [str((cd.read_cell() or {}).get("finished", ""))[:10]
+    finished = [((cd.read_cell() or CellRecord()).finished or "")[:10]
                 for (_, method, _), cd in catalog.cells.items() if method in rows]
     return RunTitle(str(options.run.get("name")), str(options.run.get("suite")), " ".join(override_flags(overrides)),
                     " ".join(f"{flag} {','.join(map(str, value))}" for flag, value in shown if value), date,
@@ -286,7 +286,7 @@ def cells_record(catalog: Catalog, rows: set[str]) -> list[dict]:
     ``dataset``, ``method`` row, ``seed`` and ``configuration`` (:func:`_configuration`),
     sorted by (dataset, method row, seed)."""
     return [{"key": catalog.cells[cell].key, "dataset": cell[0], "method": cell[1], "seed": cell[2],
-             "configuration": _configuration((catalog.cells[cell].read_cell() or {}).get("config"))}
+             "configuration": _configuration((catalog.cells[cell].read_cell() or CellRecord()).config)}
             for cell in sorted(_shown_cells(catalog, rows))]
 
 
