@@ -31,7 +31,7 @@ from bench.store.catalog import open_store  # noqa: E402
 from bench.store.plan import make_plan  # noqa: E402
 from bench.report import write_report  # noqa: E402
 from bench.config.spec import load_suite, select  # noqa: E402
-from bench.store import Store  # noqa: E402
+from bench.store import CellRecord, Predictions, Store  # noqa: E402
 from bench.data import BENCHMARK_CORRUPTIONS, SEVERITIES, corruption_split, is_ood  # noqa: E402
 from machine import provenance  # noqa: E402
 
@@ -63,10 +63,10 @@ def main() -> None:
         cd = store.cell(cell.key)
         cd.reset()
         for split, n in splits.items():
-            cd.write_preds(split, *fake_split(rng, n, is_ood(split)))
-        cd.seal({"key": cell.key, "dataset": cell.dataset.name, "method": cell.method.name, "seed": cell.seed,
-                 "config": cell.config, "parameters": 6268042, "train_seconds": 1.0,
-                 "predict_seconds_per_1000": 1.0, "peak_memory_mb": 1.0, "samples": 1})
+            cd.write_preds(split, Predictions(*fake_split(rng, n, is_ood(split))))
+        cd.seal(CellRecord(key=cell.key, dataset=cell.dataset.name, method=cell.method.name, seed=cell.seed,
+                           config=cell.config, parameters=6268042, train_seconds=1.0,
+                           predict_seconds_per_1000=1.0, peak_memory_mb=1.0, samples=1))
         n_preds = sum(splits.values())
         t0 = time.perf_counter()
         results = analyse(open_store(store.root, suite, {cell.key}))

@@ -157,7 +157,7 @@ def read_store(store: Path, logs: bool = False) -> tuple[list[dict], list[str]]:
     rows under ``"log"``), and one line per other cell."""
     import csv
 
-    from bench.store import DAMAGED_MARK, CellDir
+    from bench.store import DAMAGED_MARK, CellDir, CellRecord
 
     done, problems = [], []
     if not store.is_dir():
@@ -168,7 +168,7 @@ def read_store(store: Path, logs: bool = False) -> tuple[list[dict], list[str]]:
         cd = CellDir(path)
         state, reason = cd.condition()
         if state == "complete":
-            done.append(cd.read_cell() or {})
+            done.append((cd.read_cell() or CellRecord()).to_json())
             if logs:
                 log = path / "train_log.csv"
                 done[-1]["log"] = list(csv.DictReader(log.open())) if log.is_file() else []

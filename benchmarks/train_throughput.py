@@ -349,12 +349,12 @@ def measure_eval(setup: MethodSetup, args, device: torch.device) -> dict:
     model = build_model(setup, data, device, args.seed)
     model = setup.method.prediction_model(model, setup.model_cfg, data).to(device)
     warm = Split(split.x[: args.eval_batch_size], split.y[: args.eval_batch_size])
-    predict(setup.method, model, warm, data, device, args.eval_batch_size, {}, precision=args.precision)
+    predict(setup.method, model, warm, data, device, args.eval_batch_size, extras=True, precision=args.precision)
     reset_memory(device)
     sync(device)
     t0 = time.perf_counter()
     for _ in range(args.eval_splits):
-        predict(setup.method, model, split, data, device, args.eval_batch_size, {}, precision=args.precision)
+        predict(setup.method, model, split, data, device, args.eval_batch_size, extras=True, precision=args.precision)
     sync(device)
     seconds = time.perf_counter() - t0
     images = args.eval_splits * args.eval_size

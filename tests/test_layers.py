@@ -161,8 +161,8 @@ def test_the_suite_spec_and_the_analysis_need_no_run_layer():
 
 
 # bench's stage packages, top to bottom: a package imports only the packages after it
-STAGES = ("bench.run", "bench.train", "bench.report", "bench.analysis", "bench.store", "bench.config",
-          "bench.scores", "bench.metrics", "bench.data", "bench.core")
+STAGES = ("bench.run", "bench.train", "bench.report", "bench.analysis", "bench.scores", "bench.store", "bench.config",
+          "bench.metrics", "bench.data", "bench.core")
 
 
 def _stage(module: str) -> str | None:

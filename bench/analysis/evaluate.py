@@ -24,7 +24,9 @@ from bench.data import is_ood
 from bench.core.errors import one_line
 from bench.store import READ_ERRORS
 from bench.metrics import get_metric, selection
-from bench.scores import NEEDS, TRAINING, TrainingFeatures, default_scores, get_score
+from bench.scores import NEEDS, TRAINING, default_scores, get_score
+from bench.scores.record import FEATURES, fitting_view
+from bench.store import CellRecord, TrainingFeatures
 
 METRIC_COLUMNS = ["dataset", "method", "seed", "split", "metric", "score", "value"]
 FAILURE_COLUMNS = ["dataset", "method", "seed", "reason"]
@@ -34,7 +36,7 @@ UNSCORED_COLUMNS = ["dataset", "method", "score", "reason"]
 #: what to do when a trained cell lacks what a score needs (stored before this code, or without features)
 RERUN = {
     "logits": "needs logits: rerun the suite (this cell was stored before the store kept logits)",
-    "features": "needs features: rerun with `[store] features = true` (this cell stored none)",
+    FEATURES: "needs features: rerun with `[store] features = true` (this cell stored none)",
     TRAINING: "needs training features: rerun with `[store] features = true` (this cell stored none)",
 }
 #: what ``ood_scores`` maps split -> score -> per-image score, for the ``test`` and ``ood/...`` splits
@@ -62,13 +64,13 @@ def analysed_scores(picked: list[str] | None = None) -> list[str]:
     return list(dict.fromkeys(picked)) if picked else default_scores()
 
 
-def ood_scores(preds: Preds, names: list[str], training: dict[str, np.ndarray] | None = None,
+def ood_scores(preds: Preds, names: list[str], training: TrainingFeatures | None = None,
                ) -> tuple[CellScores, dict[str, str]]:
     """The OOD scores ``names`` of one prediction set on its ``test`` and ``ood/...``
     splits: ``(split -> score -> [N] float64, score -> why it was not computed)``.
 
     A score is computed where every array it reads is stored on ``test`` and every
-    ``ood/...`` split; one that fits does so once, on ``training`` (the arrays of
+    ``ood/...`` split; one that fits does so once, on ``training`` (the cell's stored
     ``features/train.npz``).  Why not: the need it lacks (``"features"``, ``"logits"``,
     ``"samples"``, ``"training features"``: :data:`bench.scores.NEEDS`), ``raised ...``
     when its fit or function raised (a plugin's bug), or ``gave ...`` when it did not give
@@ -76,7 +78,7 @@ def ood_scores(preds: Preds, names: list[str], training: dict[str, np.ndarray] |
     if "test" not in preds:
         return {sp: {} for sp in preds if is_ood(sp)}, {}
     splits = ["test", *sorted(sp for sp in preds if is_ood(sp))]
-    fitted_on = TrainingFeatures.from_arrays(training) if training is not None else None
+    fitted_on = fitting_view(training) if training is not None else None
     out: CellScores = {sp: {} for sp in splits}
     why: dict[str, str] = {}
     for name in names:
@@ -88,7 +90,7 @@ def ood_scores(preds: Preds, names: list[str], training: dict[str, np.ndarray] |
         try:
             fitted = score.fit(fitted_on) if score.fit is not None else None
             for sp in splits:
-                values, n = score(preds[sp], fitted), len(preds[sp]["labels"])
+                values, n = score(preds[sp], fitted), len(preds[sp])
                 if values.shape != (n,):
                     why[name] = f"gave shape {list(values.shape)} on {sp}, not [{n}]"
                 elif not np.isfinite(values).all():
@@ -108,8 +110,7 @@ def _no_features(catalog: Catalog, dataset: str, method: str, seed) -> str | Non
     """Why a trained cell stored no features although its suite kept them (``no_features``
     in its cell.json, :func:`bench.train.cell.features_absent`), or None."""
     cell = catalog.cells.get((dataset, method, seed))
-    info = (cell.read_cell() or {}) if cell is not None else {}
-    return info.get("no_features") if isinstance(info.get("no_features"), str) else None
+    return ((cell.read_cell() if cell is not None else None) or CellRecord()).no_features
 
 
 def labelled_and_ood(names: list[str]) -> tuple[list[str], list[str]]:
@@ -161,9 +162,9 @@ def evaluate(preds: Preds, names: list[str],
                     for name in on_scores:
                         rows.append((split, name, score, value(name, split, score, test_scores[score], ood)))
         else:
-            probs = np.exp(arrays["log_probs"].astype(np.float64))
+            probs = np.exp(arrays.log_probs.astype(np.float64))
             for name in labelled:
-                rows.append((split, name, "", value(name, split, "", probs, arrays["labels"])))
+                rows.append((split, name, "", value(name, split, "", probs, arrays.labels)))
     return rows
 
 
@@ -240,7 +241,7 @@ def evaluate_catalog(catalog: Catalog, names: list[str], scores: list[str] | Non
             training, unreadable = None, f"its stored training features are unreadable ({one_line(exc)})"
         per_cell[(d, m, s)], lacking = ood_scores(preds, scores, training)
         absent = (_no_features(catalog, d, m, s)
-                  if trained and any(need in ("features", TRAINING) for need in lacking.values()) else None)
+                  if trained and any(need in (FEATURES, TRAINING) for need in lacking.values()) else None)
         for score, need in lacking.items():
             if need == "samples":
                 continue  # several passes or members: a single-pass method has none, as expected
@@ -248,7 +249,7 @@ def evaluate_catalog(catalog: Catalog, names: list[str], scores: list[str] | Non
                 reason = need  # it raised
             elif not trained:
                 reason = f"needs {need}, which a method combined from its members' stored probabilities does not have"
-            elif need in ("features", TRAINING) and absent:
+            elif need in (FEATURES, TRAINING) and absent:
                 reason = f"needs {need}: {absent}"
             else:
                 reason = unreadable if need == TRAINING and unreadable else RERUN.get(need, f"needs {need}")

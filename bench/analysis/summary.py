@@ -21,6 +21,7 @@ import pandas as pd
 from bench.analysis import bootstrap as stats
 from bench.analysis.evaluate import METRIC_COLUMNS, CellScores, labelled_and_ood, metric_value, table_of
 from bench.store.catalog import Catalog
+from bench.store import CellRecord
 from bench.data import corruption_of, is_ood
 from bench.core.errors import ConfigError, one_line
 from bench.metrics import get_metric, selection
@@ -139,7 +140,7 @@ def _summary_boots(out: pd.DataFrame, cache: dict, seeds: dict, names: list[str]
                 continue
             for split in preds:
                 if split == "test" or is_ood(split):
-                    n = len(preds[split]["labels"])
+                    n = len(preds[split])
                     weights.setdefault(split, _weights(n, resamples, seed, split))
         for method in out.loc[out["dataset"] == dataset, "method"].unique():
             for s in seeds.get((dataset, method), []):
@@ -147,9 +148,9 @@ def _summary_boots(out: pd.DataFrame, cache: dict, seeds: dict, names: list[str]
                 if "test" not in preds:
                     continue
                 where = (dataset, method, s)
-                probs = np.exp(preds["test"]["log_probs"].astype(np.float64))
+                probs = np.exp(preds["test"].log_probs.astype(np.float64))
                 for name in labelled:
-                    boot = _resampled(errors, where, name, stats.boot_metric, probs, preds["test"]["labels"],
+                    boot = _resampled(errors, where, name, stats.boot_metric, probs, preds["test"].labels,
                                       weights["test"])
                     if boot is not None:
                         boots.setdefault((dataset, method, "test", name, ""), {})[s] = boot
@@ -262,7 +263,7 @@ def clean_source_size(preds: dict, split: str) -> int:
     set was made from (:mod:`bench.data`: a corruption split holds the first N test
     images, corrupted): N, its own size, when its labels are those of the first N test
     images; the whole test split where they are not (a split made otherwise)."""
-    labels, test = preds[split]["labels"], preds["test"]["labels"]
+    labels, test = preds[split].labels, preds["test"].labels
     n = len(labels)
     return n if n <= len(test) and np.array_equal(labels, test[:n]) else len(test)
 
@@ -283,7 +284,7 @@ def _clean_rows(df: pd.DataFrame, cache: dict) -> tuple[pd.DataFrame, dict[tuple
         if "test" not in preds:
             continue
         mine = sizes[(d, m, s)] = {split: clean_source_size(preds, split) for split in dict.fromkeys(cell["split"])}
-        probs, labels = np.exp(preds["test"]["log_probs"].astype(np.float64)), preds["test"]["labels"]
+        probs, labels = np.exp(preds["test"].log_probs.astype(np.float64)), preds["test"].labels
         for name in dict.fromkeys(cell["metric"]):
             values = {n: metric_value(name, (probs[:n], labels[:n]), errors={}) for n in set(mine.values())}
             value = (next(iter(values.values())) if len(values) == 1
@@ -313,7 +314,7 @@ def severity_table(metrics_df: pd.DataFrame, cache: dict, seeds: dict, names: li
     images: dict[tuple, set[int]] = {}
     for d, m, s, split, sev in df[["dataset", "method", "seed", "split", "severity"]].drop_duplicates().itertuples(
             index=False, name=None):
-        n = len(cache[(d, m, s)][split]["labels"])
+        n = len(cache[(d, m, s)][split])
         images.setdefault((d, m, sev), set()).add(n)
         images.setdefault((d, m, -1), set()).add(n)
     for (d, m, _s), per_split in clean_sizes.items():
@@ -357,14 +358,14 @@ def _severity_bands(df: pd.DataFrame, cache: dict, seeds: dict, clean_sizes: dic
             sums: dict[tuple[int, str], list[np.ndarray]] = {}
             parts = [(split, sev, preds[split], 1) for split, sev in split_severity.items() if split in preds]
             clean = list(clean_sizes.get((dataset, method, s), {}).values())
-            parts += [("test", 0, {k: preds["test"][k][:n] for k in ("log_probs", "labels")},
+            parts += [("test", 0, preds["test"].head(n),
                        clean.count(n) if len(set(clean)) > 1 else 1) for n in sorted(set(clean))]
             for split, sev, arrays, copies in parts:
-                n = len(arrays["labels"])
+                n = len(arrays)
                 w = _weights(n, SEVERITY_RESAMPLES, seed)
-                probs = np.exp(arrays["log_probs"].astype(np.float64))
+                probs = np.exp(arrays.log_probs.astype(np.float64))
                 for name in names:
-                    value = _resampled(errors, (dataset, method, s), name, stats.boot_metric, probs, arrays["labels"], w)
+                    value = _resampled(errors, (dataset, method, s), name, stats.boot_metric, probs, arrays.labels, w)
                     if value is None:
                         continue
                     sums.setdefault((sev, name), []).extend([value] * copies)
@@ -412,23 +413,23 @@ def efficiency(catalog: Catalog) -> pd.DataFrame:
     for d in catalog.datasets:
         for e in catalog.methods:
             if e.kind == "trained":
-                infos = [catalog.cells[(d, e.name, s)].read_cell() or {} for s in catalog.seeds
+                infos = [catalog.cells[(d, e.name, s)].read_cell() or CellRecord() for s in catalog.seeds
                          if (d, e.name, s) in catalog.cells]
                 if infos:
                     rows.append({
                         "dataset": d, "method": e.name,
-                        "parameters": infos[0].get("parameters", np.nan),
+                        "parameters": _recorded(infos[0].parameters),
                         "train_seconds": float(np.mean([_train_seconds(i) for i in infos])),
-                        "predict_seconds_per_1000": float(np.mean([i.get("predict_seconds_per_1000", np.nan)
+                        "predict_seconds_per_1000": float(np.mean([_recorded(i.predict_seconds_per_1000)
                                                                    for i in infos])),
-                        "peak_memory_mb": float(np.max([i.get("peak_memory_mb", np.nan) for i in infos])),
-                        "passes": infos[0].get("samples", 1),
+                        "peak_memory_mb": float(np.max([_recorded(i.peak_memory_mb) for i in infos])),
+                        "passes": _passes(infos[0]),
                         **_detector_seconds(infos),
                     })
                 continue
             formed = catalog.formed(d, e)
             if formed:
-                costs = [_replicate_costs([catalog.cells[(d, e.base, s)].read_cell() or {} for s in members])
+                costs = [_replicate_costs([catalog.cells[(d, e.base, s)].read_cell() or CellRecord() for s in members])
                          for _, members in formed]
                 rows.append({"dataset": d, "method": e.name, "parameters": costs[0]["parameters"],
                              **{k: float(np.mean([c[k] for c in costs])) for k in ("train_seconds",
@@ -439,30 +440,40 @@ def efficiency(catalog: Catalog) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=EFFICIENCY_COLUMNS)
 
 
-def _replicate_costs(infos: list[dict]) -> dict:
+def _replicate_costs(infos: list[CellRecord]) -> dict:
     """One derived replicate's costs from its members' ``cell.json``: parameters, training,
     prediction and passes added up, peak memory the largest."""
-    return {"parameters": sum(i.get("parameters", np.nan) for i in infos),
+    return {"parameters": sum(_recorded(i.parameters) for i in infos),
             "train_seconds": float(sum(_train_seconds(i) for i in infos)),
-            "predict_seconds_per_1000": float(sum(i.get("predict_seconds_per_1000", np.nan) for i in infos)),
-            "peak_memory_mb": float(np.max([i.get("peak_memory_mb", np.nan) for i in infos])),
-            "passes": sum(i.get("samples", 1) for i in infos)}
+            "predict_seconds_per_1000": float(sum(_recorded(i.predict_seconds_per_1000) for i in infos)),
+            "peak_memory_mb": float(np.max([_recorded(i.peak_memory_mb) for i in infos])),
+            "passes": sum(_passes(i) for i in infos)}
 
 
-def _train_seconds(info: dict) -> float:
+def _recorded(value):
+    """A number of ``cell.json``, NaN where it is not recorded."""
+    return np.nan if value is None else value
+
+
+def _passes(info: CellRecord) -> int:
+    """A cell's prediction passes (1 where ``cell.json`` records none)."""
+    return 1 if info.samples is None else info.samples
+
+
+def _train_seconds(info: CellRecord) -> float:
     """A cell's training seconds, a two-stage cell's stage 1 included (``stage1`` in
     cell.json: the stored cell's seconds when it was reused, else the seconds it took
     inside this cell): what it costs to have this model."""
-    first = info.get("stage1") if isinstance(info.get("stage1"), dict) else {}
-    return float(info.get("train_seconds", np.nan)) + float(first.get("train_seconds") or 0.0)
+    first = info.stage1.train_seconds if info.stage1 is not None else None
+    return float(_recorded(info.train_seconds)) + float(first or 0.0)
 
 
-def _detector_seconds(infos: list[dict]) -> dict[str, float]:
+def _detector_seconds(infos: list[CellRecord]) -> dict[str, float]:
     """The feature-space OOD detectors' cost of a method (``ood_detectors`` in cell.json,
     :func:`bench.scores.detector_cost`): fit seconds and scoring seconds per 1,000 images,
     each summed over the detectors a cell measured and averaged over the seeds; NaN where
     no cell measured any (no stored features, or a store written before they were)."""
-    measured = [i["ood_detectors"] for i in infos if isinstance(i.get("ood_detectors"), dict) and i["ood_detectors"]]
+    measured = [i.ood_detectors for i in infos if i.ood_detectors]
 
     def total(field: str) -> float:
         return float(np.mean([sum(float(d[field]) for d in m.values()) for m in measured])) if measured else np.nan

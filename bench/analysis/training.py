@@ -61,7 +61,7 @@ import pandas as pd
 
 from bench.store.catalog import Catalog
 from bench.core.errors import one_line
-from bench.store import READ_ERRORS, TRAIN_LOG, CellDir
+from bench.store import READ_ERRORS, TRAIN_LOG, CellDir, CellRecord
 
 WINDOW_FRACTION = 0.2  # the compared windows: the last k epochs and the k before, k = this share of the epochs
 TRAIN_ACC_RISE = 0.01  # training accuracy (a fraction) rising by more than this: still improving
@@ -194,7 +194,7 @@ def _stage_row(log: pd.DataFrame | None, why: str, cd: CellDir | None, share: fl
     if log is None:
         return {f: np.nan for f in CONVERGENCE_FIELDS} | {"window": 0, "train_acc_rise": np.nan, "val_nll_drop": np.nan,
                                                             "majority_share": np.nan, "verdict": UNJUDGED + why}
-    best = (cd.read_cell() or {}).get("best_epoch") if cd is not None else None
+    best = (cd.read_cell() or CellRecord()).best_epoch if cd is not None else None
     last = log.iloc[-1] if len(log) else pd.Series(dtype=float)
     judged = judge(log["train_acc"], log["val_nll"], share)
     return {"epochs": len(log), "best_epoch": float(best) if isinstance(best, (int, float)) else np.nan,
@@ -231,17 +231,17 @@ def convergence(catalog: Catalog) -> Convergence:
                 cd = catalog.cells.get((d, entry.name, s)) if entry.kind == "trained" else None
                 if cd is None:
                     continue
-                first = (cd.read_cell() or {}).get("stage1")
+                first = (cd.read_cell() or CellRecord()).stage1
                 own, why = log_of(cd)
                 stages = []  # (stage, source row, log, why not, the cell beside the log)
-                if isinstance(first, dict):
-                    found = by_key.get(str(first.get("key")))
-                    if not first.get("reused", True):
-                        stages.append((1, str(first.get("method", "")), None,
+                if first is not None:
+                    found = by_key.get(first.key)
+                    if not first.reused:
+                        stages.append((1, first.method, None,
                                        "stage 1 was trained inside the cell; its log was not kept", None))
                     elif found is None:
-                        stages.append((1, str(first.get("method", "")), None,
-                                       f"its stage-1 cell {first.get('key')} is not among the cells analysed", None))
+                        stages.append((1, first.method, None,
+                                       f"its stage-1 cell {first.key} is not among the cells analysed", None))
                     else:
                         stages.append((1, found[0], *log_of(found[1]), found[1]))
                     if why != NO_LOG:  # a post-hoc cell trained nothing: it has no stage 2
@@ -252,7 +252,7 @@ def convergence(catalog: Catalog) -> Convergence:
                     cells.append({"dataset": d, "method": entry.name, "seed": s, "stage": stage, "source": source,
                                   **_stage_row(log, why_not, beside, share_of(beside, log))})
                 if own is not None:
-                    stage = 2 if isinstance(first, dict) else 1
+                    stage = 2 if first is not None else 1
                     epochs += [{"dataset": d, "method": entry.name, "seed": s, "stage": stage, **row}
                                for row in own.to_dict("records")]
     cells_df = pd.DataFrame(cells, columns=CONVERGENCE_COLUMNS)

@@ -41,7 +41,6 @@ from bench.core.errors import ConfigError
 from bench.config.executor_config import ExecutorConfig, parse_executor
 from bench.config.options import ALLOW_LARGE_HINT, Problems, allow_large, parse
 from bench.core.registry import ATTENTIONS, DATASETS, METHODS, SCORES, Registry, did_you_mean
-from bench import scores as _scores  # noqa: F401  (registers the built-in OOD scores a suite may name)
 
 SUITES_DIR = Path(__file__).resolve().parent.parent / "suites"
 MAX_TOML_DEPTH = 32  # tables and arrays nested in a suite file (a suite needs about 5)
@@ -431,11 +430,10 @@ def build_suite(raw: dict, overrides: Overrides = Overrides()) -> Suite:
 def unstored_scores_problem(names, store: StoreConfig) -> str | None:
     """Why the OOD scores ``names`` cannot be computed from a store kept as ``store``
     says, or None: a score that needs the features or the training features (its
-    registered needs, :attr:`bench.scores.Score.needs`) where ``[store] features = false``."""
+    :attr:`bench.scores.Score.needs_stored_features`) where ``[store] features = false``."""
     if store.features:
         return None
-    wanted = {"features", _scores.TRAINING}
-    unstored = [n for n in dict.fromkeys(names) if n in SCORES and wanted & set(SCORES.get(n).needs)]
+    unstored = [n for n in dict.fromkeys(names) if n in SCORES and SCORES.get(n).needs_stored_features]
     if not unstored:
         return None
     listed = ", ".join(map(repr, unstored))

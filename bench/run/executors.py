@@ -43,14 +43,15 @@ from typing import Iterator
 import torch
 
 from bench.core import progress
-from bench.train.cell import Console, load_data, run_cell
+from bench.train.cell import load_data, run_cell
+from bench.train.telemetry import Console
 from bench.data import configure_data
 from bench.core.errors import ConfigError, require_package
 from bench.config.executor_config import ExecutorConfig, SlurmOptions
 from bench.store.lock import LOCK_SUFFIX, CellLock
 from bench.store.plan import Cell
 from bench.core.registry import EXECUTORS, import_plugins
-from bench.store import Store
+from bench.store import CellRecord, Store
 from bench.train.loop import resolve_device
 
 
@@ -228,8 +229,8 @@ def _record_death(job: Job, reason: str) -> Outcome:
         if held and cd.condition()[0] == "complete":
             return Outcome(cell.key, cell.label, "complete", f"stored already ({reason})", 0.0)
         if held:  # its record so far, else (it died before it began the cell) who the cell is
-            info = cd.read_cell() or {"key": cell.key, "dataset": cell.dataset.name, "method": cell.method.name,
-                                      "seed": cell.seed, "config": cell.config}
+            info = cd.read_cell() or CellRecord(key=cell.key, dataset=cell.dataset.name, method=cell.method.name,
+                                                seed=cell.seed, config=cell.config)
             cd.mark_failed(info, reason)
     return Outcome(cell.key, cell.label, "failed", f"{reason}; the next run retries it", 0.0)
 

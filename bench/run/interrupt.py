@@ -61,14 +61,14 @@ def stopped_at(plan, store_root: Path) -> str:
     """The line Ctrl-C ends a run with: its cells done, the ones in progress and the epoch
     each saved its training at."""
     from bench.train.cell import saved_epoch
-    from bench.store import CellDir
+    from bench.store import CellDir, CellRecord
 
     done, saved = 0, []
     for cell in plan.cells:
         cd = CellDir(store_root / cell.key)
         if cd.says_complete():
             done += 1
-        elif (cd.read_cell() or {}).get("status") == "running":
+        elif (cd.read_cell() or CellRecord()).running:
             saved.append(saved_epoch(cd))
     where = f"{len(saved)} in progress"
     if saved and all(e is None for e in saved):

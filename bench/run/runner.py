@@ -14,7 +14,8 @@ import torch
 from bench.train import distributed
 
 from bench.core import progress
-from bench.train.cell import Console, load_data
+from bench.train.cell import load_data
+from bench.train.telemetry import Console
 from bench.data import DataBundle, split_summary
 from bench.core.errors import ConfigError, NonFiniteLoss
 from bench.config.executor_config import ExecutorConfig

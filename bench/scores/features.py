@@ -131,16 +131,16 @@ def _fit_gaussians(training: TrainingFeatures) -> Gaussians:
 @ood_score("Mahalanobis", "max_c -(x - mu_c)^T P (x - mu_c): class means and shared covariance (/n, "
            "pseudo-inverted) of the stored training features (Lee et al. 2018; OpenOOD `mds`, same sign).",
            reads=("features",), fit=_fit_gaussians, reference="Lee et al., NeurIPS 2018", default=5)
-def mahalanobis(arrays, fitted: Gaussians):
-    return mahalanobis_score(arrays["features"], fitted)
+def mahalanobis(preds, fitted: Gaussians):
+    return mahalanobis_score(preds.features, fitted)
 
 
 @ood_score("RelMahalanobis", "max_c -(MD_c(x) - MD_0(x)): Mahalanobis minus the distance to one Gaussian "
            "of all training features (Ren et al. 2021; OpenOOD `rmds`, same sign).",
            reads=("features",), fit=_fit_gaussians, reference="Ren et al., arXiv:2106.09022 (2021)",
            name="relative_mahalanobis")
-def relative_mahalanobis(arrays, fitted: Gaussians):
-    return relative_mahalanobis_score(arrays["features"], fitted)
+def relative_mahalanobis(preds, fitted: Gaussians):
+    return relative_mahalanobis_score(preds.features, fitted)
 
 
 # --- KNN -------------------------------------------------------------------------------------
@@ -194,8 +194,8 @@ def _fit_knn(training: TrainingFeatures) -> Neighbours:
            "k = 50 x (stored / all training images) (Sun et al. 2022; OpenOOD `knn` gives minus the squared "
            "distance: same ranking).",
            reads=("features",), fit=_fit_knn, reference="Sun et al., ICML 2022", default=6)
-def knn(arrays, fitted: Neighbours):
-    return knn_score(arrays["features"], fitted)
+def knn(preds, fitted: Neighbours):
+    return knn_score(preds.features, fitted)
 
 
 # --- ViM and residual ------------------------------------------------------------------------
@@ -252,15 +252,15 @@ def _fit_vim(training: TrainingFeatures) -> VirtualLogit:
            "residual outside the principal subspace of the training features (Wang et al. 2022; OpenOOD `vim`, "
            "same sign).",
            reads=("features",), fit=_fit_vim, reference="Wang et al., CVPR 2022", default=7)
-def vim(arrays, fitted: VirtualLogit):
-    return vim_score(arrays["features"], fitted)
+def vim(preds, fitted: VirtualLogit):
+    return vim_score(preds.features, fitted)
 
 
 @ood_score("Residual", "-||(x - u) R||: minus the norm of ViM's residual (Wang et al. 2022; OpenOOD "
            "`residual`, same sign).",
            reads=("features",), fit=_fit_vim, reference="Wang et al., CVPR 2022")
-def residual(arrays, fitted: VirtualLogit):
-    return -residual_norm(arrays["features"], fitted)
+def residual(preds, fitted: VirtualLogit):
+    return -residual_norm(preds.features, fitted)
 
 
 # --- DDU: Gaussian discriminant analysis, feature density ---------------------------------------
@@ -352,5 +352,5 @@ def _fit_gda(training: TrainingFeatures) -> ClassGaussians:
            "on the stored training features (Mukhoti et al. 2023, DDU's feature density; the official code leaves out "
            "log pi_c).",
            reads=("features",), fit=_fit_gda, reference="Mukhoti et al., CVPR 2023")
-def ddu_density(arrays, fitted: ClassGaussians):
-    return gda_log_density(arrays["features"], fitted)
+def ddu_density(preds, fitted: ClassGaussians):
+    return gda_log_density(preds.features, fitted)

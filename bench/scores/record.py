@@ -18,64 +18,49 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import numpy as np
 
 from bench.metrics.inputs import read_only
 from bench.core.registry import SCORES
+from bench.store import Predictions, TrainingFeatures
+from bench.store.record import needs
 
-#: What a score may need, and the stored arrays (``bench.store``) that provide it.
-NEEDS: dict[str, tuple[str, ...]] = {
-    "probabilities": ("log_probs",),
-    "logits": ("logits",),
-    "samples": ("entropy_of_mean", "mean_entropy", "prob_variance"),
-    "features": ("features",),
-}
+#: What a score may need, and the stored prediction arrays that provide it (declared with
+#: the arrays: :func:`bench.store.record.needs`).
+NEEDS: dict[str, tuple[str, ...]] = needs()
 TRAINING = "training features"  # a score with a ``fit``: the cell's ``features/train.npz``
+FEATURES = "features"  # the need of the scores that read the stored features
 
 
-@dataclass(frozen=True)
-class TrainingFeatures:
-    """What a fitted score fits on: a cell's stored training features (``features/train.npz``).
-
-    ``features`` float64 [n, D] (the pooled token the classifier head reads, for a fixed
-    subset of the training images), ``labels`` int64 [n], the head ``head_weight`` [C, D]
-    and ``head_bias`` [C] (logits = features @ head_weight.T + head_bias), and
-    ``train_size``, the number of training images the subset was drawn from."""
-
-    features: np.ndarray
-    labels: np.ndarray
-    head_weight: np.ndarray
-    head_bias: np.ndarray
-    train_size: int
-
-    @classmethod
-    def from_arrays(cls, arrays: Mapping[str, np.ndarray]) -> "TrainingFeatures":
-        """From the arrays of ``features/train.npz`` (:meth:`bench.store.CellDir.read_training_features`),
-        as read-only views (every fitted score of a cell fits on the same arrays)."""
-        return cls(*(read_only(np.asarray(arrays[k], t)) for k, t in (
-            ("features", np.float64), ("labels", np.int64), ("head_weight", np.float64), ("head_bias", np.float64))),
-            int(arrays["train_size"]))
+def fitting_view(stored: TrainingFeatures) -> TrainingFeatures:
+    """What a fitted score fits on: the cell's stored :class:`TrainingFeatures`
+    (:meth:`bench.store.CellDir.read_training_features`) with its arrays as float64 (labels
+    int64) read-only views (every fitted score of a cell fits on the same arrays)."""
+    return TrainingFeatures(*(read_only(np.asarray(a, t)) for a, t in (
+        (stored.features, np.float64), (stored.labels, np.int64), (stored.head_weight, np.float64),
+        (stored.head_bias, np.float64))), int(stored.train_size))
 
 
 @dataclass(frozen=True)
 class Score:
     """A registered OOD score.
 
-    ``fn(arrays, fitted)`` maps one split's stored arrays (``log_probs``, ``logits``,
-    ``features``, ...) and what ``fit`` returned (None for a score without ``fit``) to the
+    ``fn(preds, fitted)`` maps one split's stored :class:`~bench.store.Predictions`
+    (read-only) and what ``fit`` returned (None for a score without ``fit``) to the
     score ``[N]`` (float64, higher = more in-distribution).  ``reads``: the arrays it
     reads (a score is computed only where all of them are stored; ``entropy_of_mean``,
     ``mean_entropy`` and ``prob_variance`` exist only for methods with several passes or
-    members).  ``fit(training)``: for scores fitted on :class:`TrainingFeatures`.
+    members).  ``fit(training)``: for scores fitted on :class:`TrainingFeatures`
+    (:func:`fitting_view`: float64).
     ``label``: the short name reports print; ``convention``: the one sentence the README
     prints (formula, sign, and where it differs from OpenOOD v1.5); ``reference``: the
     paper.  ``default``: the score's position among the scores analysis computes unless
     ``--scores`` names others (None: computed on request only)."""
 
     name: str
-    fn: Callable[[Mapping[str, np.ndarray], Any], np.ndarray]
+    fn: Callable[[Predictions, Any], np.ndarray]
     label: str
     convention: str
     reads: tuple[str, ...]
@@ -96,23 +81,28 @@ class Score:
         out = [need for need, arrays in NEEDS.items() if set(arrays) & set(self.reads)]
         return tuple(out + ([TRAINING] if self.fit is not None else []))
 
-    def lacks(self, arrays: Mapping[str, np.ndarray], training: bool) -> str | None:
+    @property
+    def needs_stored_features(self) -> bool:
+        """Whether it needs what ``[store] features`` keeps: the features or the training features."""
+        return bool({FEATURES, TRAINING} & set(self.needs))
+
+    def lacks(self, preds: Predictions, training: bool) -> str | None:
         """What of its needs a prediction set lacks (``"features"``, ...), or None when the
         score can be computed; ``training``: whether training features are stored."""
         for need, names in NEEDS.items():
-            if any(a in self.reads and a not in arrays for a in names):
+            if any(a in self.reads and not preds.has(a) for a in names):
                 return need
         return TRAINING if self.fit is not None and not training else None
 
-    def __call__(self, arrays: Mapping[str, np.ndarray], fitted: Any = None) -> np.ndarray:
+    def __call__(self, preds: Predictions, fitted: Any = None) -> np.ndarray:
         """``fn`` on a read-only view of the split's arrays (:func:`bench.metrics.inputs.read_only`)."""
-        return np.asarray(self.fn(read_only(arrays), fitted), dtype=np.float64)
+        return np.asarray(self.fn(preds.map(read_only), fitted), dtype=np.float64)
 
 
 def ood_score(label: str, convention: str, *, reads: tuple[str, ...], reference: str = "",
               fit: Callable[[TrainingFeatures], Any] | None = None, default: float | None = None,
               name: str | None = None) -> Callable[[Callable], Callable]:
-    """Decorator: register ``fn(arrays, fitted) -> [N]`` as a :class:`Score` (named after the
+    """Decorator: register ``fn(preds, fitted) -> [N]`` as a :class:`Score` (named after the
     function unless ``name`` is given) and return the function unchanged.  A plugin module
     adds a score the same way; ``--scores NAME`` then computes it and the OOD table shows it."""
 
@@ -162,16 +152,16 @@ def validate_scores(names) -> list[str]:
     return SCORES.validate(names, "--scores")
 
 
-def detector_cost(training: Mapping[str, np.ndarray], test: Mapping[str, np.ndarray],
+def detector_cost(training: TrainingFeatures, test: Predictions,
                   names: list[str] | None = None) -> dict[str, dict[str, float]]:
     """What each fitted score (every registered score with a ``fit``, or ``names``) costs on
     this machine: ``{name: {"fit_seconds": s, "score_seconds_per_1000": s}}``, its
-    ``fit`` on ``training`` (the arrays of ``features/train.npz``) and its scoring of the
-    ``test`` split's arrays, wall-clock.  The cell measures it once, where it was trained,
+    ``fit`` on ``training`` (the stored ``features/train.npz``) and its scoring of the
+    ``test`` split's predictions, wall-clock.  The cell measures it once, where it was trained,
     and keeps it in ``cell.json`` (the efficiency table reads it there, so two reports of
     one store agree); analysis fits the same scores again, with the same results (fitting
     is deterministic).  A score whose inputs the arrays lack, or that raises, is left out."""
-    fitted_on = TrainingFeatures.from_arrays(training)
+    fitted_on = fitting_view(training)
     out: dict[str, dict[str, float]] = {}
     for name in names if names is not None else SCORES.names():
         score = SCORES.get(name)
@@ -186,5 +176,5 @@ def detector_cost(training: Mapping[str, np.ndarray], test: Mapping[str, np.ndar
         except Exception:  # noqa: BLE001  (a plugin's bug is named by analysis, not here)
             continue
         out[name] = {"fit_seconds": round(t1 - t0, 6),
-                     "score_seconds_per_1000": round(1000 * (t2 - t1) / max(1, len(test["labels"])), 6)}
+                     "score_seconds_per_1000": round(1000 * (t2 - t1) / max(1, len(test)), 6)}
     return out

@@ -2,23 +2,18 @@
 
 ``<root>/<cell-key>/`` holds
 
-* ``cell.json``: resolved config, versions, status (``running``/``complete``/``failed``),
-  timings, seed, and the failure reason if any;
+* ``cell.json``: a :class:`~bench.store.record.CellRecord` (resolved config, versions,
+  status ``running``/``complete``/``failed``, timings, seed, the failure reason if any);
 * ``train_log.csv``: one row per epoch;
 * ``checkpoint.pt``: the best-on-validation weights (``torch.load(weights_only=True)``);
-* ``preds/<split>.npz``: ``log_probs`` float32 [N, C] and ``labels`` int64 [N]
-  (``-1`` on OOD splits); for methods with several passes the per-image terms
-  ``entropy_of_mean``, ``mean_entropy`` and ``prob_variance`` (float32 [N]); on the
-  ``val``, ``test`` and ``ood/...`` splits (those OOD scores read) also ``logits`` float32
-  [N, C] (the mean logit over the method's passes) and, where the suite stores features
-  (``[store] features``), ``features`` float16 [N, D] (the pooled token the classifier
-  head reads, averaged over the passes).  Split names map to paths (``shift/x/3`` ->
-  ``preds/shift/x/3.npz``);
-* ``features/train.npz`` (where the suite stores features): ``features`` float16 [n, D]
-  and ``labels`` int64 [n] of a fixed subset of the training images (at most
-  ``[store] train_features``, predicted like a test split), ``train_size`` (int64, how
-  many training images there are) and the classifier head, ``head_weight`` float32
-  [C, D] and ``head_bias`` float32 [C] (logits = features @ head_weight.T + head_bias);
+* ``preds/<split>.npz``: the arrays of a :class:`~bench.store.record.Predictions`
+  (log-probabilities and labels; the decomposition terms for methods with several passes;
+  on the ``val``, ``test`` and ``ood/...`` splits, those OOD scores read, also the mean
+  logits and, where the suite stores features, the features).  Split names map to paths
+  (``shift/x/3`` -> ``preds/shift/x/3.npz``);
+* ``features/train.npz`` (where the suite stores features): a
+  :class:`~bench.store.record.TrainingFeatures`, the features of a fixed subset of the
+  training images (at most ``[store] train_features``) with the classifier head;
 * ``manifest.json``: sha256 of every other file and the shape ``[N, C]`` of every
   prediction file, written last.
 
@@ -49,17 +44,17 @@ import zipfile
 
 import numpy as np
 
-STORE_SCHEMA = 3  # 2: decomposition terms stored for multi-pass methods; 3: logits, features, training features
+from bench.store.record import (STORE_SCHEMA, CellRecord, Predictions, Stage1Record, TrainingFeatures,  # noqa: F401
+                                arrays_problem, training_features_problem)
+
+
 TRAIN_FEATURES = "features/train.npz"  # the training features and classifier head of a cell (module docstring)
-#: arrays of a prediction file besides ``log_probs`` and ``labels`` that are not float32 [N]
-MATRICES = {"logits": (np.float32,), "features": (np.float16, np.float32)}
 MANIFEST = "manifest.json"
 CELL = "cell.json"
 CHECKPOINT = "checkpoint.pt"
 TRAIN_LOG = "train_log.csv"  # one row per epoch (bench.train.loop.fit's log); none for a cell that trained nothing
 DAMAGED_MARK = ".damaged-"  # <key>.damaged-<time>/: a damaged cell moved aside by reset()
 STORE_SUITE = "suite.json"  # <results>/<suite>/suite.json: the suite's description (bench.store.catalog)
-NORMALISED_ATOL = 1e-3  # how far a row's sum of exp(log_probs) may be from 1 (float32 round-off)
 #: what reading a prediction file may raise when it is damaged (np.load without pickles)
 READ_ERRORS = (OSError, ValueError, KeyError, EOFError, MemoryError, zipfile.BadZipFile)
 
@@ -122,68 +117,6 @@ def read_json_object(path: Path) -> dict | None:
     return obj if isinstance(obj, dict) else None
 
 
-def arrays_problem(arrays: dict[str, np.ndarray], shape: tuple[int, int] | None = None) -> str | None:
-    """Why a split's arrays are not what :meth:`CellDir.write_preds` writes, or None:
-    ``log_probs`` float32 [N, C] (C >= 2), finite, each row's probabilities summing to 1;
-    ``labels`` int64 [N] in [-1, C); ``logits`` float32 [N, C] and ``features`` float16
-    (or float32) [N, D], finite; every other array float32 [N] and finite; and, when
-    ``shape`` is given (the manifest's record), [N, C] equal to it."""
-    lp, labels = arrays.get("log_probs"), arrays.get("labels")
-    if lp is None or labels is None:
-        return f"it lacks {'log_probs' if lp is None else 'labels'} (has {', '.join(sorted(arrays)) or 'nothing'})"
-    if lp.dtype != np.float32 or lp.ndim != 2 or lp.shape[1] < 2:
-        return f"log_probs is {lp.dtype}{list(lp.shape)}, not float32 [N, C] with C >= 2"
-    n, c = lp.shape
-    if shape is not None and (n, c) != tuple(shape):
-        return f"log_probs is [{n}, {c}] but the manifest records [{shape[0]}, {shape[1]}] for it"
-    if not np.isfinite(lp).all():
-        return "log_probs holds non-finite values"
-    sums = np.exp(lp).sum(axis=1, dtype=np.float64)
-    if n and np.abs(sums - 1.0).max() > NORMALISED_ATOL:
-        return f"its probabilities are not normalised (a row sums to {sums[np.abs(sums - 1.0).argmax()]:.6g}, not 1)"
-    if labels.dtype != np.int64 or labels.shape != (n,):
-        return f"labels is {labels.dtype}{list(labels.shape)}, not int64 [{n}]"
-    if n and (labels.min() < -1 or labels.max() >= c):
-        return f"labels holds values outside [-1, {c}) (from {labels.min()} to {labels.max()})"
-    for name, a in sorted(arrays.items()):
-        if name in ("log_probs", "labels"):
-            continue
-        if name in MATRICES:
-            if a.dtype not in MATRICES[name] or a.ndim != 2 or a.shape[0] != n or a.shape[1] < 1 \
-                    or (name == "logits" and a.shape[1] != c):
-                want = "[N, C]" if name == "logits" else "[N, D]"
-                return f"{name} is {a.dtype}{list(a.shape)}, not {'/'.join(np.dtype(t).name for t in MATRICES[name])} {want}"
-            if not np.isfinite(a).all():
-                return f"{name} holds non-finite values"
-            continue
-        if a.dtype != np.float32 or a.shape != (n,):
-            return f"{name} is {a.dtype}{list(a.shape)}, not float32 [{n}]"
-        if not np.isfinite(a).all():
-            return f"{name} holds non-finite values"
-    return None
-
-
-def training_features_problem(arrays: dict[str, np.ndarray]) -> str | None:
-    """Why the arrays of :data:`TRAIN_FEATURES` are not what
-    :meth:`CellDir.write_training_features` writes, or None."""
-    need = ("features", "labels", "head_weight", "head_bias", "train_size")
-    if missing := [k for k in need if k not in arrays]:
-        return f"it lacks {', '.join(missing)}"
-    f, y, w, b = (arrays[k] for k in need[:4])
-    if f.dtype not in (np.float16, np.float32) or f.ndim != 2 or 0 in f.shape:
-        return f"features is {f.dtype}{list(f.shape)}, not float16 [n, D] with n, D >= 1"
-    if y.dtype != np.int64 or y.shape != (f.shape[0],):
-        return f"labels is {y.dtype}{list(y.shape)}, not int64 [{f.shape[0]}]"
-    if w.dtype != np.float32 or w.ndim != 2 or w.shape[1] != f.shape[1] or b.dtype != np.float32 or b.shape != (w.shape[0],):
-        return (f"the head is weight {w.dtype}{list(w.shape)}, bias {b.dtype}{list(b.shape)}, not float32 "
-                f"[C, {f.shape[1]}] and [C]")
-    if y.min() < 0 or y.max() >= w.shape[0]:
-        return f"labels holds values outside [0, {w.shape[0]})"
-    if not all(np.isfinite(a).all() for a in (f, w, b)):
-        return "it holds non-finite values"
-    return None
-
-
 def checkpoint_problem(path: Path) -> str | None:
     """Why the file at ``path`` is not a ``checkpoint.pt`` as a cell writes it (None when
     it is one): it must load with ``torch.load(weights_only=True)`` (no pickled code) as a
@@ -230,16 +163,18 @@ class CellDir:
         return self.path.name
 
     # --- state -------------------------------------------------------------------------
-    def read_cell(self) -> dict | None:
-        return read_json_object(self.path / CELL)
+    def read_cell(self) -> CellRecord | None:
+        """The cell's ``cell.json`` (:class:`CellRecord`), or None when it is missing,
+        damaged or not a cell record (:meth:`CellRecord.from_json` says why)."""
+        obj = read_json_object(self.path / CELL)
+        try:
+            return CellRecord.from_json(obj) if obj is not None else None
+        except ValueError:
+            return None
 
     def seconds(self) -> float:
         """What the cell cost to run, training and prediction (``cell.json``; 0 unrecorded)."""
-        info = self.read_cell() or {}
-        try:
-            return float(info.get("train_seconds", 0.0)) + float(info.get("predict_seconds", 0.0))
-        except (TypeError, ValueError):
-            return 0.0
+        return (self.read_cell() or CellRecord()).seconds
 
     def condition(self, skip: tuple[str, ...] = ()) -> tuple[str, str | None]:
         """``(state, reason)``, the one classification of a cell directory:
@@ -264,8 +199,8 @@ class CellDir:
             return "missing", "missing"
         try:
             cell = self.read_cell()
-            if cell is not None and cell.get("status") == "failed":  # recorded by the run, sealed or not
-                return "failed", f"failed: {cell.get('reason', 'failed')}"
+            if cell is not None and cell.failed:  # recorded by the run, sealed or not
+                return "failed", f"failed: {cell.reason or 'failed'}"
             manifest = read_json_object(self.path / MANIFEST)
             files = manifest.get("files") if manifest is not None else None
             if not isinstance(files, dict):
@@ -291,8 +226,8 @@ class CellDir:
             cell = self.read_cell()
             if cell is None:
                 return "damaged", "its cell.json is unreadable or truncated"
-            if cell.get("status") != "complete":
-                return "damaged", f"its cell.json says status {cell.get('status')!r}, not 'complete'"
+            if not cell.complete:
+                return "damaged", f"its cell.json says status {cell.status!r}, not 'complete'"
         except OSError as exc:  # an unreadable directory or file
             return "damaged", f"unreadable: {exc.strerror or exc} ({exc.filename or self.path})"
         return "complete", None
@@ -346,7 +281,7 @@ class CellDir:
             valid = isinstance(shape, list) and len(shape) == 2 and all(type(v) is int for v in shape)
             if (why := arrays_problem(arrays, tuple(shape) if valid else None)) is not None:
                 return f"{rel}: {why}"
-            classes.setdefault(arrays["log_probs"].shape[1], rel)
+            classes.setdefault(Predictions.from_arrays(arrays).log_probs.shape[1], rel)
         if len(classes) > 1:
             (c1, r1), (c2, r2) = sorted(classes.items())[:2]
             return f"its prediction files disagree on the number of classes ({r1}: {c1}, {r2}: {c2})"
@@ -359,7 +294,7 @@ class CellDir:
     def says_complete(self) -> bool:
         """Sealed, and ``cell.json`` says complete: the cheap reading of "done" that lists
         and progress lines use (no file is hashed; :meth:`condition` verifies)."""
-        return self.sealed() and (self.read_cell() or {}).get("status") == "complete"
+        return self.sealed() and (self.read_cell() or CellRecord()).complete
 
     def _files(self) -> list[str]:
         """Relative paths of every non-hidden file of the cell (temporary files are hidden)."""
@@ -391,57 +326,51 @@ class CellDir:
         return moved
 
     # --- writes ------------------------------------------------------------------------
-    def write_cell(self, info: dict) -> None:
-        atomic_write_json(self.path / CELL, info)
+    def write_cell(self, record: CellRecord) -> None:
+        atomic_write_json(self.path / CELL, record.to_json())
 
-    def mark_failed(self, info: dict, reason: str) -> tuple[str, str]:
-        """Record the cell as failed with ``reason`` (``info``: its ``cell.json`` so far);
+    def mark_failed(self, record: CellRecord, reason: str) -> tuple[str, str]:
+        """Record the cell as failed with ``reason`` (``record``: its ``cell.json`` so far);
         returns the outcome ``("failed", reason)``."""
-        from datetime import datetime, timezone
-
-        self.write_cell({**info, "status": "failed", "reason": reason,
-                         "finished": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+        self.write_cell(record.replace(status="failed", reason=reason,
+                                       finished=datetime.now(timezone.utc).isoformat(timespec="seconds")))
         return "failed", reason
 
-    def write_preds(self, split: str, log_probs: np.ndarray, labels: np.ndarray, **extras: np.ndarray) -> None:
-        """Store one split's predictions; ``extras`` are further per-image arrays, stored
-        as float32 (``features`` as float16: half the bytes, ample for distances in feature
-        space).  Raises ValueError, writing nothing, for arrays a verified cell may not hold
-        (:func:`arrays_problem`: e.g. non-finite log-probabilities)."""
+    def write_preds(self, split: str, preds: Predictions) -> None:
+        """Store one split's predictions, each array in its declared dtype
+        (:meth:`Predictions.stored`: ``features`` as float16, half the bytes, ample for
+        distances in feature space).  Raises ValueError, writing nothing, for arrays a
+        verified cell may not hold (:func:`arrays_problem`: e.g. non-finite log-probabilities)."""
         rel = split_relpath(split)
-        arrays = {"log_probs": np.asarray(log_probs, dtype=np.float32), "labels": np.asarray(labels, dtype=np.int64),
-                  **{k: np.asarray(v, dtype=np.float16 if k == "features" else np.float32) for k, v in extras.items()}}
+        arrays = preds.stored().arrays()
         if (why := arrays_problem(arrays)) is not None:
             raise ValueError(f"predictions of split {split!r} not stored: {why}")
         buf = io.BytesIO()
         np.savez(buf, **arrays)
         atomic_write_bytes(self.path / rel, buf.getvalue())
 
-    def write_training_features(self, features: np.ndarray, labels: np.ndarray, head_weight: np.ndarray,
-                                head_bias: np.ndarray, train_size: int) -> None:
-        """Store the training features :data:`TRAIN_FEATURES` (features as float16) with the
-        classifier head; ValueError, writing nothing, for arrays that fail
+    def write_training_features(self, training: TrainingFeatures) -> None:
+        """Store the training features :data:`TRAIN_FEATURES` in their declared dtypes
+        (:meth:`TrainingFeatures.stored`); ValueError, writing nothing, for arrays that fail
         :func:`training_features_problem`."""
-        arrays = {"features": np.asarray(features, dtype=np.float16), "labels": np.asarray(labels, dtype=np.int64),
-                  "head_weight": np.asarray(head_weight, dtype=np.float32),
-                  "head_bias": np.asarray(head_bias, dtype=np.float32), "train_size": np.int64(train_size)}
+        arrays = training.stored().arrays()
         if (why := training_features_problem(arrays)) is not None:
             raise ValueError(f"training features not stored: {why}")
         buf = io.BytesIO()
         np.savez(buf, **arrays)
         atomic_write_bytes(self.path / TRAIN_FEATURES, buf.getvalue())
 
-    def read_training_features(self) -> dict[str, np.ndarray] | None:
-        """The arrays of :data:`TRAIN_FEATURES`, or None when the cell has none (stored
-        without features, or before the store kept them); ValueError when they are not
-        what :meth:`write_training_features` writes."""
+    def read_training_features(self) -> TrainingFeatures | None:
+        """The cell's :data:`TRAIN_FEATURES`, or None when it has none (stored without
+        features, or before the store kept them); ValueError when they are not what
+        :meth:`write_training_features` writes."""
         path = self.path / TRAIN_FEATURES
         if not path.is_file():
             return None
         arrays = _load_arrays(path)
         if (why := training_features_problem(arrays)) is not None:
             raise ValueError(f"{TRAIN_FEATURES}: {why}")
-        return arrays
+        return TrainingFeatures.from_arrays(arrays)
 
     def write_checkpoint(self, data: bytes) -> None:
         atomic_write_bytes(self.path / CHECKPOINT, data)
@@ -449,35 +378,30 @@ class CellDir:
     def write_bytes(self, rel: str, data: bytes) -> None:
         atomic_write_bytes(self.path / rel, data)
 
-    def seal(self, info: dict) -> None:
+    def seal(self, record: CellRecord) -> None:
         """Mark complete: write the final ``cell.json``, then the manifest over every file,
         with the shape ``[N, C]`` of every prediction file (what verifying checks it against)."""
-        info = {**info, "status": "complete"}
-        self.write_cell(info)
+        self.write_cell(record.replace(status="complete"))
         files = sorted(
             p.relative_to(self.path).as_posix()
             for p in self.path.rglob("*")
             if p.is_file() and p.name != MANIFEST and not p.name.startswith(".")
         )
-        shapes = {rel: list(_load_arrays(self.path / rel)["log_probs"].shape)
+        shapes = {rel: list(Predictions.from_arrays(_load_arrays(self.path / rel)).log_probs.shape)
                   for rel in files if rel.startswith("preds/") and rel.endswith(".npz")}
         manifest = {"schema": STORE_SCHEMA, "files": {rel: sha256_file(self.path / rel) for rel in files},
                     "shapes": shapes}
         atomic_write_json(self.path / MANIFEST, manifest)
 
     # --- reads -------------------------------------------------------------------------
-    def read_preds(self, split: str) -> tuple[np.ndarray, np.ndarray]:
-        arrays = self.read_arrays(split)
-        return arrays["log_probs"], arrays["labels"]
-
-    def read_arrays(self, split: str) -> dict[str, np.ndarray]:
-        """Every array stored for ``split`` (``log_probs``, ``labels`` and any extras);
-        ValueError when they are not what :meth:`write_preds` writes (:func:`arrays_problem`)."""
+    def read_preds(self, split: str) -> Predictions:
+        """Every array stored for ``split``; ValueError when they are not what
+        :meth:`write_preds` writes (:func:`arrays_problem`)."""
         rel = split_relpath(split)
         arrays = _load_arrays(self.path / rel)
         if (why := arrays_problem(arrays)) is not None:
             raise ValueError(f"{rel}: {why}")
-        return arrays
+        return Predictions.from_arrays(arrays)
 
     def read_labels(self, split: str) -> np.ndarray:
         """The ``labels`` of ``split`` alone (int64 [N]; its other arrays are left unread);

@@ -42,10 +42,11 @@ from bench.core.errors import ConfigError
 from bench.store.lock import LOCK_SUFFIX, CellLock
 from bench.config.options import Problems, parse, to_dict
 from bench.core.registry import METHODS
-from bench.store import (CELL, CHECKPOINT, DAMAGED_MARK, MANIFEST, READ_ERRORS, STORE_SUITE, CellDir,
+from bench.store import (CELL, CHECKPOINT, DAMAGED_MARK, MANIFEST, READ_ERRORS, STORE_SUITE, CellDir, CellRecord,
+                         Predictions, TrainingFeatures,
                          atomic_write_json)
 
-Preds = dict[str, dict[str, np.ndarray]]  # split -> {"log_probs", "labels", optional logits, features, ...}
+Preds = dict[str, Predictions]  # split -> its stored predictions
 
 
 @dataclass(frozen=True)
@@ -131,7 +132,7 @@ class Catalog:
             if d != dataset:
                 continue
             try:
-                kind = (cd.read_cell() or {})["config"]["dataset"]["type"]
+                kind = (cd.read_cell() or CellRecord()).config["dataset"]["type"]
             except (OSError, KeyError, TypeError):
                 continue
             return DATASETS.get(kind) if kind in DATASETS else None
@@ -149,7 +150,7 @@ class Catalog:
             if m != method:
                 continue
             try:
-                config = (cd.read_cell() or {})["config"]["method"]
+                config = (cd.read_cell() or CellRecord()).config["method"]
                 kind, stored = config["type"], dict(config["options"])
             except (OSError, KeyError, TypeError, ValueError):
                 continue
@@ -169,7 +170,7 @@ class Catalog:
     def load_or_mark_damaged(self, dataset: str, method: str, seed: int) -> Preds | None:
         """Load and check every stored split of a trained cell (cached after the first
         call), or None when it has none.  A file that does not read as the store writes it
-        (:meth:`bench.store.CellDir.read_arrays`; changed since the cell was chosen) marks
+        (:meth:`bench.store.CellDir.read_preds`; changed since the cell was chosen) marks
         the cell damaged: it moves from :attr:`cells` to :attr:`problems`, :attr:`damaged`
         and :attr:`left`, and None is returned."""
         key = (dataset, method, seed)
@@ -178,7 +179,7 @@ class Catalog:
             if cd is None:
                 return None
             try:
-                self._preds[key] = {split: cd.read_arrays(split) for split in cd.splits()}
+                self._preds[key] = {split: cd.read_preds(split) for split in cd.splits()}
             except READ_ERRORS as exc:
                 del self.cells[key]
                 why = f"damaged cell {cd.key}: {exc}; `run` moves it aside and redoes it"
@@ -188,7 +189,7 @@ class Catalog:
                 return None
         return self._preds[key]
 
-    def training_features(self, dataset: str, method: str, seed: int) -> dict[str, np.ndarray] | None:
+    def training_features(self, dataset: str, method: str, seed: int) -> TrainingFeatures | None:
         """The stored training features and classifier head of a trained cell
         (:meth:`bench.store.CellDir.read_training_features`), or None when it has none
         (stored without features or before the store kept them) or is not used."""
@@ -261,7 +262,7 @@ class Catalog:
         if not isinstance(preds, dict) or split not in preds:
             raise KeyError(f"no stored predictions for {dataset} / {method} / {seed} / {split}")
         arrays = preds[split]
-        return np.exp(arrays["log_probs"].astype(np.float64)), arrays["labels"]
+        return np.exp(arrays.log_probs.astype(np.float64)), arrays.labels
 
     def method(self, name: str) -> MethodEntry:
         for m in self.methods:
@@ -408,16 +409,11 @@ def _scan(root: Path) -> tuple[dict[tuple[str, str, int], list[CellDir]], dict[s
         except OSError as exc:
             unnamed[path.name] = f"unreadable directory: {exc.strerror or exc}"
             continue
-        if info is None or not {"dataset", "method", "seed"} <= set(info):
+        if info is None or None in (info.dataset, info.method, info.seed):
             if info is not None or has_manifest or (path / CELL).exists():
                 unnamed[path.name] = "its cell.json is missing, truncated or not a cell record"
             continue
-        try:
-            key = (str(info["dataset"]), str(info["method"]), int(info["seed"]))
-        except (TypeError, ValueError):
-            unnamed[path.name] = "its cell.json names no valid dataset, method and seed"
-            continue
-        found.setdefault(key, []).append(cd)
+        found.setdefault((info.dataset, info.method, info.seed), []).append(cd)
     return found, unnamed
 
 
@@ -431,7 +427,7 @@ def _choose(candidates: list[CellDir], planned: set[str]) -> tuple[CellDir | Non
         mine = [cd for cd in complete if cd.key in planned]
         if mine:
             return mine[0], "complete", "", mine[0].key
-        chosen = max(complete, key=lambda cd: (str((cd.read_cell() or {}).get("finished", "")), cd.key))
+        chosen = max(complete, key=lambda cd: ((cd.read_cell() or CellRecord()).finished or "", cd.key))
         return chosen, "complete", "", chosen.key
     for state in ("damaged", "failed", "interrupted"):
         for cd in candidates:
@@ -546,7 +542,7 @@ def _configurations(by_seed: dict[int, list[CellDir]],
 def _configuration(cd: CellDir) -> dict:
     """A cell's resolved config without its seed (``{}`` when ``cell.json`` records none)."""
     try:
-        config = (cd.read_cell() or {}).get("config")
+        config = (cd.read_cell() or CellRecord()).config
     except OSError:
         return {}
     return {k: v for k, v in config.items() if k != "seed"} if isinstance(config, dict) else {}

@@ -43,7 +43,7 @@ from pathlib import Path
 from bench.core.errors import ConfigError
 from bench.store.lock import guard
 from bench.config.spec import PLAN_OVERRIDES, SUITES_DIR, Overrides, RunSpec, suite_name_problem
-from bench.store import CELL, DAMAGED_MARK, MANIFEST, STORE_SUITE, CellDir, atomic_write_json, read_json_object
+from bench.store import CELL, DAMAGED_MARK, MANIFEST, STORE_SUITE, CellDir, CellRecord, atomic_write_json, read_json_object
 
 RUN_RECORD = "run.json"
 #: how a hint writes the command line, as the README teaches it (from the repository root)
@@ -419,7 +419,7 @@ def list_runs(root: Path) -> list[RunRow]:
         newest = [_mtime(folder / RUN_RECORD)]
         for cell in (p for p in folder.iterdir() if p.is_dir() and (p / CELL).is_file()):
             cd = CellDir(cell)
-            state = "failed" if (cd.read_cell() or {}).get("status") == "failed" else (
+            state = "failed" if (cd.read_cell() or CellRecord()).failed else (
                 "done" if cd.says_complete() else "other")
             states[cell.name] = state
             newest += [_mtime(cell / CELL), _mtime(cell / MANIFEST)]

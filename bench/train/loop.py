@@ -36,6 +36,7 @@ from bench.core.errors import ConfigError, NonFiniteLoss
 from bench.train.method import LossTerm, TrainedMethod
 from bench.config.spec import TrainConfig
 from bench.train.vit import Backbone, HeadInputs
+from bench.store import Predictions
 
 
 def resolve_device(name: str) -> torch.device:
@@ -208,19 +209,20 @@ def decomposition_terms(sample_lp: torch.Tensor, mean_lp: torch.Tensor) -> tuple
 @flushing_denormals
 def predict(
     method: TrainedMethod, model: torch.nn.Module, split: Split | TokenSplit, data: DataBundle, device: torch.device,
-    batch_size: int, extras: dict[str, np.ndarray] | None = None, precision: str = "auto",
+    batch_size: int, extras: bool = False, precision: str = "auto",
     batch_passes: bool | str = "auto", features: bool = False, on_pass: Callable[[int], None] | None = None,
-) -> np.ndarray:
-    """Log predictive probabilities ``[N, C]`` (float32) with the method's S passes and
-    averaging rule (``logits``: softmax of the mean logit; ``probs``: mean probability).
+) -> Predictions:
+    """The split's :class:`~bench.store.Predictions` with the method's S passes and
+    averaging rule: ``log_probs`` [N, C] (float32; ``logits``: softmax of the mean logit,
+    ``probs``: mean probability) and the split's ``labels``.
 
-    With an ``extras`` dict, also fills what OOD scores read (float32): ``logits`` [N, C],
-    the mean logit over the S passes; for S > 1 three numbers per image instead of all
-    S x C probabilities: ``entropy_of_mean`` = H[(1/S) sum_s p_s] (total) and
-    ``mean_entropy`` = (1/S) sum_s H[p_s] (aleatoric; :func:`decomposition_terms`, nats)
-    and ``prob_variance`` = sum_c Var_s[p_s,c]; with ``features``, ``features`` [N, D] =
+    With ``extras``, also what OOD scores read (float32): ``logits`` [N, C], the mean
+    logit over the S passes; for S > 1 three numbers per image instead of all S x C
+    probabilities: ``entropy_of_mean`` = H[(1/S) sum_s p_s] (total) and ``mean_entropy``
+    = (1/S) sum_s H[p_s] (aleatoric; :func:`decomposition_terms`, nats) and
+    ``prob_variance`` = sum_c Var_s[p_s,c]; with ``features`` too, ``features`` [N, D] =
     the head's input averaged over the passes (:class:`~bench.train.vit.HeadInputs`; the head is
-    linear, so ``logits`` = head(features)).
+    linear, so ``logits`` = head(features)), absent for a model without a Linear head.
 
     With ``batch_passes`` (``[train] batch_passes``; "auto" = on CUDA) and a method whose
     noise is drawn per input (:attr:`TrainedMethod.batched_samples`), the S passes run as
@@ -233,13 +235,12 @@ def predict(
     (``len(split) * S`` in all)."""
     method.eval_mode(model)
     norm = Normalize(data, device)
-    x_all, _ = to_tensor(split, device)
+    x_all, y_all = to_tensor(split, device)
     samples = method.samples
     batched = samples > 1 and method.batched_samples and switched_on(batch_passes, device)
     chunk = max(1, batch_size // samples) if batched else batch_size
-    kept: dict[str, list[torch.Tensor]] = {}
-    out = []
-    with HeadInputs(model, on=extras is not None and features) as head_inputs:
+    parts: list[Predictions] = []  # per batch, on the device
+    with HeadInputs(model, on=extras and features) as head_inputs:
         for i in range(0, len(x_all), chunk):
             x = norm(x_all[i : i + chunk])
             with autocast(device, precision):
@@ -247,22 +248,29 @@ def predict(
             sample_lp = F.log_softmax(logits, dim=-1)
             mean_lp = torch.logsumexp(sample_lp, dim=0) - math.log(samples)  # log of the mean probability
             lp = F.log_softmax(logits.mean(0), dim=-1) if method.average == "logits" else mean_lp
-            out.append(lp)
-            if extras is None:
-                continue
-            kept.setdefault("logits", []).append(logits.mean(0))
-            if samples > 1:
-                h_mean, mean_h = decomposition_terms(sample_lp, mean_lp)
-                kept.setdefault("entropy_of_mean", []).append(h_mean)
-                kept.setdefault("mean_entropy", []).append(mean_h)
-                kept.setdefault("prob_variance", []).append(sample_lp.exp().var(0, correction=0).sum(-1))
-            if (feats := head_inputs.take(samples, len(x))) is not None:
-                kept.setdefault("features", []).append(feats)
-            elif features:
-                kept.pop("features", None)  # a model without a Linear head, or one read otherwise: none
-    for name, parts in kept.items():
-        extras[name] = torch.cat(parts).cpu().numpy().astype(np.float32)
-    return torch.cat(out).cpu().numpy().astype(np.float32)
+            part = Predictions(lp, y_all[i : i + chunk])
+            if extras:
+                part = _with_extras(part, logits, sample_lp, mean_lp, head_inputs.take(samples, len(x)))
+            parts.append(part)
+    return Predictions.concat(parts, _to_numpy)
+
+
+def _with_extras(part: Predictions, logits: torch.Tensor, sample_lp: torch.Tensor, mean_lp: torch.Tensor,
+                 features: torch.Tensor | None) -> Predictions:
+    """One batch's predictions with the extras of :func:`predict`: the mean logit, the
+    decomposition terms for several passes, the features where the head's input was read."""
+    part = part.replace(logits=logits.mean(0), features=features)
+    if len(logits) == 1:
+        return part
+    h_mean, mean_h = decomposition_terms(sample_lp, mean_lp)
+    return part.replace(entropy_of_mean=h_mean, mean_entropy=mean_h,
+                        prob_variance=sample_lp.exp().var(0, correction=0).sum(-1))
+
+
+def _to_numpy(batches: list[torch.Tensor]) -> np.ndarray:
+    """Batches of one prediction array joined on the host (floats as float32)."""
+    joined = torch.cat(batches)
+    return (joined.float() if joined.is_floating_point() else joined).cpu().numpy()
 
 
 def passes(model: torch.nn.Module, x: torch.Tensor, samples: int, batched: bool,
@@ -496,7 +504,7 @@ class Trainer:
             return float("nan"), float("nan")
         val = self.val
         val_lp = predict(self.method, self.model, val, self.data, self.device, self.cfg.eval_batch_size,
-                         precision=self.cfg.precision, batch_passes=self.cfg.batch_passes)
+                         precision=self.cfg.precision, batch_passes=self.cfg.batch_passes).log_probs
         return float((val_lp.argmax(1) == val.y).mean()), float(-val_lp[np.arange(len(val.y)), val.y].mean())
 
     def epoch(self, epoch: int) -> dict:

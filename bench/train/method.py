@@ -22,6 +22,7 @@ import numpy as np
 
 from bench.data import DataBundle
 from bench.config.spec import ModelConfig
+from bench.store import Predictions
 
 
 @dataclass(frozen=True)
@@ -232,9 +233,9 @@ class DerivedMethod:
         ``-1`` on OOD) to this method's ``split -> log_probs``."""
         raise NotImplementedError
 
-    def predict_from(self, members: list[dict[str, dict[str, np.ndarray]]]) -> dict[str, dict[str, np.ndarray]]:
-        """One replicate's stored-format predictions from its members' (each ``split ->
-        {"log_probs", "labels", ...}``): :meth:`combine` on the splits every member has,
+    def predict_from(self, members: list[dict[str, Predictions]]) -> dict[str, Predictions]:
+        """One replicate's stored-format predictions from its members' (each ``split ->``
+        :class:`~bench.store.Predictions`): :meth:`combine` on the splits every member has,
         plus the decomposition terms ``entropy_of_mean``/``mean_entropy`` of the members'
         predictive distributions and their spread ``prob_variance`` (sum over classes of the
         members' population variance) when there are several members.  Logits and
@@ -245,16 +246,16 @@ class DerivedMethod:
         from bench.metrics.inputs import read_only
 
         common = sorted(set.intersection(*(set(m) for m in members)))
-        labels = {sp: members[0][sp]["labels"] for sp in common}
-        combined = self.combine([read_only({sp: m[sp]["log_probs"] for sp in common}) for m in members],
+        labels = {sp: members[0][sp].labels for sp in common}
+        combined = self.combine([read_only({sp: m[sp].log_probs for sp in common}) for m in members],
                                 read_only(labels))
-        preds = {sp: {"log_probs": combined[sp], "labels": labels[sp]} for sp in combined}
+        preds = {sp: Predictions(combined[sp], labels[sp]) for sp in combined}
         if len(members) > 1:
             for sp in combined:
-                probs = np.stack([np.exp(m[sp]["log_probs"].astype(np.float64)) for m in members])
+                probs = np.stack([np.exp(m[sp].log_probs.astype(np.float64)) for m in members])
                 terms = decompose(probs)
-                preds[sp].update(entropy_of_mean=terms["total"], mean_entropy=terms["aleatoric"],
-                                 prob_variance=probs.var(axis=0).sum(axis=-1))
+                preds[sp] = preds[sp].replace(entropy_of_mean=terms["total"], mean_entropy=terms["aleatoric"],
+                                              prob_variance=probs.var(axis=0).sum(axis=-1))
         return preds
 
 

@@ -107,7 +107,7 @@ def test_projection_matches_a_hand_computation_from_the_stored_cells(dry_run):
     cells = {}
     for path in store.iterdir():
         if (path / "cell.json").exists():
-            info = CellDir(path).read_cell()
+            info = CellDir(path).read_cell().to_json()
             info["log"] = list(csv.DictReader((path / "train_log.csv").open()))
             cells[info["method"]] = info
     assert set(cells) == set(ga.METHODS)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+from bench.store.record import CellRecord, Predictions
 
 
 def make_case(n: int, c: int, seed: int, decimals: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -88,7 +89,7 @@ def fake_store(results, suite_file, *, overrides=None, only=None, failed=(), uns
         info = {"key": cell.key, "dataset": cell.dataset.name, "method": cell.method.name, "seed": cell.seed,
                 "config": cell.config, "status": "running", "samples": 1}
         if (cell.method.name, cell.seed) in failed:
-            cd.write_cell({**info, "status": "failed", "reason": "NonFiniteLoss: loss became nan at epoch 1"})
+            cd.write_cell(CellRecord.from_json({**info, "status": "failed", "reason": "NonFiniteLoss: loss became nan at epoch 1"}))
             continue
         rng = np.random.default_rng(zlib.crc32(cell.key.encode()))
         for split in splits:
@@ -96,12 +97,12 @@ def fake_store(results, suite_file, *, overrides=None, only=None, failed=(), uns
             logits = rng.normal(size=(n, 10))
             if not split.startswith("ood/"):
                 logits[np.arange(n), labels] += 2.0
-            cd.write_preds(split, log_softmax(logits, axis=1), np.full(n, -1) if split.startswith("ood/") else labels)
+            cd.write_preds(split, Predictions(log_softmax(logits, axis=1), np.full(n, -1) if split.startswith("ood/") else labels))
         if (cell.method.name, cell.seed) in unsealed:
-            cd.write_cell(info)
+            cd.write_cell(CellRecord.from_json(info))
             continue
-        cd.seal({**info, "train_seconds": 1.0, "predict_seconds": 0.1, "predict_seconds_per_1000": 1.0,
-                 "parameters": 1000, "peak_memory_mb": 10.0})
+        cd.seal(CellRecord.from_json({**info, "train_seconds": 1.0, "predict_seconds": 0.1, "predict_seconds_per_1000": 1.0,
+                 "parameters": 1000, "peak_memory_mb": 10.0}))
     write_store_description(store.root, suite)
     return keys
 

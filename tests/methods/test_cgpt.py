@@ -333,7 +333,8 @@ def test_both_methods_and_the_two_stage_recipe_train_predict_and_report(tmp_path
 def test_a_missing_stage1_is_trained_in_the_cell_and_a_stored_one_is_reused(tmp_path):
     import torch as th
 
-    from bench.train.cell import Console, stage1_state
+    from bench.train.cell import stage1_state
+    from bench.train.telemetry import Console
     from bench.store.plan import make_plan
     from bench.config.spec import build_suite
     from bench.store import CHECKPOINT
@@ -351,7 +352,7 @@ def test_a_missing_stage1_is_trained_in_the_cell_and_a_stored_one_is_reused(tmp_
     (tmp_path / "store").mkdir()
     seed_everything(0)
     state, how = stage1_state(cell, tmp_path / "store", data, th.device("cpu"), Console(quiet=True))
-    assert how["reused"] is False and how["key"] == plan.cells[0].key
+    assert how.reused is False and how.key == plan.cells[0].key
     assert "blocks.0.attn.qkv.weight" in state
     # the same triple stored under another key (another msp configuration) is not taken for it
     other = tmp_path / "store" / "0123456789abcdef"
@@ -359,7 +360,7 @@ def test_a_missing_stage1_is_trained_in_the_cell_and_a_stored_one_is_reused(tmp_
     (other / "cell.json").write_text(json.dumps({"dataset": "mnist5k", "method": "msp", "seed": 0}))
     (other / CHECKPOINT).write_bytes(b"")
     _, how = stage1_state(cell, tmp_path / "store", data, th.device("cpu"), Console(quiet=True))
-    assert how["reused"] is False
+    assert how.reused is False
 
 
 def test_the_suite_checks_the_stage1_and_select_adds_it():

@@ -398,7 +398,7 @@ def test_predictions_reproducible_for_a_seed_and_stochastic_in_eval(data):
 
     def run(seed):
         torch.manual_seed(seed)
-        return predict(method, model, test, data, CPU, 16)
+        return predict(method, model, test, data, CPU, 16).log_probs
 
     a, b, c = run(3), run(3), run(4)
     assert np.array_equal(a, b)
@@ -445,7 +445,7 @@ def test_fit_end_to_end_two_epochs(data):
     result = fit(method, model, data, cfg, CPU, seed=0)
     assert len(result.log) == 2
     assert all(math.isfinite(row["train_loss"]) and math.isfinite(row["val_nll"]) for row in result.log)
-    lp = predict(method, model, data.get("test"), data, CPU, 40)
+    lp = predict(method, model, data.get("test"), data, CPU, 40).log_probs
     assert lp.shape == (40, 3) and np.isfinite(lp).all()
 
 

@@ -173,7 +173,7 @@ def test_fit_and_predict_two_epochs(data):
     cfg = TrainConfig(epochs=2, batch_size=30, lr=1e-3, warmup_epochs=0, min_lr=0.0)
     result = fit(method, model, data, cfg, CPU, seed=0)
     assert all(np.isfinite(row["train_loss"]) and row["kl"] > 0 for row in result.log)
-    lp = predict(method, model, data.get("test"), data, CPU, 64)
+    lp = predict(method, model, data.get("test"), data, CPU, 64).log_probs
     assert lp.shape == (60, 3) and np.isfinite(lp).all()
 
 

@@ -634,7 +634,7 @@ def test_two_epoch_fit_gives_finite_losses(anneal):
         assert np.isfinite(row["train_loss"]) and np.isfinite(row["val_nll"])
     expected = [0.0, 1 / 3, 2 / 3, 1.0, 1.0, 1.0] if anneal else [1.0] * 6
     np.testing.assert_allclose(method.weights, expected, rtol=1e-12)
-    lp = predict(method, model, data.get("test"), data, CPU, 64)
+    lp = predict(method, model, data.get("test"), data, CPU, 64).log_probs
     assert lp.shape == (30, 3) and np.isfinite(lp).all()
     np.testing.assert_allclose(np.exp(lp).sum(1), 1.0, rtol=1e-5)
 

@@ -95,7 +95,7 @@ def _run(args: argparse.Namespace, spec: RunSpec, suite, source: dict, suite_fil
     from bench.run.report import report_suite
     from bench.store.plan import make_plan
     from bench.store.runs import check_owner, foreign_cells, store_record
-    from bench.train.cell import require_tensorboard
+    from bench.train.telemetry import require_tensorboard
 
     store_root, out = args.results / spec.name, args.reports / spec.name
     if args.scores and (why := unstored_scores_problem(args.scores, suite.store)) is not None:
@@ -131,7 +131,7 @@ def _train(args: argparse.Namespace, record, suite, plan, where: ExecutorConfig,
     from bench.store import Store
     from bench.store.runs import describe
     from bench.train import distributed
-    from bench.train.cell import Console
+    from bench.train.telemetry import Console
     from bench.train.loop import resolve_device
 
     # jobs on other nodes than this (often GPU-less) login node: each resolves --device where it runs
@@ -163,7 +163,7 @@ def _train(args: argparse.Namespace, record, suite, plan, where: ExecutorConfig,
 def _done(args: argparse.Namespace, spec: RunSpec, store_root: Path, out: Path) -> None:
     """The run's last line: where its store and report are, and how to see it again."""
     from bench.store.runs import COMMAND
-    from bench.train.cell import Console
+    from bench.train.telemetry import Console
 
     more = f" --results {args.results}" if args.results != Path("results") else ""
     Console(args.quiet).log(f"run {spec.name!r}: store {store_root}, report {out / 'README.md'}; "

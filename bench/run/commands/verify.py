@@ -28,7 +28,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     """Check every cell directory of a run's store (``verify NAME``, or ``--suite``: the
     suite's store): print one line per cell that is not complete; exit 0 when nothing is
     damaged, 1 otherwise (failed and interrupted cells are listed but are not damage)."""
-    from bench.train.cell import TENSORBOARD
+    from bench.train.telemetry import TENSORBOARD
     from bench.store.runs import COMMAND
     from bench.config.spec import suite_name_problem
     from bench.store import DAMAGED_MARK, CellDir

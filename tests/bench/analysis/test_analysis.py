@@ -17,6 +17,7 @@ from bench.store.catalog import open_store
 from bench.store.plan import make_plan
 from bench.config.spec import build_suite
 from bench.store import Store
+from bench.store.record import CellRecord, Predictions
 
 SPLITS = ["val", "test", "shift/gaussian_noise/1", "shift/gaussian_noise/2", "shift/contrast/1",
           "shift/contrast/2", "ood/noise"]
@@ -54,12 +55,12 @@ def analysed(tmp_path_factory):
             if cell.method.name == "mc_dropout":
                 h = sp_entropy(np.exp(arrays["log_probs"].astype(np.float64)), axis=1)
                 extras = {"entropy_of_mean": h, "mean_entropy": h * rng.uniform(0.5, 1.0, N)}
-            cd.write_preds(split, arrays["log_probs"], arrays["labels"], **extras)
+            cd.write_preds(split, Predictions(arrays["log_probs"], arrays["labels"], **extras))
             written[(cell.method.name, cell.seed, split)] = {**arrays, **extras}
         params, train_s, pred_s, mem, passes = COST[cell.method.name]
-        cd.seal({"key": cell.key, "dataset": cell.dataset.name, "method": cell.method.name, "seed": cell.seed,
+        cd.seal(CellRecord.from_json({"key": cell.key, "dataset": cell.dataset.name, "method": cell.method.name, "seed": cell.seed,
                  "config": cell.config, "parameters": params, "train_seconds": train_s + cell.seed, "predict_seconds_per_1000": pred_s,
-                 "peak_memory_mb": mem + cell.seed, "samples": passes})
+                 "peak_memory_mb": mem + cell.seed, "samples": passes}))
     return analyse(open_store(store.root, suite, {c.key for c in plan.cells}), resamples=300), written
 
 
@@ -179,12 +180,12 @@ def _write_cell(store, key: str, dataset: str, method: str, seed: int, finished:
     rng = np.random.default_rng(seed)
     for split in ("val", "test"):
         arrays = fake_preds(rng, split, quality)
-        cd.write_preds(split, arrays["log_probs"], arrays["labels"])
+        cd.write_preds(split, Predictions(arrays["log_probs"], arrays["labels"]))
     info = {"key": key, "dataset": dataset, "method": method, "seed": seed, "finished": finished}
     if seal:
-        cd.seal(info)
+        cd.seal(CellRecord.from_json(info))
     else:
-        cd.write_cell({**info, "status": "running"})
+        cd.write_cell(CellRecord.from_json({**info, "status": "running"}))
 
 
 def test_catalog_picks_the_planned_cell_else_the_newest_and_names_incomplete_ones(tmp_path):
@@ -229,10 +230,10 @@ def test_a_derived_method_costs_and_converges_over_the_replicates_it_formed_only
         rng = np.random.default_rng(seed)
         for split in ("val", "test"):
             arrays = fake_preds(rng, split, 2.0)
-            cd.write_preds(split, arrays["log_probs"], arrays["labels"])
-        cd.seal({"key": f"msp{seed}", "dataset": "mnist5k", "method": "msp", "seed": seed, "parameters": 100,
+            cd.write_preds(split, Predictions(arrays["log_probs"], arrays["labels"]))
+        cd.seal(CellRecord.from_json({"key": f"msp{seed}", "dataset": "mnist5k", "method": "msp", "seed": seed, "parameters": 100,
                  "train_seconds": 10.0 ** seed, "predict_seconds_per_1000": 2.0 ** seed, "peak_memory_mb": 50.0 + seed,
-                 "samples": 1})
+                 "samples": 1}))
     write_store_description(store.root, suite)
     results = analyse(open_store(store.root, suite), ["accuracy"], resamples=20)
     assert results.seeds[("mnist5k", "ens")] == [0]
@@ -261,9 +262,9 @@ def _seed_store(tmp_path, accuracy: dict[str, list[float]], n: int = 2000):
         cd = store.cell(cell.key)
         cd.reset()
         for split in ("val", "test"):
-            cd.write_preds(split, log_softmax(logits, axis=1).astype(np.float32), labels)
-        cd.seal({"key": cell.key, "dataset": cell.dataset.name, "method": cell.method.name, "seed": cell.seed,
-                 "config": cell.config})
+            cd.write_preds(split, Predictions(log_softmax(logits, axis=1).astype(np.float32), labels))
+        cd.seal(CellRecord.from_json({"key": cell.key, "dataset": cell.dataset.name, "method": cell.method.name, "seed": cell.seed,
+                 "config": cell.config}))
     return open_store(store.root, suite, {c.key for c in plan.cells})
 
 
@@ -340,9 +341,9 @@ def test_a_plugin_that_edits_its_arrays_in_place_changes_nothing_else(tmp_path, 
     from bench.scores.record import Score
     from tests.helpers.synthetic import fake_store, fake_suite
 
-    def flatten(arrays, _fitted=None):
-        arrays["log_probs"][:] = -np.log(arrays["log_probs"].shape[1])  # every image uniform
-        return np.zeros(len(arrays["labels"]))
+    def flatten(preds, _fitted=None):
+        preds.log_probs[:] = -np.log(preds.log_probs.shape[1])  # every image uniform
+        return np.zeros(len(preds.labels))
 
     def flip(probs, labels):
         probs[:] = probs[:, ::-1].copy()

@@ -30,9 +30,8 @@ def test_switching_stores_a_b_a_reuses_the_analysis_of_a(tiny_store, tmp_path, c
     from bench.store import CellDir
 
     cell = CellDir(seed1)  # store b: the same cells, seed 1's test predictions in reverse order: other content
-    arrays = cell.read_arrays("test")
-    cell.write_preds("test", *(arrays.pop(k)[::-1].copy() for k in ("log_probs", "labels")),
-                     **{k: v[::-1].copy() for k, v in arrays.items()})
+    preds = cell.read_preds("test")
+    cell.write_preds("test", preds.map(lambda a: a[::-1].copy()))
     cell.seal(cell.read_cell())
     analysis = reports / "hard" / "analysis"
 
@@ -61,8 +60,8 @@ import numpy as np
 from {helper} import SIGN
 
 
-def signed_msp(arrays, _fitted=None):
-    return SIGN * np.exp(np.asarray(arrays["log_probs"], np.float64)).max(axis=1)
+def signed_msp(preds, _fitted=None):
+    return SIGN * np.exp(np.asarray(preds.log_probs, np.float64)).max(axis=1)
 '''
 
 

@@ -11,15 +11,16 @@ from sklearn.metrics import accuracy_score
 
 from bench.analysis.evaluate import METRIC_COLUMNS, evaluate
 from bench.analysis.summary import clean_source_size, severity_table
+from bench.store import Predictions
 
 N_TEST, N_CORRUPTED, C = 400, 50, 4
 CORRUPTIONS = ("shift/gaussian_noise/1", "shift/gaussian_noise/5", "shift/contrast/1", "shift/contrast/5")
 
 
-def _preds(rng, labels: np.ndarray, quality: np.ndarray | float) -> dict[str, np.ndarray]:
+def _preds(rng, labels: np.ndarray, quality: np.ndarray | float) -> Predictions:
     logits = rng.normal(size=(len(labels), C))
     logits[np.arange(len(labels)), labels] += quality
-    return {"log_probs": log_softmax(logits, axis=1).astype(np.float32), "labels": labels}
+    return Predictions(log_softmax(logits, axis=1).astype(np.float32), labels)
 
 
 @pytest.fixture(scope="module")
@@ -47,10 +48,10 @@ def test_severity_0_is_the_clean_samples_the_corruptions_were_made_from(cells):
 
     def clean(metric, seed: int, n: int) -> float:
         test = cache[("d", "m", seed)]["test"]
-        probs = np.exp(test["log_probs"][:n].astype(np.float64))
+        probs = np.exp(test.log_probs[:n].astype(np.float64))
         if metric == "accuracy":
-            return accuracy_score(test["labels"][:n], probs.argmax(1))
-        return float(np.mean(-np.log(probs[np.arange(n), test["labels"][:n]])))  # NLL
+            return accuracy_score(test.labels[:n], probs.argmax(1))
+        return float(np.mean(-np.log(probs[np.arange(n), test.labels[:n]])))  # NLL
 
     for metric in ("accuracy", "nll"):
         same_images = np.mean([clean(metric, s, N_CORRUPTED) for s in (0, 1)])
@@ -65,5 +66,6 @@ def test_clean_source_is_the_first_test_images_when_the_labels_are_theirs(cells)
     cache, _ = cells
     preds = cache[("d", "m", 0)]
     assert clean_source_size(preds, "shift/contrast/5") == N_CORRUPTED
-    other = dict(preds, **{"shift/x/1": {"labels": preds["test"]["labels"][1:N_CORRUPTED + 1]}})
+    shifted = preds["test"].labels[1:N_CORRUPTED + 1]
+    other = dict(preds, **{"shift/x/1": Predictions(preds["test"].log_probs[:N_CORRUPTED], shifted)})
     assert clean_source_size(other, "shift/x/1") == N_TEST  # not made from the first images: the whole test split

@@ -20,6 +20,7 @@ from bench.store.catalog import open_store
 from bench.store.plan import make_plan
 from bench.config.spec import build_suite
 from bench.store import TRAIN_LOG, Store
+from bench.store.record import CellRecord, Predictions
 
 FLAT_ACC = [0.99] * 10
 FLAT_NLL = [0.40] * 10
@@ -164,9 +165,9 @@ def write_store(root, reused: bool = True, labels: dict | None = None):
         if (m, s) in LOGS:
             cd.write_bytes(TRAIN_LOG, log_csv(*LOGS[(m, s)][:4]))
         for split, y in (labels or {}).get((m, s), {}).items():
-            cd.write_preds(split, np.full((len(y), 2), np.log(0.5), dtype=np.float32), y)
+            cd.write_preds(split, Predictions(np.full((len(y), 2), np.log(0.5), dtype=np.float32), y))
         best = LOGS[(m if m != "laplace_last_layer" else "msp", s)][4]
-        cd.seal({**info, "best_epoch": best})
+        cd.seal(CellRecord.from_json({**info, "best_epoch": best}))
     return open_store(store.root, suite, set(keys.values())), keys
 
 

@@ -269,7 +269,7 @@ def test_text_predictions_use_the_token_ids_unchanged():
     torch.manual_seed(0)
     model = method.build_model(ModelConfig(dim=8, depth=1, heads=2, dropout=0.0), bundle).eval()
     split = bundle.get("test")
-    lp = predict(method, model, split, bundle, torch.device("cpu"), batch_size=3)
+    lp = predict(method, model, split, bundle, torch.device("cpu"), batch_size=3).log_probs
     with torch.no_grad():
         expected = torch.log_softmax(model(torch.from_numpy(split.x)), -1).numpy()
     np.testing.assert_allclose(lp, expected, rtol=1e-5, atol=1e-6)

@@ -20,7 +20,7 @@ def run_cells(suite: Path, store: Path, methods: tuple[str, ...], seeds: tuple[i
     """Train, predict and store these cells of the suite (``bench.run.runner.run_plan``, no report)."""
     import torch
 
-    from bench.train.cell import Console
+    from bench.train.telemetry import Console
     from bench.store.plan import make_plan
     from bench.core.registry import import_plugins
     from bench.run.runner import run_plan
@@ -83,8 +83,8 @@ def test_a_foreign_or_edited_training_state_is_discarded_and_the_cell_starts_ove
         clean, resumed = CellDir(tmp_path / "clean" / k), CellDir(store / k)
         assert resumed.verify() and clean.splits() == resumed.splits()
         for split in clean.splits():
-            for name, array in clean.read_arrays(split).items():
-                np.testing.assert_array_equal(resumed.read_arrays(split)[name], array,
+            for name, array in clean.read_preds(split).arrays().items():
+                np.testing.assert_array_equal(getattr(resumed.read_preds(split), name), array,
                                               err_msg=f"{method} seed {seed}: {split} {name}")
     for cell, why in [(("msp", 0), f"belongs to cell {key[('msp', 1)]}"),
                       (("msp", 1), f"belongs to cell {key[('mc_dropout', 0)]}"),

@@ -12,6 +12,7 @@ from sklearn.neighbors import NearestNeighbors
 
 from bench.core.errors import ConfigError
 from bench.core.registry import SCORES
+from bench.store import Predictions
 from bench.scores import (GDA_JITTERS, TRAINING, TrainingFeatures, default_scores, fit_gda, fit_knn, gda_log_density,
                           get_score, knn_k, knn_score, ood_score, validate_scores, vim_dim)
 
@@ -31,10 +32,15 @@ def training(features, labels, weight, bias, train_size=None) -> TrainingFeature
                             np.asarray(bias, np.float64), train_size or len(features))
 
 
+def as_preds(arrays: dict) -> Predictions:
+    """A split's predictions holding ``arrays`` alone (the others absent)."""
+    return Predictions(**{"log_probs": None, "labels": None, **arrays})
+
+
 def registered(name, arrays, train=None):
     """The registered score ``name`` on ``arrays``, fitted on ``train`` when it fits."""
     score = get_score(name)
-    return score(arrays, score.fit(train) if score.fit is not None else None)
+    return score(as_preds(arrays), score.fit(train) if score.fit is not None else None)
 
 
 @pytest.fixture(scope="module")
@@ -76,10 +82,10 @@ def test_sampling_scores_read_the_stored_terms_and_single_pass_lacks_them():
     np.testing.assert_allclose(registered("predictive_variance", arrays),
                                -np.var(probs, axis=0, ddof=0).sum(axis=1), atol=1e-6)
     single = {"log_probs": arrays["log_probs"]}
-    assert get_score("mutual_info").lacks(single, training=False) == "samples"
-    assert get_score("energy").lacks(single, training=False) == "logits"
-    assert get_score("knn").lacks({**single, "logits": single["log_probs"]}, training=True) == "features"
-    assert get_score("vim").lacks({**single, "features": np.zeros((20, 3), np.float16)}, training=False) \
+    assert get_score("mutual_info").lacks(as_preds(single), training=False) == "samples"
+    assert get_score("energy").lacks(as_preds(single), training=False) == "logits"
+    assert get_score("knn").lacks(as_preds({**single, "logits": single["log_probs"]}), training=True) == "features"
+    assert get_score("vim").lacks(as_preds({**single, "features": np.zeros((20, 3), np.float16)}), training=False) \
         == "training features"
 
 
@@ -344,8 +350,8 @@ def test_default_scores_include_the_issues_four_and_keep_the_old_three_first():
 
 def test_a_plugin_registers_a_score_like_a_metric():
     @ood_score("Neg. L1", "-sum |x|: a test plugin's score.", reads=("features",), name="test_plugin_l1")
-    def l1(arrays, _fitted=None):
-        return -np.abs(arrays["features"]).sum(axis=1)
+    def l1(preds, _fitted=None):
+        return -np.abs(preds.features).sum(axis=1)
 
     assert "test_plugin_l1" in SCORES and get_score("test_plugin_l1").needs == ("features",)
     assert validate_scores(["test_plugin_l1"]) == ["test_plugin_l1"]

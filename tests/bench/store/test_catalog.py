@@ -126,8 +126,8 @@ def test_report_footnotes_name_what_each_method_keeps_from_its_authors_code(tmp_
     # a cell of an earlier version, without the option `ranking`, says so
     for cd in catalog.cells.values():
         info = cd.read_cell()
-        if info["method"] == "kdeformer":
-            del info["config"]["method"]["options"]["ranking"]
+        if info.method == "kdeformer":
+            del info.config["method"]["options"]["ranking"]
             cd.seal(info)
     again = open_store(results / "fid")
     assert again.method_deviations("kdeformer")[-1] == "trained before the option(s) ranking existed"

@@ -19,6 +19,7 @@ import torch
 
 from bench import store as store_mod
 from bench.store import CHECKPOINT, CellDir, Store, atomic_write_bytes, split_relpath
+from bench.store.record import CellRecord, Predictions
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -46,15 +47,15 @@ def complete_cell(tmp_path: Path) -> CellDir:
     """A sealed cell with preds for nested split names, a log and a checkpoint."""
     cd = Store(tmp_path / "results" / "suite").cell("abc123")
     cd.reset()
-    cd.write_cell({"key": "abc123", "status": "running", "seed": 0})
+    cd.write_cell(CellRecord.from_json({"key": "abc123", "status": "running", "seed": 0}))
     for i, split in enumerate(SPLITS):
         lp, y = random_preds(7, 3, i)
         if split.startswith("ood/"):
             y = np.full(7, -1)
-        cd.write_preds(split, lp, y)
+        cd.write_preds(split, Predictions(lp, y))
     cd.write_bytes("train_log.csv", b"epoch,val_acc\n1,0.5\n")
     cd.write_checkpoint(state_dict_bytes({"head.weight": torch.ones(3, 2), "head.bias": torch.zeros(3)}))
-    cd.seal({"key": "abc123", "status": "running", "seed": 0})
+    cd.seal(CellRecord.from_json({"key": "abc123", "status": "running", "seed": 0}))
     return cd
 
 
@@ -164,37 +165,37 @@ def test_status_transitions_missing_incomplete_complete(tmp_path):
     assert not cd.verify()
     cd.reset()
     assert cd.status() == "incomplete"  # directory exists, nothing written
-    cd.write_cell({"status": "running"})
+    cd.write_cell(CellRecord.from_json({"status": "running"}))
     assert cd.status() == "incomplete"
-    assert cd.read_cell() == {"status": "running"}
+    assert cd.read_cell() == CellRecord(status="running")
     lp, y = random_preds(4, 2, 0)
-    cd.write_preds("val", lp, y)
+    cd.write_preds("val", Predictions(lp, y))
     assert cd.status() == "incomplete"  # preds but no manifest
-    cd.seal({"status": "running", "seed": 3})
+    cd.seal(CellRecord.from_json({"status": "running", "seed": 3}))
     assert cd.status() == "complete"
     assert cd.verify()
-    assert cd.read_cell() == {"status": "complete", "seed": 3}
+    assert cd.read_cell() == CellRecord(status="complete", seed=3)
 
 
 def test_cell_json_saying_complete_without_manifest_is_incomplete(tmp_path):
     cd = CellDir(tmp_path / "cell")
     cd.reset()
-    cd.write_cell({"status": "complete"})
+    cd.write_cell(CellRecord.from_json({"status": "complete"}))
     assert cd.status() == "incomplete"
 
 
 def test_failed_status(tmp_path):
     cd = CellDir(tmp_path / "cell")
     cd.reset()
-    cd.write_cell({"status": "failed", "reason": "non-finite training loss nan at epoch 2"})
+    cd.write_cell(CellRecord.from_json({"status": "failed", "reason": "non-finite training loss nan at epoch 2"}))
     assert cd.status() == "failed"
-    assert cd.read_cell()["reason"].startswith("non-finite")
+    assert cd.read_cell().reason.startswith("non-finite")
 
 
 def test_manifest_with_failed_cell_json_is_not_complete(tmp_path):
     cd = complete_cell(tmp_path)
     # a run that failed after sealing rewrote cell.json: hash mismatch and status failed
-    cd.write_cell({"status": "failed", "reason": "x"})
+    cd.write_cell(CellRecord.from_json({"status": "failed", "reason": "x"}))
     assert not cd.verify()
     assert cd.status() == "failed"
 
@@ -316,9 +317,9 @@ def test_reset_refuses_complete_cell_and_leaves_it_intact(tmp_path):
 def test_reset_clears_incomplete_cell(tmp_path):
     cd = CellDir(tmp_path / "cell")
     cd.reset()
-    cd.write_cell({"status": "running"})
+    cd.write_cell(CellRecord.from_json({"status": "running"}))
     lp, y = random_preds(3, 2, 1)
-    cd.write_preds("shift/a/1", lp, y)
+    cd.write_preds("shift/a/1", Predictions(lp, y))
     (cd.path / ".cell.json.abc.tmp").write_bytes(b"left by a killed run")
     cd.reset()
     assert cd.path.is_dir()
@@ -331,7 +332,7 @@ def test_reset_clears_broken_complete_cell_and_failed_cell(tmp_path):
     (cd.path / "preds" / "test.npz").unlink()
     cd.reset()  # no longer complete: may be redone
     assert list(cd.path.iterdir()) == []
-    cd.write_cell({"status": "failed", "reason": "r"})
+    cd.write_cell(CellRecord.from_json({"status": "failed", "reason": "r"}))
     cd.reset()
     assert list(cd.path.iterdir()) == []
 
@@ -345,13 +346,14 @@ def test_preds_round_trip_nested_split_names(tmp_path):
     written = {}
     for i, split in enumerate(SPLITS):
         lp, y = random_preds(5 + i, 4, 10 + i)
-        cd.write_preds(split, lp, y)
+        cd.write_preds(split, Predictions(lp, y))
         written[split] = (lp, y)
     assert (cd.path / "preds" / "shift" / "gaussian_noise" / "3.npz").is_file()
     assert (cd.path / "preds" / "ood" / "x.npz").is_file()
     assert cd.splits() == sorted(SPLITS)
     for split, (lp, y) in written.items():
-        got_lp, got_y = cd.read_preds(split)
+        got = cd.read_preds(split)
+        got_lp, got_y = got.log_probs, got.labels
         assert got_lp.dtype == np.float32 and got_y.dtype == np.int64
         assert got_lp.shape == lp.shape and got_y.shape == y.shape
         np.testing.assert_array_equal(got_lp, lp.astype(np.float32))
@@ -362,7 +364,7 @@ def test_npz_loads_without_pickle_and_holds_exactly_two_arrays(tmp_path):
     cd = CellDir(tmp_path / "cell")
     cd.reset()
     lp, y = random_preds(6, 3, 5)
-    cd.write_preds("shift/gaussian_noise/3", lp, y)
+    cd.write_preds("shift/gaussian_noise/3", Predictions(lp, y))
     path = cd.path / "preds" / "shift" / "gaussian_noise" / "3.npz"
     with np.load(path, allow_pickle=False) as z:
         assert sorted(z.files) == ["labels", "log_probs"]
@@ -379,7 +381,7 @@ def test_read_labels_gives_a_splits_labels_and_refuses_what_write_preds_does_not
     cd = CellDir(tmp_path / "cell")
     cd.reset()
     lp, y = random_preds(7, 3, 6)
-    cd.write_preds("test", lp, y)
+    cd.write_preds("test", Predictions(lp, y))
     got = cd.read_labels("test")
     assert got.dtype == np.int64 and got.tolist() == y.tolist()
     with pytest.raises(OSError):
@@ -399,7 +401,7 @@ def test_bad_split_names_rejected(tmp_path, bad):
     with pytest.raises(ValueError):
         split_relpath(bad)
     with pytest.raises(ValueError):
-        cd.write_preds(bad, lp, y)
+        cd.write_preds(bad, Predictions(lp, y))
     assert listing(tmp_path) == []  # nothing written anywhere
 
 
@@ -496,9 +498,9 @@ def test_write_preds_refuses_what_a_verified_cell_may_not_hold(tmp_path):
     lp, y = random_preds(4, 3, 0)
     lp[1, 2] = np.nan
     with pytest.raises(ValueError, match="non-finite"):
-        cd.write_preds("test", lp, y)
+        cd.write_preds("test", Predictions(lp, y))
     with pytest.raises(ValueError, match="not normalised"):
-        cd.write_preds("test", np.zeros((4, 3)), y)
+        cd.write_preds("test", Predictions(np.zeros((4, 3)), y))
     assert listing(tmp_path) == []
 
 

@@ -23,6 +23,7 @@ from bench.store import STORE_SCHEMA, Store
 from bench.train.loop import predict
 from bench.train.vit import ViT
 from tests.helpers.synthetic import fake_store, fake_suite, squares_bundle
+from bench.store.record import CellRecord, Predictions, TrainingFeatures
 
 CPU = torch.device("cpu")
 N, C, D = 80, 3, 6
@@ -40,8 +41,9 @@ def test_predict_keeps_mean_logits_and_the_heads_input_averaged_over_passes(batc
     normed, logits_seen = [], []
     model.norm.register_forward_hook(lambda _m, _i, out: normed.append(out.detach().clone()))
     model.head.register_forward_hook(lambda _m, _i, out: logits_seen.append(out.detach().clone()))
-    extras: dict = {}
-    lp = predict(method, model, data.get("test"), data, CPU, 12, extras, batch_passes=batch_passes, features=True)
+    extras = predict(method, model, data.get("test"), data, CPU, 12, extras=True, batch_passes=batch_passes,
+                     features=True)
+    lp = extras.log_probs
     n = len(data.get("test"))
     feats = torch.cat([t.reshape(-1, 8) for t in normed]).numpy()  # per batch: S x B rows, pass-major
     outs = torch.cat([t.reshape(-1, 3) for t in logits_seen]).numpy()
@@ -53,14 +55,14 @@ def test_predict_keeps_mean_logits_and_the_heads_input_averaged_over_passes(batc
         want_z.append(outs[row : row + 4 * b].reshape(4, b, 3))
         row += 4 * b
     z = np.concatenate(want_z, axis=1)  # [S, N, C]
-    np.testing.assert_allclose(extras["features"], np.concatenate(want_f), atol=1e-6)
-    np.testing.assert_allclose(extras["logits"], z.mean(axis=0), atol=1e-5)
+    np.testing.assert_allclose(extras.features, np.concatenate(want_f), atol=1e-6)
+    np.testing.assert_allclose(extras.logits, z.mean(axis=0), atol=1e-5)
     w, b = model.head.weight.detach().numpy(), model.head.bias.detach().numpy()
-    np.testing.assert_allclose(extras["logits"], extras["features"] @ w.T + b, atol=1e-5)
+    np.testing.assert_allclose(extras.logits, extras.features @ w.T + b, atol=1e-5)
     np.testing.assert_allclose(lp, log_softmax(z.mean(axis=0), axis=1), atol=1e-5)
     p = np.exp(log_softmax(z, axis=-1))
-    np.testing.assert_allclose(extras["prob_variance"], p.var(axis=0).sum(axis=-1), atol=1e-6)
-    assert extras["features"].shape == (n, 8) and extras["logits"].shape == (n, 3)
+    np.testing.assert_allclose(extras.prob_variance, p.var(axis=0).sum(axis=-1), atol=1e-6)
+    assert extras.features.shape == (n, 8) and extras.logits.shape == (n, 3)
 
 
 def test_store_features_is_a_suite_option_in_the_cell_key():
@@ -80,14 +82,14 @@ def test_training_features_round_trip_and_bad_ones_are_refused(tmp_path):
     assert cd.read_training_features() is None
     rng = np.random.default_rng(0)
     f = rng.normal(size=(10, D))
-    cd.write_training_features(f, rng.integers(0, C, 10), rng.normal(size=(C, D)), np.zeros(C), 50)
+    cd.write_training_features(TrainingFeatures(f, rng.integers(0, C, 10), rng.normal(size=(C, D)), np.zeros(C), 50))
     got = cd.read_training_features()
-    assert got["features"].dtype == np.float16 and int(got["train_size"]) == 50
-    np.testing.assert_allclose(got["features"], f, atol=1e-2)
+    assert got.features.dtype == np.float16 and int(got.train_size) == 50
+    np.testing.assert_allclose(got.features, f, atol=1e-2)
     with pytest.raises(ValueError, match="not stored"):
-        cd.write_training_features(f, np.full(10, C), rng.normal(size=(C, D)), np.zeros(C), 50)  # label C
+        cd.write_training_features(TrainingFeatures(f, np.full(10, C), rng.normal(size=(C, D)), np.zeros(C), 50))  # label C
     with pytest.raises(ValueError, match="not stored"):
-        cd.write_preds("test", log_softmax(rng.normal(size=(4, C)), axis=1), np.zeros(4), logits=np.zeros((4, C + 1)))
+        cd.write_preds("test", Predictions(log_softmax(rng.normal(size=(4, C)), axis=1), np.zeros(4), logits=np.zeros((4, C + 1))))
 
 
 def test_a_real_run_stores_logits_features_and_the_head_of_its_checkpoint(tiny_store):
@@ -106,11 +108,11 @@ def test_a_real_run_stores_logits_features_and_the_head_of_its_checkpoint(tiny_s
         np.testing.assert_allclose(lp, log_softmax(logits.astype(np.float64), axis=1), atol=1e-4)
         train = cd.read_training_features()
         weights = torch.load(cd.path / "checkpoint.pt", weights_only=True)
-        np.testing.assert_array_equal(train["head_weight"], weights["head.weight"].float().numpy())
-        np.testing.assert_array_equal(train["head_bias"], weights["head.bias"].float().numpy())
-        head = feats.astype(np.float64) @ train["head_weight"].T + train["head_bias"]
+        np.testing.assert_array_equal(train.head_weight, weights["head.weight"].float().numpy())
+        np.testing.assert_array_equal(train.head_bias, weights["head.bias"].float().numpy())
+        head = feats.astype(np.float64) @ train.head_weight.T + train.head_bias
         np.testing.assert_allclose(head, logits, atol=0.05)  # features rounded to float16
-        assert train["features"].shape[1] == feats.shape[1] and int(train["train_size"]) >= len(train["labels"])
+        assert train.features.shape[1] == feats.shape[1] and int(train.train_size) >= len(train.labels)
 
 
 def test_a_real_run_keeps_its_detectors_cost_and_the_efficiency_table_sums_it(tiny_store):
@@ -126,15 +128,15 @@ def test_a_real_run_keeps_its_detectors_cost_and_the_efficiency_table_sums_it(ti
     infos = [store.cell(p.name).read_cell() for p in store.root.iterdir() if (p / "cell.json").is_file()]
     assert len(infos) == 2
     for info in infos:
-        assert set(info["ood_detectors"]) == fitted
-        for cost in info["ood_detectors"].values():
+        assert set(info.ood_detectors) == fitted
+        for cost in info.ood_detectors.values():
             assert cost["fit_seconds"] >= 0 and cost["score_seconds_per_1000"] > 0
     suite = load_suite(str(tiny_store / "hard.toml"))
-    results = analyse(open_store(store.root, suite, {i["key"] for i in infos}), resamples=20)
+    results = analyse(open_store(store.root, suite, {i.key for i in infos}), resamples=20)
     row = results.efficiency[results.efficiency.method == "msp"].iloc[0]
     for field, column in (("fit_seconds", "detector_fit_seconds"),
                           ("score_seconds_per_1000", "detector_score_seconds_per_1000")):
-        expected = np.mean([sum(c[field] for c in i["ood_detectors"].values()) for i in infos])
+        expected = np.mean([sum(c[field] for c in i.ood_detectors.values()) for i in infos])
         assert row[column] == pytest.approx(expected, rel=1e-9)
 
 
@@ -163,14 +165,14 @@ def feature_store(tmp_path_factory):
         cd.reset()
         for split in ("val", "test", "ood/far"):
             x, z, y = gaussian_cell_arrays(rng, split, means, w, b)
-            cd.write_preds(split, log_softmax(z, axis=1), y, logits=z, features=x)
+            cd.write_preds(split, Predictions(log_softmax(z, axis=1), y, logits=z, features=x))
             written[(cell.seed, split)] = x.astype(np.float64)
         y_train = np.repeat(np.arange(C), 30)
         x_train = (means[y_train] + rng.normal(size=(len(y_train), D))).astype(np.float16)
-        cd.write_training_features(x_train, y_train, w, b, len(y_train))
+        cd.write_training_features(TrainingFeatures(x_train, y_train, w, b, len(y_train)))
         written[(cell.seed, "train")] = (x_train.astype(np.float64), y_train)
-        cd.seal({"key": cell.key, "dataset": "mnist5k", "method": "msp", "seed": cell.seed, "config": cell.config,
-                 "samples": 1})
+        cd.seal(CellRecord.from_json({"key": cell.key, "dataset": "mnist5k", "method": "msp", "seed": cell.seed, "config": cell.config,
+                 "samples": 1}))
     return store, suite, plan, written
 
 
@@ -254,8 +256,8 @@ def test_the_readme_averages_openood_near_and_far_groups_of_a_cifar_store(tmp_pa
         z = rng.normal(size=(N, C))
         z[:, 0] += mean
         y = np.zeros(N, np.int64) if split == "test" else np.full(N, -1)
-        cd.write_preds(split, log_softmax(z, axis=1), y)
-    cd.seal({"key": cell.key, "dataset": "cifar10", "method": "msp", "seed": 0, "config": cell.config, "samples": 1})
+        cd.write_preds(split, Predictions(log_softmax(z, axis=1), y))
+    cd.seal(CellRecord.from_json({"key": cell.key, "dataset": "cifar10", "method": "msp", "seed": 0, "config": cell.config, "samples": 1}))
     options = ReportOptions(results=tmp_path / "results", formats=("md",))
     reported = write_suite_report(suite, tmp_path / "results" / "c10", tmp_path / "reports", options)
     readme = reported.readme.read_text()
@@ -279,8 +281,8 @@ def test_a_score_that_gives_non_finite_values_is_named_not_a_failed_metric(featu
     from bench.scores import ood_score
 
     @ood_score("Broken", "NaN everywhere: a test plugin's score.", reads=("logits",), name="test_broken_nan")
-    def broken(arrays, _fitted=None):
-        return np.full(len(arrays["logits"]), np.nan)
+    def broken(preds, _fitted=None):
+        return np.full(len(preds.logits), np.nan)
 
     store, suite, plan, _ = feature_store
     results = analyse(open_store(store.root, suite, {c.key for c in plan.cells}), resamples=20,

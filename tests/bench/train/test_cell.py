@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from bench.train.cell import peak_memory_mb, reset_peak_memory
+from bench.train.telemetry import peak_memory_mb, reset_peak_memory
 from bench.store import CellDir
 from tests.helpers import REPO
 from tests.helpers.suites import tiny_suite
+from bench.store.record import CellRecord
 
 CPU = torch.device("cpu")
 
@@ -58,8 +59,8 @@ def _two_stage(tmp_path, method: str, checkpoint: dict):
     buf = io.BytesIO()
     torch.save(checkpoint, buf)
     stage1.write_checkpoint(buf.getvalue())
-    stage1.seal({"key": first.key, "dataset": "mnist5k", "method": "msp", "seed": 0, "config": first.config,
-                 "train_seconds": 1.0, "best_epoch": 1, "best_val_acc": 0.5})
+    stage1.seal(CellRecord.from_json({"key": first.key, "dataset": "mnist5k", "method": "msp", "seed": 0, "config": first.config,
+                 "train_seconds": 1.0, "best_epoch": 1, "best_val_acc": 0.5}))
     assert json.loads((stage1.path / "manifest.json").read_text())["files"]["checkpoint.pt"]
     return store, first, cell, squares_bundle()
 
@@ -77,7 +78,8 @@ def test_a_stage1_cell_whose_weights_are_unusable_is_refused_naming_it(tmp_path,
     import json
 
     import methods  # noqa: F401  (registers cgpt and laplace_last_layer)
-    from bench.train.cell import Console, run_cell
+    from bench.train.cell import run_cell
+    from bench.train.telemetry import Console
 
     store, first, cell, data = _two_stage(tmp_path, method, checkpoint)
     cd = store.cell(cell.key)

@@ -100,9 +100,9 @@ def test_bf16_autocast_matches_float32(name, options, device, data):
 
     test = data.get("test")
     torch.manual_seed(2)
-    p32 = np.exp(predict(method, model, test, data, device, 64, precision="fp32"))
+    p32 = np.exp(predict(method, model, test, data, device, 64, precision="fp32").log_probs)
     torch.manual_seed(2)
-    p16 = np.exp(predict(method, model, test, data, device, 64, precision="bf16"))
+    p16 = np.exp(predict(method, model, test, data, device, 64, precision="bf16").log_probs)
     assert np.abs(p16 - p32).max() <= 0.05
     assert (p16.argmax(1) == p32.argmax(1)).mean() >= 0.9
 
@@ -140,8 +140,8 @@ def test_batched_passes_land_on_their_images(data):
     model = mc.build_model(cfg, data)
     test = data.get("test")
     for batch in (7, 64):  # 2 and 21 images per forward
-        np.testing.assert_allclose(predict(mc, model, test, data, CPU, batch, batch_passes=True),
-                                   predict(msp, model, test, data, CPU, batch), atol=2e-6)
+        np.testing.assert_allclose(predict(mc, model, test, data, CPU, batch, batch_passes=True).log_probs,
+                                   predict(msp, model, test, data, CPU, batch).log_probs, atol=2e-6)
 
 
 def test_batched_and_one_by_one_passes_agree_in_distribution(data):
@@ -152,9 +152,9 @@ def test_batched_and_one_by_one_passes_agree_in_distribution(data):
     fit(method, model, data, TrainConfig(epochs=3, batch_size=25, lr=1e-2, warmup_epochs=0), CPU, seed=0)
     test = data.get("test")
     torch.manual_seed(3)
-    batched = np.exp(predict(method, model, test, data, CPU, 600, batch_passes=True))
+    batched = np.exp(predict(method, model, test, data, CPU, 600, batch_passes=True).log_probs)
     torch.manual_seed(4)
-    separate = np.exp(predict(method, model, test, data, CPU, 600, batch_passes=False))
+    separate = np.exp(predict(method, model, test, data, CPU, 600, batch_passes=False).log_probs)
     assert np.abs(batched - separate).max() <= 0.03
     assert np.abs(batched - separate).max() > 0  # two independent estimates, not one computation
 

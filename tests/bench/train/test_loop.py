@@ -179,7 +179,7 @@ def test_fit_learns_synthetic_task(data):
     assert [r["epoch"] for r in result.log] == list(range(1, FIT_CFG.epochs + 1))
     assert result.best_val_acc >= 0.9  # chance is 1/3
     test = data.get("test")
-    lp = predict(method, model, test, data, CPU, 32)
+    lp = predict(method, model, test, data, CPU, 32).log_probs
     assert (lp.argmax(1) == test.y).mean() >= 0.85
     assert result.log[-1]["train_loss"] < result.log[0]["train_loss"]
     assert result.log[-1]["lr"] == pytest.approx(FIT_CFG.min_lr)
@@ -197,7 +197,7 @@ def test_fit_best_epoch_is_first_max_and_model_holds_its_weights(data):
     for k, v in model.state_dict().items():  # the model is left with the best weights
         assert torch.equal(v, result.state_dict[k]), k
     val = data.get("val")
-    lp = predict(method, model, val, data, CPU, 1000)
+    lp = predict(method, model, val, data, CPU, 1000).log_probs
     assert float((lp.argmax(1) == val.y).mean()) == result.best_val_acc
     nll = float(-lp[np.arange(len(val.y)), val.y].mean())
     assert nll == pytest.approx(result.log[result.best_epoch - 1]["val_nll"], rel=1e-5)
@@ -390,7 +390,7 @@ def test_predict_rgb_channels_reach_the_model_in_nchw_order():
             assert x.shape[1:] == (3, 4, 6)
             return super().forward(x[:, 2:])
 
-    lp = predict(MSP(MSP.Options()), Channel2(table), split, data, CPU, 4)
+    lp = predict(MSP(MSP.Options()), Channel2(table), split, data, CPU, 4).log_probs
     np.testing.assert_allclose(lp, sp_log_softmax(table[0].astype(np.float64), axis=-1), atol=1e-5)
 
 
@@ -405,7 +405,7 @@ def test_predict_averaging_rules(average, samples, batch, batch_passes):
     model = Scripted(table)
     model.train()
     method = MCDropout(MCDropout.Options(samples=samples, average=average))
-    lp = predict(method, model, data.get("val"), data, CPU, batch, batch_passes=batch_passes)
+    lp = predict(method, model, data.get("val"), data, CPU, batch, batch_passes=batch_passes).log_probs
 
     t = table.astype(np.float64)
     if average == "logits":
@@ -425,7 +425,7 @@ def test_predict_probs_and_logits_differ_when_passes_disagree():
     out = {}
     for avg in ("logits", "probs"):
         method = MCDropout(MCDropout.Options(samples=3, average=avg))
-        out[avg] = predict(method, Scripted(table), data.get("val"), data, CPU, 8)
+        out[avg] = predict(method, Scripted(table), data.get("val"), data, CPU, 8).log_probs
     # logits: mean logit (4/3, 8/3); probs: mean of (s, 1-s), (1-s, s), (1-s, s), s = sigmoid(4)
     s = 1 / (1 + math.exp(-4))
     np.testing.assert_allclose(np.exp(out["logits"][0]), sp_softmax([4 / 3, 8 / 3]), rtol=1e-5)
@@ -454,15 +454,15 @@ def test_msp_predict_deterministic_and_mc_dropout_stochastic(data):
     msp = MSP(MSP.Options())
     model = build(msp, data, 0, cfg)
     model.train()
-    a = predict(msp, model, val, data, CPU, 16)
-    b = predict(msp, model, val, data, CPU, 60)
+    a = predict(msp, model, val, data, CPU, 16).log_probs
+    b = predict(msp, model, val, data, CPU, 60).log_probs
     np.testing.assert_array_equal(a, b)
     assert not model.training and not any(m.training for m in model.modules())
     assert msp.samples == 1
 
     mc = MCDropout(MCDropout.Options(samples=4))
-    c = predict(mc, model, val, data, CPU, 60)
-    d = predict(mc, model, val, data, CPU, 60)
+    c = predict(mc, model, val, data, CPU, 60).log_probs
+    d = predict(mc, model, val, data, CPU, 60).log_probs
     assert not np.array_equal(c, d)  # dropout really samples at test time
 
 
@@ -529,17 +529,15 @@ def test_predict_stores_the_decomposition_terms(average, batch_passes):
     n, c, samples = 9, 5, 4
     table = (2.5 * np.random.default_rng(7).normal(size=(samples, n, c))).astype(np.float32)
     data = index_bundle(n)
-    extras: dict = {}
     method = MCDropout(MCDropout.Options(samples=samples, average=average))
-    predict(method, Scripted(table), data.get("val"), data, CPU, 4, extras, batch_passes=batch_passes)
+    extras = predict(method, Scripted(table), data.get("val"), data, CPU, 4, extras=True, batch_passes=batch_passes)
     p = sp_softmax(table.astype(np.float64), axis=-1)  # [S, N, C]
-    np.testing.assert_allclose(extras["entropy_of_mean"], sp_entropy(p.mean(axis=0), axis=-1), atol=1e-5)
-    np.testing.assert_allclose(extras["mean_entropy"], sp_entropy(p, axis=-1).mean(axis=0), atol=1e-5)
-    assert (extras["entropy_of_mean"] - extras["mean_entropy"] >= -1e-6).all()
+    np.testing.assert_allclose(extras.entropy_of_mean, sp_entropy(p.mean(axis=0), axis=-1), atol=1e-5)
+    np.testing.assert_allclose(extras.mean_entropy, sp_entropy(p, axis=-1).mean(axis=0), atol=1e-5)
+    assert (extras.entropy_of_mean - extras.mean_entropy >= -1e-6).all()
     # a single pass has no decomposition (only its logits)
-    single: dict = {}
-    predict(MSP(MSP.Options()), Scripted(table[:1]), data.get("val"), data, CPU, 4, single)
-    assert set(single) == {"logits"}
+    single = predict(MSP(MSP.Options()), Scripted(table[:1]), data.get("val"), data, CPU, 4, extras=True)
+    assert set(single.arrays()) == {"log_probs", "labels", "logits"}
 
 
 def test_the_torch_decomposition_terms_agree_with_the_numpy_decomposition():

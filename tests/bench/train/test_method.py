@@ -11,6 +11,7 @@ import pytest
 from scipy.special import logsumexp as sp_logsumexp
 
 from bench.train.method import log_mean_exp
+from bench.store import Predictions
 
 
 def test_log_mean_exp_is_stable_for_very_negative_inputs():
@@ -56,8 +57,8 @@ def test_a_derived_method_cannot_edit_its_members_predictions():
             return dict(preds)
 
     lp = np.log(np.full((4, 2), 0.5, dtype=np.float32))
-    member = {"test": {"log_probs": lp, "labels": np.zeros(4, dtype=np.int64)}}
+    member = {"test": Predictions(lp, np.zeros(4, dtype=np.int64))}
     before = lp.copy()
     with pytest.raises(ValueError, match="read-only"):
         Sharpen(DerivedOptions()).predict_from([member])
-    np.testing.assert_array_equal(member["test"]["log_probs"], before)
+    np.testing.assert_array_equal(member["test"].log_probs, before)

@@ -1,0 +1,360 @@
+"""The typed records of what a cell stores, each declared once: :class:`Predictions` (one
+split's ``preds/<split>.npz``), :class:`TrainingFeatures` (``features/train.npz``) and
+:class:`CellRecord` (``cell.json``, with :class:`Stage1Record`).
+
+Every stored array is a field whose metadata (:class:`ArraySpec`) gives its dtypes and
+shape; the checks a verified cell passes (:func:`arrays_problem`,
+:func:`training_features_problem`), the dtypes written and what each OOD score may need
+(:func:`needs`) are read from there.  Only this module spells a stored array name or a
+``cell.json`` key: every other module reads and writes fields, so a misspelt name is an
+AttributeError or a TypeError, never a silent NaN.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, Mapping
+
+import numpy as np
+
+STORE_SCHEMA = 3  # 2: decomposition terms stored for multi-pass methods; 3: logits, features, training features
+NORMALISED_ATOL = 1e-3  # how far a row's sum of exp(log_probs) may be from 1 (float32 round-off)
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """What one stored array is: ``dtypes`` (the first is what is written; the others are
+    read too), ``shape`` in symbols (``N`` images, ``C`` classes, ``D`` feature width,
+    ``()`` a scalar) and, for a prediction array, the ``need`` of an OOD score it serves
+    (:func:`needs`)."""
+
+    dtypes: tuple[type, ...]
+    shape: tuple[str, ...]
+    need: str | None = None
+
+    def describe(self) -> str:
+        return f"{'/'.join(np.dtype(t).name for t in self.dtypes)} [{', '.join(self.shape)}]"
+
+
+def _array(dtypes: tuple[type, ...], shape: tuple[str, ...], need: str | None = None, optional: bool = True):
+    spec = {"array": ArraySpec(dtypes, shape, need)}
+    return field(default=None, metadata=spec) if optional else field(metadata=spec)
+
+
+def _specs(cls) -> dict[str, ArraySpec]:
+    return {f.name: f.metadata["array"] for f in fields(cls)}
+
+
+def _described(name: str, a: np.ndarray, spec: ArraySpec, dims: dict[str, int]) -> str:
+    want = [str(dims[s]) if s in dims else s for s in spec.shape]
+    return f"{name} is {a.dtype}{list(a.shape)}, not {'/'.join(np.dtype(t).name for t in spec.dtypes)} [{', '.join(want)}]"
+
+
+def _array_problem(name: str, a: np.ndarray, spec: ArraySpec, dims: dict[str, int]) -> str | None:
+    """Why ``a`` is not the array ``spec`` declares, given the sizes ``dims`` fixed so far
+    (``N``, ``C``, ...: a symbol not yet fixed is fixed by ``a``; every size but ``N`` is at
+    least 1), or None."""
+    known = dict(dims)
+    if a.dtype not in spec.dtypes or a.ndim != len(spec.shape):
+        return _described(name, a, spec, known)
+    for symbol, size in zip(spec.shape, a.shape):
+        if dims.setdefault(symbol, size) != size or (size < 1 and symbol != "N"):
+            return _described(name, a, spec, known)
+    if a.dtype.kind == "f" and not np.isfinite(a).all():
+        return f"{name} holds non-finite values"
+    return None
+
+
+@dataclass(frozen=True)
+class Predictions:
+    """One split's stored predictions (``preds/<split>.npz``).
+
+    ``log_probs`` float32 [N, C] (log predictive probabilities, C >= 2, each row
+    normalised) and ``labels`` int64 [N] (``-1`` on OOD splits); on the splits OOD scores
+    read, ``logits`` float32 [N, C] (the mean logit over the method's passes) and, where
+    the suite stores features, ``features`` float16 [N, D] (the pooled token the
+    classifier head reads, averaged over the passes); for methods with several passes or
+    members the per-image terms ``entropy_of_mean`` = H[mean_s p_s], ``mean_entropy`` =
+    mean_s H[p_s] (nats) and ``prob_variance`` = sum_c Var_s[p_s,c] (float32 [N]).
+    Absent arrays are None."""
+
+    log_probs: np.ndarray = _array((np.float32,), ("N", "C"), "probabilities", optional=False)
+    labels: np.ndarray = _array((np.int64,), ("N",), optional=False)
+    logits: np.ndarray | None = _array((np.float32,), ("N", "C"), "logits")
+    features: np.ndarray | None = _array((np.float16, np.float32), ("N", "D"), "features")
+    entropy_of_mean: np.ndarray | None = _array((np.float32,), ("N",), "samples")
+    mean_entropy: np.ndarray | None = _array((np.float32,), ("N",), "samples")
+    prob_variance: np.ndarray | None = _array((np.float32,), ("N",), "samples")
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The stored arrays by name (absent ones left out)."""
+        return {f.name: a for f in fields(self) if (a := getattr(self, f.name)) is not None}
+
+    def stored(self) -> "Predictions":
+        """The arrays as the store writes them (each field's first dtype)."""
+        specs = _specs(Predictions)
+        return Predictions(**{k: np.asarray(a, dtype=specs[k].dtypes[0]) for k, a in self.arrays().items()})
+
+    def has(self, name: str) -> bool:
+        """Whether the array ``name`` is stored (a name the record does not declare: ValueError)."""
+        if name not in _specs(Predictions):
+            raise ValueError(f"no stored prediction array is called {name!r}; known: {', '.join(_specs(Predictions))}")
+        return getattr(self, name) is not None
+
+    def replace(self, **arrays: np.ndarray | None) -> "Predictions":
+        return dataclasses.replace(self, **arrays)
+
+    def head(self, n: int) -> "Predictions":
+        """The first ``n`` images' log-probabilities and labels."""
+        return Predictions(self.log_probs[:n], self.labels[:n])
+
+    def map(self, fn) -> "Predictions":
+        """Every stored array passed through ``fn`` (e.g. a read-only view)."""
+        return dataclasses.replace(self, **{k: fn(a) for k, a in self.arrays().items()})
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    @classmethod
+    def concat(cls, parts: list["Predictions"], join) -> "Predictions":
+        """The predictions of consecutive batches as one: ``join(arrays)`` of each field,
+        for the fields every part holds."""
+        names = [f.name for f in fields(cls) if all(getattr(p, f.name) is not None for p in parts)]
+        return cls(**{k: join([getattr(p, k) for p in parts]) for k in names})
+
+    @classmethod
+    def from_arrays(cls, arrays: Mapping[str, np.ndarray]) -> "Predictions":
+        """From the arrays of a prediction file; ValueError naming what is missing or unknown."""
+        return cls(**_named(cls, arrays, "a prediction file"))
+
+
+def _named(cls, arrays: Mapping[str, Any], what: str) -> dict[str, Any]:
+    specs = _specs(cls)
+    if unknown := sorted(set(arrays) - set(specs)):
+        raise ValueError(f"{what} holds {', '.join(unknown)}, which the store does not write (it writes "
+                         f"{', '.join(specs)})")
+    required = [f.name for f in fields(cls) if f.default is dataclasses.MISSING]
+    if missing := [k for k in required if k not in arrays]:
+        raise ValueError(f"it lacks {', '.join(missing)} (has {', '.join(sorted(arrays)) or 'nothing'})")
+    return dict(arrays)
+
+
+def arrays_problem(arrays: Mapping[str, np.ndarray], shape: tuple[int, int] | None = None) -> str | None:
+    """Why a split's arrays are not a :class:`Predictions` as the store writes it, or None:
+    each array of the dtype and shape its field declares, floats finite, ``log_probs``
+    with C >= 2 and each row's probabilities summing to 1, ``labels`` in [-1, C); and,
+    when ``shape`` is given (the manifest's record), [N, C] equal to it."""
+    try:
+        _named(Predictions, arrays, "it")
+    except ValueError as exc:
+        return str(exc)
+    lp, labels = arrays["log_probs"], arrays["labels"]
+    specs = _specs(Predictions)
+    if lp.dtype != np.float32 or lp.ndim != 2 or lp.shape[1] < 2:
+        return f"log_probs is {lp.dtype}{list(lp.shape)}, not {specs['log_probs'].describe()} with C >= 2"
+    n, c = lp.shape
+    if shape is not None and (n, c) != tuple(shape):
+        return f"log_probs is [{n}, {c}] but the manifest records [{shape[0]}, {shape[1]}] for it"
+    dims = {"N": n, "C": c}
+    for name, spec in specs.items():
+        if name in arrays and (why := _array_problem(name, arrays[name], spec, dims)) is not None:
+            return why
+    sums = np.exp(lp).sum(axis=1, dtype=np.float64)
+    if n and np.abs(sums - 1.0).max() > NORMALISED_ATOL:
+        return f"its probabilities are not normalised (a row sums to {sums[np.abs(sums - 1.0).argmax()]:.6g}, not 1)"
+    if n and (labels.min() < -1 or labels.max() >= c):
+        return f"labels holds values outside [-1, {c}) (from {labels.min()} to {labels.max()})"
+    return None
+
+
+def needs() -> dict[str, tuple[str, ...]]:
+    """What an OOD score may need (``probabilities``, ``logits``, ``samples``,
+    ``features``) and the prediction arrays that provide it, from the fields' declarations."""
+    out: dict[str, tuple[str, ...]] = {}
+    for name, spec in _specs(Predictions).items():
+        if spec.need is not None:
+            out[spec.need] = (*out.get(spec.need, ()), name)
+    return out
+
+
+@dataclass(frozen=True)
+class TrainingFeatures:
+    """A cell's training features (``features/train.npz``): ``features`` float16 [n, D]
+    of a fixed subset of the training images (predicted like a test split), their
+    ``labels`` int64 [n], the classifier head ``head_weight`` float32 [C, D] and
+    ``head_bias`` float32 [C] (logits = features @ head_weight.T + head_bias), and
+    ``train_size``, how many training images the subset was drawn from (an int64 scalar
+    on disk)."""
+
+    features: np.ndarray = _array((np.float16, np.float32), ("n", "D"), optional=False)
+    labels: np.ndarray = _array((np.int64,), ("n",), optional=False)
+    head_weight: np.ndarray = _array((np.float32,), ("C", "D"), optional=False)
+    head_bias: np.ndarray = _array((np.float32,), ("C",), optional=False)
+    train_size: Any = _array((np.int64,), (), optional=False)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def stored(self) -> "TrainingFeatures":
+        """The arrays as the store writes them (each field's first dtype)."""
+        specs = _specs(TrainingFeatures)
+        return TrainingFeatures(**{k: np.asarray(a, dtype=specs[k].dtypes[0]) for k, a in self.arrays().items()})
+
+    @classmethod
+    def from_arrays(cls, arrays: Mapping[str, np.ndarray]) -> "TrainingFeatures":
+        return cls(**_named(cls, arrays, "a training-features file"))
+
+
+def training_features_problem(arrays: Mapping[str, np.ndarray]) -> str | None:
+    """Why arrays are not a :class:`TrainingFeatures` as the store writes it, or None:
+    each array of the dtype and shape its field declares (n, D >= 1), finite, and the
+    labels in [0, C)."""
+    try:
+        _named(TrainingFeatures, arrays, "it")
+    except ValueError as exc:
+        return str(exc)
+    dims: dict[str, int] = {}
+    for name, spec in _specs(TrainingFeatures).items():
+        if (why := _array_problem(name, np.asarray(arrays[name]), spec, dims)) is not None:
+            return why
+    y, c = arrays["labels"], dims["C"]
+    if y.min() < 0 or y.max() >= c:
+        return f"labels holds values outside [0, {c})"
+    return None
+
+
+# --- cell.json ------------------------------------------------------------------------------
+_FLOAT = "float"  # an int or float in JSON (not a bool); NaN allowed
+
+
+def _value_problem(name: str, value: Any, kind: Any) -> str | None:
+    if kind == _FLOAT:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif kind is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, kind)
+    return None if ok else f"{name} is {value!r}, not {'a number' if kind == _FLOAT else kind.__name__}"
+
+
+@dataclass(frozen=True)
+class Stage1Record:
+    """A two-stage cell's stage 1 (``stage1`` in ``cell.json``): its method and cell
+    key, whether the stored cell was ``reused`` (else trained in this cell), and its
+    training seconds, best epoch and best validation accuracy (None where the stored
+    cell recorded none)."""
+
+    KINDS: ClassVar[dict[str, Any]] = {"method": str, "key": str, "reused": bool, "train_seconds": _FLOAT,
+                                       "best_epoch": int, "best_val_acc": _FLOAT}
+    method: str
+    key: str
+    reused: bool
+    train_seconds: float | None = None
+    best_epoch: int | None = None
+    best_val_acc: float | None = None
+
+    def to_json(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}  # every key, null included
+
+    @classmethod
+    def from_json(cls, obj: Any) -> "Stage1Record":
+        return cls(**_checked(cls, obj, "stage1", required=("method", "key", "reused")))
+
+
+def _checked(cls, obj: Any, where: str, required: tuple[str, ...] = ()) -> dict:
+    """``obj``'s keys and values checked against ``cls.KINDS``; ValueError naming the first
+    unknown or missing key or wrong value (null is an absent value)."""
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where} is {type(obj).__name__}, not an object")
+    if unknown := sorted(set(obj) - set(cls.KINDS)):
+        raise ValueError(f"{where} holds unknown key(s) {', '.join(unknown)} (known: {', '.join(cls.KINDS)})")
+    if missing := [k for k in required if obj.get(k) is None]:
+        raise ValueError(f"{where} lacks {', '.join(missing)}")
+    for k, v in obj.items():
+        if v is not None and (why := _value_problem(k, v, cls.KINDS[k])) is not None:
+            raise ValueError(f"{where}: {why}")
+    return dict(obj)
+
+
+@dataclass(frozen=True)
+class CellRecord:
+    """A cell's ``cell.json``: who it is (``key``, ``dataset``, ``method``, ``seed``, the
+    resolved ``config``), its ``status`` (``running``/``complete``/``failed``, with the
+    failure ``reason``), where and with what it ran (``device``, ``versions``, ``started``,
+    ``finished``), the method's ``samples`` and ``average``, and once complete its costs
+    and results: ``train_seconds``, ``predict_seconds``, ``predict_seconds_per_1000``,
+    ``parameters``, ``best_epoch``, ``compile``, ``best_val_acc``, ``test_acc``,
+    ``peak_memory_mb`` and ``ood_detectors`` (score -> ``fit_seconds``,
+    ``score_seconds_per_1000``); ``resumed_from_epoch``, ``stage1``
+    (:class:`Stage1Record`) and ``no_features`` (why no features were stored) where
+    they apply.  None = not recorded (left out of the file).  The store's schema version
+    (:data:`STORE_SCHEMA`) is in ``config`` and the manifest."""
+
+    KINDS: ClassVar[dict[str, Any]] = {
+        "key": str, "dataset": str, "method": str, "seed": int, "config": dict, "status": str, "reason": str,
+        "device": str, "versions": dict, "started": str, "finished": str, "samples": int, "average": str,
+        "resumed_from_epoch": int, "stage1": dict, "no_features": str, "train_seconds": _FLOAT,
+        "predict_seconds": _FLOAT, "predict_seconds_per_1000": _FLOAT, "parameters": int, "best_epoch": int,
+        "compile": str, "best_val_acc": _FLOAT, "test_acc": _FLOAT, "peak_memory_mb": _FLOAT, "ood_detectors": dict,
+    }
+    key: str | None = None
+    dataset: str | None = None
+    method: str | None = None
+    seed: int | None = None
+    config: dict | None = None
+    status: str | None = None
+    reason: str | None = None
+    device: str | None = None
+    versions: dict | None = None
+    started: str | None = None
+    finished: str | None = None
+    samples: int | None = None
+    average: str | None = None
+    resumed_from_epoch: int | None = None
+    stage1: Stage1Record | None = None
+    no_features: str | None = None
+    train_seconds: float | None = None
+    predict_seconds: float | None = None
+    predict_seconds_per_1000: float | None = None
+    parameters: int | None = None
+    best_epoch: int | None = None
+    compile: str | None = None
+    best_val_acc: float | None = None
+    test_acc: float | None = None
+    peak_memory_mb: float | None = None
+    ood_detectors: dict[str, dict[str, float]] | None = None
+
+    def replace(self, **changes: Any) -> "CellRecord":
+        return dataclasses.replace(self, **changes)
+
+    def to_json(self) -> dict:
+        """The ``cell.json`` object: every recorded field (None ones left out)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        if self.stage1 is not None:
+            out["stage1"] = self.stage1.to_json()
+        return out
+
+    @classmethod
+    def from_json(cls, obj: Any) -> "CellRecord":
+        """From a ``cell.json`` object; ValueError naming an unknown key or a wrong value."""
+        values = _checked(cls, obj, "cell.json")
+        if values.get("stage1") is not None:
+            values["stage1"] = Stage1Record.from_json(values["stage1"])
+        return cls(**values)
+
+    @property
+    def complete(self) -> bool:
+        return self.status == "complete"
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "failed"
+
+    @property
+    def running(self) -> bool:
+        return self.status == "running"
+
+    @property
+    def seconds(self) -> float:
+        """What the cell cost to run, training and prediction (0 where unrecorded)."""
+        return float(self.train_seconds or 0.0) + float(self.predict_seconds or 0.0)
