@@ -130,3 +130,45 @@ def test_one_run_settings_alone_report_without_findings_and_bad_indices_are_exit
     with pytest.raises(SystemExit) as stop:
         study.main(["--settings", str(len(study.SETTINGS)), "--out", str(out)])
     assert stop.value.code == 2 and "--settings takes indices" in capsys.readouterr().err
+
+
+def test_holm_families_are_the_committed_reports_families():
+    """Each reference suite's family size is the number of finite p-values among the paper
+    metrics of its test split in the committed report (reports/<suite>/analysis/summary.csv),
+    counted here with pandas."""
+    import pandas as pd
+
+    from bench.metrics import selection
+
+    paper = set(selection("paper"))
+    for suite, m in study.suite_families().items():
+        summary = pd.read_csv(study.ROOT / "reports" / suite / "analysis" / "summary.csv")
+        test = summary[(summary["split"] == "test") & summary["metric"].isin(paper) & summary["p_value"].notna()]
+        assert test.groupby("dataset").size().tolist() == [m], suite
+    assert set(study.suite_families().values()) <= set(study.FAMILIES)
+
+
+def test_soft_thresholded_ece_at_zero_is_plug_in_ece_and_shrinks_each_gap():
+    """c = 0 is plug-in ECE (bench.metrics' ece); one bin of 100 confidences 0.8 with 90
+    correct: gap 0.1, s = sqrt(0.9 * 0.1 / 100) = 0.03, so c = 2 leaves 0.04 and c = 4 nothing."""
+    from bench.metrics import get_metric
+
+    rng = np.random.default_rng(4)
+    probs = rng.dirichlet(np.ones(10), 500)
+    labels = rng.integers(0, 10, 500)
+    assert study.soft_thresholded_ece(probs, labels, (0.0,))[0] == pytest.approx(get_metric("ece")(probs, labels))
+    one = np.full((100, 2), 0.2)
+    one[:, 0] = 0.8
+    hits = np.r_[np.zeros(90, int), np.ones(10, int)]
+    assert study.soft_thresholded_ece(one, hits, (0.0, 2.0, 4.0)) == pytest.approx([0.1, 0.04, 0.0], abs=1e-12)
+
+
+def test_l1_tradeoff_orders_the_estimators_at_true_ece_0():
+    """At true ECE 0 plug-in ECE lies above the debiased ECE, which lies above 0; a larger
+    soft threshold gives a smaller mean (a bin with accuracy 0 or 1 has s = 0 and keeps its
+    gap, as in the debiased ECE, so even a huge threshold leaves those)."""
+    calibrated = replace(study.TRADEOFF_SETTINGS[0], n=300)
+    res = study.l1_tradeoff((calibrated,), 10, thresholds=(0.0, 1.0, 100.0))[calibrated.name]
+    assert res["truth"] < 1e-12
+    assert res["soft"][0] > res["ece_debiased"] > 0.0
+    assert res["soft"][0] > res["soft"][1] > res["soft"][2] >= 0.0

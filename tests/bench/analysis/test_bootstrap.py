@@ -430,10 +430,24 @@ def test_two_level_centre_removes_the_bootstrap_bias():
     assert (lo + hi) / 2 == pytest.approx(est.center) and hi < S.bootstrap_ci(row)[1] - 0.015
 
 
+def _c4(k: int) -> float:
+    """E[s] / sigma for the sample sd s of k normal values, from the chi distribution's mean
+    (s sqrt(k - 1) / sigma is chi with k - 1 df)."""
+    from scipy import stats as sp
+
+    return float(sp.chi(k - 1).mean() / np.sqrt(k - 1))
+
+
+def _four_seeds(sd: float) -> dict[int, float]:
+    """Four per-seed differences with mean 1 and sample sd ``sd``."""
+    return dict(enumerate(np.array([1.0, -1.0, 1.0, -1.0]) * np.sqrt(3) / 2 * sd + 1.0))
+
+
 def test_seeds_needed_reaches_80_percent_power_by_the_noncentral_t():
-    """Paired, no test noise, effect size 1 (difference = seed sd): the exact power of the
-    paired t-test (noncentral t) is >= 0.8 at the returned count and < 0.8 one seed fewer;
-    G*Power's table gives 10 for this case."""
+    """Paired, no test noise, effect size 1 (difference = the seed sd as seeds_needed
+    estimates it, s / c4 with c4 from the chi distribution): the exact power of the paired
+    t-test (noncentral t) is >= 0.8 at the returned count and < 0.8 one seed fewer; G*Power's
+    table gives 10 for this case."""
     from scipy import stats as sp
 
     def power(n: int, effect: float) -> float:
@@ -441,7 +455,7 @@ def test_seeds_needed_reaches_80_percent_power_by_the_noncentral_t():
         nc = effect * np.sqrt(n)
         return sp.nct.sf(crit, n - 1, nc) + sp.nct.cdf(-crit, n - 1, nc)
 
-    a = dict(enumerate(np.array([1.0, -1.0, 1.0, -1.0]) * np.sqrt(3) / 2 + 1.0))  # mean 1, sd 1
+    a = _four_seeds(_c4(4))  # s / c4 = 1
     b = dict.fromkeys(range(4), 0.0)
     n = S.seeds_needed(a, flat(a), b, flat(b), paired=True)
     assert n == 10
@@ -502,12 +516,13 @@ def test_a_bias_corrected_estimate_is_centred_on_itself_and_others_lose_the_boot
 
 
 def test_seeds_needed_in_a_holm_family_uses_alpha_over_its_size():
-    """No test-sample noise, paired seeds with difference sd 1 and mean 1: the count is the
-    smallest S with 1 / (1 / sqrt(S)) >= t_{1 - 0.05/(2m)}(S - 1) + t_{0.8}(S - 1) (scipy, written
-    out here), for the family sizes of a one-method table (10) and of the default suite (60)."""
+    """No test-sample noise, paired seeds with difference mean 1 and s / c4 = 1: the count is
+    the smallest S with 1 / (1 / sqrt(S)) >= t_{1 - 0.05/(2m)}(S - 1) + t_{0.8}(S - 1) (scipy,
+    written out here), for the family sizes of a one-method table (10) and of the default
+    suite (60)."""
     from scipy import stats as sp
 
-    a = dict(enumerate(np.array([1.0, -1.0, 1.0, -1.0]) * np.sqrt(3) / 2 + 1.0))  # mean 1, sd 1
+    a = _four_seeds(_c4(4))
     b = dict.fromkeys(range(4), 0.0)
 
     def expected(m: int) -> int:
