@@ -620,7 +620,7 @@ def test_a_resumed_fit_ends_with_the_uninterrupted_weights(data):
 
     def test_predictions(model) -> np.ndarray:
         torch.manual_seed(7)
-        return predict(method, model, data.get("test"), data, CPU, 32)
+        return predict(method, model, data.get("test"), data, CPU, 32).log_probs
 
     strip = lambda log: [{k: v for k, v in r.items() if k != "seconds"} for r in log]  # noqa: E731
     states: list[bytes] = []
