@@ -109,7 +109,7 @@ def _marks_note(significance: str) -> str:
         "of 60 comparisons, 35 standard errors of the difference. *Seeds needed* gives, per "
         "comparison, the seeds per method at which a true difference of the observed size "
         "would be marked (p < 0.05/m in its table's Holm family of m) with 80% power at the "
-        "measured variances "
+        "measured variances (the seed spread's standard deviation taken as s / c4, without bias) "
         f"(`{NOT_REACHED}`: more seeds alone would not do; `n/a`: a side with one run). "
     )
 
