@@ -345,9 +345,7 @@ class CellDir:
         arrays = preds.stored().arrays()
         if (why := arrays_problem(arrays)) is not None:
             raise ValueError(f"predictions of split {split!r} not stored: {why}")
-        buf = io.BytesIO()
-        np.savez(buf, **arrays)
-        atomic_write_bytes(self.path / rel, buf.getvalue())
+        self._write_npz(rel, arrays)
 
     def write_training_features(self, training: TrainingFeatures) -> None:
         """Store the training features :data:`TRAIN_FEATURES` in their declared dtypes
@@ -356,9 +354,13 @@ class CellDir:
         arrays = training.stored().arrays()
         if (why := training_features_problem(arrays)) is not None:
             raise ValueError(f"training features not stored: {why}")
+        self._write_npz(TRAIN_FEATURES, arrays)
+
+    def _write_npz(self, rel: str, arrays: dict[str, np.ndarray]) -> None:
+        """``arrays`` as the uncompressed ``.npz`` at ``rel``, written atomically."""
         buf = io.BytesIO()
         np.savez(buf, **arrays)
-        atomic_write_bytes(self.path / TRAIN_FEATURES, buf.getvalue())
+        atomic_write_bytes(self.path / rel, buf.getvalue())
 
     def read_training_features(self) -> TrainingFeatures | None:
         """The cell's :data:`TRAIN_FEATURES`, or None when it has none (stored without
