@@ -365,6 +365,17 @@ def test_select_unknown_method_lists_the_suites_methods():
         assert name in msg
 
 
+def test_a_registered_method_a_run_lacks_is_named_as_absent_from_the_run_not_unknown():
+    """``report NAME --methods sngp`` where run NAME has no sngp: sngp is a registered method,
+    so the error says the run was made without it (and lists the run's methods)."""
+    assert "sngp" in METHODS and "sngp" not in {m.name for m in _suite_with_ensemble().methods}
+    with pytest.raises(ConfigError) as exc:
+        select(_suite_with_ensemble(), ("sngp",), run="r1")
+    msg = str(exc.value)
+    assert "run 'r1' has no method 'sngp'" in msg and "unknown" not in msg
+    assert all(name in msg for name in ("msp", "mc_dropout", "ts", "ens"))
+
+
 def test_select_unknown_dataset_lists_the_suites_datasets():
     with pytest.raises(ConfigError) as exc:
         select(_suite_with_ensemble(), None, ("cifar10",))
