@@ -105,7 +105,8 @@ def run_cell(cell: Cell, data: DataBundle, cd: CellDir, device: torch.device, co
                         started=_now(), samples=method.samples, average=method.average)
     cd.write_cell(record)
     try:
-        model, resume, record = _start(cell, method, data, cd, device, console, record)
+        model, resume, first, record = _start(cell, method, data, cd, device, console, record)
+        _ready(cell, method, model, first, resume, device)
         result = _trained(cell, method, model, data, cd, device, console, resume, record, tensorboard)
         _store_training(cd, result, data)
         model = method.prediction_model(model, cell.method.model, data).to(device)
@@ -131,24 +132,32 @@ def _now() -> str:
 
 
 def _start(cell: Cell, method, data: DataBundle, cd: CellDir, device: torch.device, console: Console,
-           record: CellRecord) -> tuple[torch.nn.Module, dict | None, CellRecord]:
+           record: CellRecord) -> tuple[torch.nn.Module, dict | None, dict | None, CellRecord]:
     """The cell's network, seeded, with where it starts from: the saved training state of
-    an interrupted run (resumed), a two-stage cell's stage-1 weights, or nothing; the
-    record says which.  Opens the peak-memory window and tells the other torchrun ranks."""
+    an interrupted run (resumed), a two-stage cell's stage-1 weights (the third item), or
+    nothing; the record says which, so that a failure in :func:`_ready` keeps it."""
     seed_everything(cell.seed)
     model = method.build_model(cell.method.model, data).to(device)
     resume = _saved_state(cell, cd, model, console)
+    state = None
     if resume is not None:
         record = record.replace(resumed_from_epoch=resume["epoch"])
     elif cell.stage1 is not None:  # two-stage: start from the stage-1 weights
         state, first = stage1_state(cell, cd.path.parent, data, device, console)
         record = record.replace(stage1=first)
-        method.init_from_stage1(model, state)
+    return model, resume, state, record
+
+
+def _ready(cell: Cell, method, model: torch.nn.Module, stage1: dict | None, resume: dict | None,
+           device: torch.device) -> None:
+    """Load a two-stage cell's stage-1 weights into ``model`` (and seed again), open the
+    peak-memory window and tell the other torchrun ranks."""
+    if stage1 is not None:
+        method.init_from_stage1(model, stage1)
         seed_everything(cell.seed)
     reset_peak_memory(device)
     if distributed.active():  # the other torchrun ranks train this cell with this one
         distributed.announce({"key": cell.key, "resume": resume})
-    return model, resume, record
 
 
 def _trained(cell: Cell, method, model: torch.nn.Module, data: DataBundle, cd: CellDir, device: torch.device,

@@ -119,3 +119,37 @@ def test_a_cell_whose_training_features_exceed_the_file_size_limit_fails_in_one_
     assert CellDir(cell).condition()[0] == "failed"
     assert main(argv) == 0, capsys.readouterr().err
     assert CellDir(cell).condition()[0] == "complete" and features.is_file()
+
+
+def test_a_two_stage_cell_that_fails_loading_its_stage1_weights_keeps_the_stage1_record(tmp_path):
+    """A failure while the stage-1 weights go into the network (after they were checked):
+    the failed cell's cell.json still says which stage-1 cell it started from."""
+    import methods  # noqa: F401  (registers cgpt)
+    from bench.core.registry import METHODS
+    from bench.train.cell import run_cell
+    from bench.train.telemetry import Console
+    from methods.cgpt import CGPT
+
+    if "_cgpt_fails_loading" not in METHODS:
+        @METHODS.register("_cgpt_fails_loading")
+        class _FailsLoading(CGPT):
+            def init_from_stage1(self, model, state):
+                raise RuntimeError("no room for the stage-1 weights")
+
+    import tomllib
+
+    from bench.config.spec import build_suite
+    from bench.store.plan import make_plan
+    from tests.helpers.synthetic import squares_bundle
+
+    # msp's real weights for this suite's model, so that every check of the stage-1 cell passes
+    raw = tomllib.loads(tiny_suite("two", methods='[methods.msp]\n[methods._cgpt_fails_loading]\nbase = "msp"\n',
+                                   model={"patch_size": 5}))
+    msp = make_plan(build_suite(raw)).cells[0]
+    weights = METHODS.get("msp")(msp.method.options).build_model(msp.method.model, squares_bundle()).state_dict()
+    store, first, cell, data = _two_stage(tmp_path, "_cgpt_fails_loading", weights)
+    cd = store.cell(cell.key)
+    status, detail = run_cell(cell, data, cd, CPU, Console(quiet=True))
+    assert status == "failed" and "no room for the stage-1 weights" in detail, detail
+    record = cd.read_cell()
+    assert record.failed and record.stage1 is not None and record.stage1.key == first.key
