@@ -40,11 +40,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator
 
-import torch
-
 from bench.core import progress
-from bench.train.cell import load_data, run_cell
-from bench.train.telemetry import Console
 from bench.data import configure_data
 from bench.core.errors import ConfigError, require_package
 from bench.config.executor_config import ExecutorConfig, SlurmOptions
@@ -52,7 +48,6 @@ from bench.store.lock import LOCK_SUFFIX, CellLock
 from bench.store.plan import Cell
 from bench.core.registry import EXECUTORS, import_plugins
 from bench.store import CellRecord, Store
-from bench.train.loop import resolve_device
 
 
 @dataclass(frozen=True)
@@ -99,6 +94,8 @@ def _set_up_process(job: Job) -> None:
     import_plugins(list(job.plugins))
     configure_data(job.data_root, download=job.download, strict=job.strict)
     if job.threads:
+        import torch
+
         torch.set_num_threads(job.threads)
     progress.configure(job.progress, job.verbose)
     _SET_UP.add(key)
@@ -112,6 +109,12 @@ def preload(datasets: dict) -> None:
 def run_job(job: Job, console=None) -> Outcome:
     """Run one cell under its lock: skipped when complete, ``elsewhere`` when another runner
     holds it, else trained, predicted and stored (:func:`bench.train.cell.run_cell`)."""
+    import torch
+
+    from bench.train.cell import load_data, run_cell
+    from bench.train.loop import resolve_device
+    from bench.train.telemetry import Console
+
     global _LOCK
     _set_up_process(job)
     console = console or Console(quiet=True)
@@ -174,6 +177,8 @@ def _pool_worker(conn, device: str | None, threads: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the runner's: it stops the workers
     signal.signal(signal.SIGTERM, _stopped)
     if threads:
+        import torch
+
         torch.set_num_threads(threads)
     try:
         while True:
@@ -352,6 +357,8 @@ class Processes(Executor):
         self.workers = config.workers
 
     def outcomes(self, jobs, store_root, device, console, datasets):
+        import torch
+
         devices = None
         if torch.device(device).type == "cuda" and torch.cuda.device_count() > 0:
             gpus = torch.cuda.device_count()

@@ -750,3 +750,14 @@ def test_a_plot_that_raises_leaves_the_previous_report_intact(tmp_path, rep):
     assert proc.stderr.count("\n") == 1 and "ValueError" in proc.stderr, proc.stderr
     assert f"the report {tmp_path / 'reports' / 'rep+raising_metrics+metrics-'}" in proc.stderr
     assert "was not written" in proc.stderr
+
+
+def test_building_the_parser_imports_no_torch():
+    """``--help``, ``list``, ``runs`` and argparse's errors build the parser: the executor
+    names it shows come from the executor registry, whose module imports the training
+    stack (and torch) only where a cell runs."""
+    code = ("import sys; from bench.run.cli import build_parser; build_parser(); "
+            "print(sorted(m for m in ('torch', 'bench.train.cell', 'bench.train.loop') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
