@@ -26,7 +26,7 @@ handler, ``main``); the options several commands take are declared once in
 A report that leaves out cells of its run is written only with ``--partial``, and never
 replaces a report of the run showing more cells (:mod:`bench.run.report`); ``report``
 with ``--metrics``, ``--scores`` or a plugin adding metrics or scores writes a view beside
-the run's report, ``<reports>/NAME+ADDITION/`` (:func:`_additions`).
+the run's report, ``<reports>/NAME+ADDITION/`` (:func:`bench.run.commands.report.additions`).
 
 Exit status: 0 success, 1 some cells failed (a ``--partial`` report marks them; with
 ``--strict`` also when it leaves out any cell), a report was not written as it would leave
@@ -82,7 +82,6 @@ class _OneLineErrors(argparse.ArgumentParser):
                 hint = next((f" (did you mean {bare[c]!r}?)" for g in given
                              for c in difflib.get_close_matches(g.lstrip("-"), sorted(bare), n=1, cutoff=0.7)), "")
         self.exit(2, f"error: {message}{hint} (`{self.prog} --help` lists the options)\n")
-
 
 
 class _CommandLine(_OneLineErrors):

@@ -50,7 +50,7 @@ def state_digest(state: Mapping) -> str:
 
 
 def training_state_bytes(state: dict, cell_key: str) -> bytes:
-    """A :func:`fit` checkpoint as the file a cell keeps (``train_state.pt``): the state's
+    """A :func:`bench.train.loop.fit` checkpoint as the file a cell keeps (``train_state.pt``): the state's
     entries plus ``cell`` (the key of the cell it belongs to) and ``sha256``
     (:func:`state_digest` of everything else), one :func:`torch.save` archive, so the key
     and checksum are written (atomically, by the store) with the state they vouch for."""
@@ -84,7 +84,7 @@ def read_training_state(path: Path, cell_key: str, model: torch.nn.Module, cfg: 
     return state
 
 
-#: the entries of a :func:`fit` checkpoint that every resume needs
+#: the entries of a :func:`bench.train.loop.fit` checkpoint that every resume needs
 STATE_ENTRIES = ("epoch", "model", "opt", "sched", "gen", "torch_rng", "best_state", "best_epoch", "best_val_acc",
                  "log")
 
