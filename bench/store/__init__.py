@@ -165,12 +165,20 @@ class CellDir:
     # --- state -------------------------------------------------------------------------
     def read_cell(self) -> CellRecord | None:
         """The cell's ``cell.json`` (:class:`CellRecord`), or None when it is missing,
-        damaged or not a cell record (:meth:`CellRecord.from_json` says why)."""
+        damaged or not a cell record (:meth:`read_cell_problem` says which)."""
+        return self.read_cell_problem()[0]
+
+    def read_cell_problem(self) -> tuple[CellRecord | None, str | None]:
+        """``(record, None)``, or ``(None, why)``: ``cell.json`` is missing, unreadable or
+        truncated, or is JSON but not a cell record (:meth:`CellRecord.from_json` says why:
+        an unknown key, a value of the wrong type)."""
         obj = read_json_object(self.path / CELL)
+        if obj is None:
+            return None, "its cell.json is unreadable or truncated"
         try:
-            return CellRecord.from_json(obj) if obj is not None else None
-        except ValueError:
-            return None
+            return CellRecord.from_json(obj), None
+        except ValueError as exc:
+            return None, f"its cell.json is not a cell record: {exc}"
 
     def seconds(self) -> float:
         """What the cell cost to run, training and prediction (``cell.json``; 0 unrecorded)."""
@@ -223,9 +231,9 @@ class CellDir:
                 return "damaged", f"{extra[0]} is not in its manifest (a prediction file added after the cell was sealed)"
             if (wrong := self._contents_problem(sorted(set(files) - set(skip)), manifest.get("shapes"))) is not None:
                 return "damaged", wrong
-            cell = self.read_cell()
+            cell, why = self.read_cell_problem()
             if cell is None:
-                return "damaged", "its cell.json is unreadable or truncated"
+                return "damaged", why
             if not cell.complete:
                 return "damaged", f"its cell.json says status {cell.status!r}, not 'complete'"
         except OSError as exc:  # an unreadable directory or file

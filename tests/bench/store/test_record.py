@@ -149,3 +149,27 @@ def test_the_scores_needs_come_from_the_declared_arrays():
     assert NEEDS == needs() == {"probabilities": ("log_probs",), "logits": ("logits",), "features": ("features",),
                                 "samples": ("entropy_of_mean", "mean_entropy", "prob_variance")}
     assert json.loads(json.dumps(CellRecord(status="running").to_json())) == {"status": "running"}
+
+
+def test_a_sealed_cell_whose_cell_json_is_no_record_is_damaged_saying_what_is_wrong(tmp_path):
+    """A cell.json edited after sealing (an unknown key), its manifest digest updated to
+    match: the cell is damaged, and the reason names the key rather than calling the file
+    unreadable."""
+    import hashlib
+
+    from tests.bench.store.test_store import random_preds
+
+    cd = CellDir(tmp_path / "c")
+    cd.reset()
+    lp, y = random_preds(5, 3, 0)
+    cd.write_preds("test", Predictions(lp, y))
+    cd.seal(CellRecord(key="c", dataset="d", method="m", seed=0, config={}))
+    assert cd.condition() == ("complete", None)
+    info = json.loads((cd.path / "cell.json").read_text())
+    info["note"] = "hand-edited"
+    (cd.path / "cell.json").write_text(json.dumps(info))
+    manifest = json.loads((cd.path / "manifest.json").read_text())
+    manifest["files"]["cell.json"] = hashlib.sha256((cd.path / "cell.json").read_bytes()).hexdigest()
+    (cd.path / "manifest.json").write_text(json.dumps(manifest))
+    state, why = cd.condition()
+    assert state == "damaged" and "not a cell record" in why and "note" in why, why
