@@ -576,8 +576,7 @@ def select(
     if methods is not None:
         known = [m.name for m in suite.methods]  # a report shows what the run has: only its methods can be meant
         if run and (absent := [m for m in methods if m not in known and m in METHODS]):
-            raise ConfigError(f"--methods: run {run!r} has no method {absent[0]!r} (a registered method the run was "
-                              f"made without); it has: {', '.join(known)}")
+            raise ConfigError(f"--methods: run {run!r} has no method {absent[0]!r}. It has: {', '.join(known)}")
         Registry.of("method", known if run else dict.fromkeys(known + METHODS.names()),
                     whose if run else f"{whose} or registered").validate(methods, "--methods")
         wanted = set(methods)

@@ -264,7 +264,7 @@ def test_report_of_a_run_names_the_run_and_its_methods_for_a_method_it_lacks(tmp
     capsys.readouterr()
     assert main(["report", "try1", "--methods", "mc_dropout", *where]) == 2
     err = capsys.readouterr().err
-    assert err == "error: unknown method 'mc_dropout' (at --methods). Known methods of run 'try1': msp.\n", err
+    assert err == "error: --methods: run 'try1' has no method 'mc_dropout'. It has: msp\n", err
     assert main(["report", "--suite", "zoo", *where]) == 2  # no store of the zoo: how to make one, as typed
     assert "(`.venv/bin/python run_suite.py --suite zoo`)" in capsys.readouterr().err
 
