@@ -413,7 +413,7 @@ def efficiency(catalog: Catalog) -> pd.DataFrame:
     for d in catalog.datasets:
         for e in catalog.methods:
             if e.kind == "trained":
-                infos = [catalog.cells[(d, e.name, s)].read_cell() or CellRecord() for s in catalog.seeds
+                infos = [catalog.record(catalog.cells[(d, e.name, s)]) for s in catalog.seeds
                          if (d, e.name, s) in catalog.cells]
                 if infos:
                     rows.append({
@@ -429,7 +429,7 @@ def efficiency(catalog: Catalog) -> pd.DataFrame:
                 continue
             formed = catalog.formed(d, e)
             if formed:
-                costs = [_replicate_costs([catalog.cells[(d, e.base, s)].read_cell() or CellRecord() for s in members])
+                costs = [_replicate_costs([catalog.record(catalog.cells[(d, e.base, s)]) for s in members])
                          for _, members in formed]
                 rows.append({"dataset": d, "method": e.name, "parameters": costs[0]["parameters"],
                              **{k: float(np.mean([c[k] for c in costs])) for k in ("train_seconds",
