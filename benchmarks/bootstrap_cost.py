@@ -34,7 +34,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import numpy as np  # noqa: E402
 
-from bench.analysis import bootstrap as stats  # noqa: E402
+from bench.analysis import bootstrap  # noqa: E402
 from bench.metrics import get_metric, selection  # noqa: E402
 from bench.core.registry import METRICS  # noqa: E402
 from machine import cpu_model  # noqa: E402
@@ -80,7 +80,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=10_000, help="samples per split (ID test and OOD)")
     ap.add_argument("--classes", type=int, default=10)
-    ap.add_argument("--resamples", type=int, default=stats.DEFAULT_RESAMPLES)
+    ap.add_argument("--resamples", type=int, default=bootstrap.DEFAULT_RESAMPLES)
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per metric (best is reported)")
     ap.add_argument("--out", type=Path, default=ROOT / "reports" / "perf" / "bootstrap.md")
     args = ap.parse_args()
@@ -90,23 +90,23 @@ def main() -> None:
     ood_probs, _ = synthetic_probs(n, args.classes, signal=0.0, seed=1)
     s_id, s_ood = probs.max(axis=1), ood_probs.max(axis=1)
 
-    gen_cpu, gen_wall, w = best_of(args.repeats, lambda: stats.resample_weights(n, b, seed=0))
-    w_ood = stats.resample_weights(n, b, seed=1)
-    idx, idx_ood = stats.index_matrix(n, SPOT_CHECKS, seed=0), stats.index_matrix(n, SPOT_CHECKS, seed=1)
-    assert np.array_equal(stats.weights_from_index(idx, n), w[:SPOT_CHECKS])
+    gen_cpu, gen_wall, w = best_of(args.repeats, lambda: bootstrap.resample_weights(n, b, seed=0))
+    w_ood = bootstrap.resample_weights(n, b, seed=1)
+    idx, idx_ood = bootstrap.index_matrix(n, SPOT_CHECKS, seed=0), bootstrap.index_matrix(n, SPOT_CHECKS, seed=1)
+    assert np.array_equal(bootstrap.weights_from_index(idx, n), w[:SPOT_CHECKS])
 
     rows = []  # (metric, cpu, wall, full-split value, CI low, CI high, spot-check max |diff|)
     for name in selection("paper"):
         if get_metric(name).on_scores:
-            cpu, wall, values = best_of(args.repeats, lambda: stats.boot_ood_metric(name, s_id, s_ood, w, w_ood))
+            cpu, wall, values = best_of(args.repeats, lambda: bootstrap.boot_ood_metric(name, s_id, s_ood, w, w_ood))
             full = METRICS.get(name)(s_id, s_ood)
             ref = [METRICS.get(name)(s_id[i], s_ood[j]) for i, j in zip(idx, idx_ood)]
         else:
-            cpu, wall, values = best_of(args.repeats, lambda: stats.boot_metric(name, probs, labels, w))
+            cpu, wall, values = best_of(args.repeats, lambda: bootstrap.boot_metric(name, probs, labels, w))
             full = METRICS.get(name)(probs, labels)
             ref = [METRICS.get(name)(probs[i], labels[i]) for i in idx]
         err = float(np.max(np.abs(np.asarray(values[:SPOT_CHECKS]) - ref)))
-        low, high = stats.bootstrap_ci(values)
+        low, high = bootstrap.bootstrap_ci(values)
         rows.append((name, cpu, wall, full, low, high, err))
         print(f"{name:22s} cpu {cpu:6.3f} s  wall {wall:6.3f} s  spot-check |diff| {err:.1e}", flush=True)
 

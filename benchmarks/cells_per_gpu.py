@@ -63,6 +63,7 @@ for _p in (str(ROOT), str(ROOT / "benchmarks")):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
+from bench.store import DAMAGED_MARK, TRAIN_LOG, CellDir, CellRecord  # noqa: E402
 from machine import cpu_model, run_section  # noqa: E402
 from synthetic_cifar import write_synthetic  # noqa: E402
 
@@ -126,6 +127,15 @@ def suite_text(args: argparse.Namespace) -> str:
 # --------------------------------------------------------------------------- one run
 
 
+@dataclass(frozen=True)
+class StoredCell:
+    """A complete cell of a store: its ``cell.json`` and, when read, its ``train_log.csv``
+    rows (one dict per epoch, the CSV's own column names)."""
+
+    record: CellRecord
+    log: list[dict] = field(default_factory=list)
+
+
 @dataclass
 class Run:
     k: int
@@ -135,7 +145,7 @@ class Run:
     report_s: float = float("nan")
     rc: int | None = None
     timed_out: bool = False
-    cells: list[dict] = field(default_factory=list)  # cell.json of each complete cell
+    cells: list[StoredCell] = field(default_factory=list)  # each complete cell
     problems: list[str] = field(default_factory=list)  # cells not complete: "<key>: <state> (<reason>)"
     log: str = ""
 
@@ -143,21 +153,21 @@ class Run:
     def cells_per_hour(self) -> float:
         return len(self.cells) / self.wall_s * 3600 if self.cells and self.wall_s > 0 else float("nan")
 
-    def mean(self, key: str) -> float:
-        vals = [float(c[key]) for c in self.cells if isinstance(c.get(key), (int, float))]
-        return sum(vals) / len(vals) if vals else float("nan")
-
     def peak(self) -> float:
-        vals = [float(c["peak_memory_mb"]) for c in self.cells if isinstance(c.get("peak_memory_mb"), (int, float))]
+        vals = [float(c.record.peak_memory_mb) for c in self.cells if c.record.peak_memory_mb is not None]
         return max(vals) if vals else float("nan")
 
 
-def read_store(store: Path, logs: bool = False) -> tuple[list[dict], list[str]]:
-    """``cell.json`` of every complete cell of a store (``logs``: with its ``train_log.csv``
-    rows under ``"log"``), and one line per other cell."""
-    import csv
+def _mean(values: list[float | None]) -> float:
+    """The mean of the recorded ``values`` (one per cell, None where unrecorded); NaN for none."""
+    vals = [float(v) for v in values if v is not None]
+    return sum(vals) / len(vals) if vals else float("nan")
 
-    from bench.store import DAMAGED_MARK, CellDir, CellRecord
+
+def read_store(store: Path, logs: bool = False) -> tuple[list[StoredCell], list[str]]:
+    """Every complete cell of a store (``logs``: with its ``train_log.csv`` rows), and one
+    line per other cell."""
+    import csv
 
     done, problems = [], []
     if not store.is_dir():
@@ -168,10 +178,9 @@ def read_store(store: Path, logs: bool = False) -> tuple[list[dict], list[str]]:
         cd = CellDir(path)
         state, reason = cd.condition()
         if state == "complete":
-            done.append((cd.read_cell() or CellRecord()).to_json())
-            if logs:
-                log = path / "train_log.csv"
-                done[-1]["log"] = list(csv.DictReader(log.open())) if log.is_file() else []
+            log = path / TRAIN_LOG
+            rows = list(csv.DictReader(log.open())) if logs and log.is_file() else []
+            done.append(StoredCell(cd.read_cell() or CellRecord(), rows))
         else:
             problems.append(f"{path.name}: {state}" + (f" ({reason})" if reason else ""))
     return done, problems
@@ -275,9 +284,10 @@ def render(args: argparse.Namespace, argv: list[str], runs: list[Run], warmup: R
         speed = r.cells_per_hour / base.cells_per_hour if base is not None else float("nan")
         done = f"{len(r.cells)}/{args.cells}" + (" (cut off)" if r.timed_out else "")
         L.append("| " + " | ".join([str(r.k), str(r.workers), done, _f(r.wall_s), _f(r.cells_per_hour),
-                                    _f(r.mean("train_seconds"), "{:,.2f}"), _f(r.mean("predict_seconds"), "{:,.2f}"),
+                                    _f(_mean([c.record.train_seconds for c in r.cells]), "{:,.2f}"),
+                                    _f(_mean([c.record.predict_seconds for c in r.cells]), "{:,.2f}"),
                                     _f(r.peak(), "{:,.0f}"), _f(speed, "{:.2f}x")]) + " |")
-    compiles = sorted({str(c.get("compile")) for r in runs for c in r.cells})
+    compiles = sorted({str(c.record.compile) for r in runs for c in r.cells})
     L += ["", f"- torch.compile per cell (`cell.json` `compile`): {', '.join(compiles) or 'n/a'}"]
     L += [f"- K={r.k}: report stage {_f(r.report_s)} s (not in the wall), run_suite.py exit {r.rc}"
           + (f", killed at --run-timeout {args.run_timeout} s" if r.timed_out else "") for r in runs]

@@ -73,7 +73,7 @@ import numpy as np  # noqa: E402
 from scipy import stats as sp  # noqa: E402
 from scipy.special import expit, log_expit  # noqa: E402
 
-from bench.analysis import bootstrap as stats  # noqa: E402
+from bench.analysis import bootstrap  # noqa: E402
 from bench.config.spec import load_suite  # noqa: E402
 from bench.metrics import calibration_bins, get_metric, selection  # noqa: E402
 from bench.report.tables import NOT_REACHED  # noqa: E402
@@ -221,7 +221,7 @@ def error_correlation(errors: list[np.ndarray]) -> float:
     return float(np.mean(pairs)) if pairs else float("nan")
 
 
-def ws_p_value(est: stats.TwoLevel, units_a: stats.Units, units_b: stats.Units) -> float:
+def ws_p_value(est: bootstrap.TwoLevel, units_a: bootstrap.Units, units_b: bootstrap.Units) -> float:
     """Two-sided p-value of ``est`` (a paired :func:`bench.analysis.bootstrap.difference`) on
     Welch-Satterthwaite df that count the test images' part of its variance as known:
     df = se^4 / (v^2 / (S - 1)), v = the variance of the mean of the S per-seed differences
@@ -241,7 +241,7 @@ def _seed_run(setting: Setting, rng, z, labels, w, metrics, errors: list | None 
     if errors is not None:
         errors.append(probs.argmax(axis=1) != labels)
     return ({name: get_metric(name)(probs, labels) for name in metrics},
-            {name: stats.boot_metric(name, probs, labels, w) for name in metrics})
+            {name: bootstrap.boot_metric(name, probs, labels, w) for name in metrics})
 
 
 def simulate(setting: Setting, replicates: int, resamples: int, metrics=METRICS, seed: int = 0) -> dict:
@@ -268,7 +268,7 @@ def simulate(setting: Setting, replicates: int, resamples: int, metrics=METRICS,
     for _ in range(replicates):
         z = rng.normal(size=setting.n)
         labels = rng.integers(0, setting.classes, setting.n)
-        w = stats.resample_weights(setting.n, resamples, seed=int(rng.integers(1 << 31)))
+        w = bootstrap.resample_weights(setting.n, resamples, seed=int(rng.integers(1 << 31)))
         units, boots, errors = {}, {}, []
         for method in ("a", "b"):  # two identical methods, each with its own seeds
             for s in range(setting.seeds):
@@ -283,12 +283,12 @@ def simulate(setting: Setting, replicates: int, resamples: int, metrics=METRICS,
             u, b = units[("a", name)], boots[("a", name)]
             values = np.array(list(u.values()))
             estimate[name] += float(values.mean())
-            dist = stats.seed_mean_distribution(list(b.values()))
-            mean = stats.seed_mean(u, b, bias_corrected=corrected)
+            dist = bootstrap.seed_mean_distribution(list(b.values()))
+            mean = bootstrap.seed_mean(u, b, bias_corrected=corrected)
             center[name] += mean.center
             intervals = {
                 "seeds+samples": mean.interval(LEVEL),
-                "samples, seeds fixed": stats.bootstrap_ci(dist, LEVEL),
+                "samples, seeds fixed": bootstrap.bootstrap_ci(dist, LEVEL),
                 "seeds only": (sp.t.interval(LEVEL, len(values) - 1, loc=values.mean(), scale=sp.sem(values))
                                if len(values) > 1 else (np.nan, np.nan)),
             }
@@ -296,22 +296,22 @@ def simulate(setting: Setting, replicates: int, resamples: int, metrics=METRICS,
                 covered[(name, kind)] += int(lo <= target[name] <= hi)
                 width[(name, kind)] += float(hi - lo)
             ub, bb = units[("b", name)], boots[("b", name)]
-            est = stats.difference(u, b, ub, bb, paired=True)
-            dist_b = stats.seed_mean_distribution(list(bb.values()))
-            p_fixed = stats.paired_z_test(dist - dist_b, float(values.mean() - np.mean(list(ub.values()))))
+            est = bootstrap.difference(u, b, ub, bb, paired=True)
+            dist_b = bootstrap.seed_mean_distribution(list(bb.values()))
+            p_fixed = bootstrap.paired_z_test(dist - dist_b, float(values.mean() - np.mean(list(ub.values()))))
             for test, p in (("seeds+samples", est.p_value()), ("samples, seeds fixed", p_fixed),
                             ("WS df", ws_p_value(est, u, ub))):
                 rejected[(name, test)] += int(p < ALPHA)
                 p_values[test].append(p)
             if corrected:  # as it would be with the bootstrap's bias correction as well
-                twice = stats.seed_mean(u, b)
+                twice = bootstrap.seed_mean(u, b)
                 lo, hi = twice.interval(LEVEL)
                 again[(name, "center")] += twice.center
                 again[(name, "covered")] += int(lo <= target[name] <= hi)
                 again[(name, "rejected")] += int(
-                    stats.difference(u, b, ub, bb, paired=True, bias_corrected=False).p_value() < ALPHA)
+                    bootstrap.difference(u, b, ub, bb, paired=True, bias_corrected=False).p_value() < ALPHA)
         for test in TESTS:
-            family[test] += int(np.nanmin(stats.holm(p_values[test])) < ALPHA)
+            family[test] += int(np.nanmin(bootstrap.holm(p_values[test])) < ALPHA)
     return {"truth": target, "covered": covered, "width": width, "estimate": estimate, "center": center,
             "rejected": rejected, "family": family, "again": again, "correlation": correlation,
             "replicates": replicates}
@@ -339,7 +339,7 @@ def power(setting: Setting, replicates: int, resamples: int, deltas=POWER_DELTAS
     for _ in range(replicates):
         z = rng.normal(size=setting.n)
         labels = rng.integers(0, setting.classes, setting.n)
-        w = stats.resample_weights(setting.n, resamples, seed=int(rng.integers(1 << 31)))
+        w = bootstrap.resample_weights(setting.n, resamples, seed=int(rng.integers(1 << 31)))
         ref = [_seed_run(setting, rng, z, labels, w, ("accuracy",)) for _ in range(most)]
         seed_sd += float(np.std([v["accuracy"] for v, _ in ref], ddof=1))
         for d in deltas:
@@ -347,13 +347,13 @@ def power(setting: Setting, replicates: int, resamples: int, deltas=POWER_DELTAS
             for s in grid:
                 pair = ({k: runs[k][0]["accuracy"] for k in range(s)}, {k: runs[k][1]["accuracy"] for k in range(s)},
                         {k: ref[k][0]["accuracy"] for k in range(s)}, {k: ref[k][1]["accuracy"] for k in range(s)})
-                est = stats.difference(*pair, paired=True)
+                est = bootstrap.difference(*pair, paired=True)
                 p, p_ws = est.p_value(), ws_p_value(est, pair[0], pair[2])
                 for m in families:
                     marked[(d, s, m)] += int(est.center > 0 and p < ALPHA / m)
                     marked_ws[(d, s, m)] += int(est.center > 0 and p_ws < ALPHA / m)
                     if s in printed_at:
-                        needed[(d, s, m)].append(stats.seeds_needed(*pair, paired=True, family=m, alpha=ALPHA))
+                        needed[(d, s, m)].append(bootstrap.seeds_needed(*pair, paired=True, family=m, alpha=ALPHA))
     return {"marked": marked, "marked_ws": marked_ws, "needed": needed, "seed_sd": seed_sd / replicates,
             "replicates": replicates}
 
@@ -705,7 +705,7 @@ def _suites_text() -> str:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--replicates", type=int, default=300)
-    ap.add_argument("--resamples", type=int, default=stats.DEFAULT_RESAMPLES)
+    ap.add_argument("--resamples", type=int, default=bootstrap.DEFAULT_RESAMPLES)
     ap.add_argument("--power-replicates", type=int, default=300, help="0: no power study")
     ap.add_argument("--power-resamples", type=int, default=200)
     ap.add_argument("--settings", default="", help="comma-separated indices into SETTINGS (default: all)")

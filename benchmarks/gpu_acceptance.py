@@ -69,7 +69,7 @@ for _p in (str(ROOT), str(ROOT / "benchmarks")):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-from cells_per_gpu import _f, _kill, read_store  # noqa: E402
+from cells_per_gpu import StoredCell, _f, _kill, read_store  # noqa: E402
 
 METHODS = ("msp", "kep_svgp", "sgpa")  # the seed methods with a GP attention, and their baseline
 REFERENCE_METHODS = ("msp", "kep_svgp")  # the original-style path is timed for these
@@ -534,7 +534,7 @@ def suite_file(ctx: dict) -> str:
     return str(path)
 
 
-def projection(suite, cells: list[dict], n_train_run: int) -> tuple[dict, list[dict]]:
+def projection(suite, cells: list[StoredCell], n_train_run: int) -> tuple[dict, list[dict]]:
     """Per trained method of ``suite``: seconds of one cell at the official sizes, and hours
     over the suite's seeds (formula in the report).  A method without a measured cell borrows
     msp's, its prediction scaled by its passes over msp's."""
@@ -542,7 +542,7 @@ def projection(suite, cells: list[dict], n_train_run: int) -> tuple[dict, list[d
     from bench.core.registry import METHODS as REGISTRY
 
     work = tt.suite_workload(suite)
-    by_method = {c["method"]: c for c in cells}
+    by_method = {c.record.method: c for c in cells}
     proxy = by_method.get("msp") or (cells[0] if cells else None)
     rows = []
     for m in suite.methods:
@@ -550,14 +550,14 @@ def projection(suite, cells: list[dict], n_train_run: int) -> tuple[dict, list[d
             continue
         method = REGISTRY.get(m.type)(m.options)
         src = by_method.get(m.name, proxy)
-        log = src["log"]
+        log, rec = src.log, src.record
         if len(log) < 2:
             continue
         epoch_s = float(log[-1]["seconds"]) * work["n_train"] / n_train_run
         compile_s = max(0.0, float(log[0]["seconds"]) - float(log[-1]["seconds"]))
-        pred_per_image = float(src["predict_seconds_per_1000"]) / 1000
-        if src["method"] != m.name:
-            pred_per_image *= method.samples / max(1, int(src.get("samples", 1)))
+        pred_per_image = float(rec.predict_seconds_per_1000) / 1000
+        if rec.method != m.name:
+            pred_per_image *= method.samples / max(1, rec.samples or 1)
         trains = not method.post_hoc()
         train_s = m.train.epochs * epoch_s if trains else 0.0
         eval_s = work["n_eval"] * pred_per_image
@@ -565,8 +565,8 @@ def projection(suite, cells: list[dict], n_train_run: int) -> tuple[dict, list[d
         rows.append({"method": m.name, "seeds": len(suite.seeds), "epochs": m.train.epochs if trains else 0,
                      "samples": method.samples, "epoch_s": epoch_s if trains else 0.0, "compile_s": compile_s if trains else 0.0,
                      "train_s": train_s, "eval_s": eval_s, "cell_s": cell_s, "hours": cell_s * len(suite.seeds) / 3600,
-                     "measured": src["method"] == m.name,
-                     "note": "" if src["method"] == m.name else f"rates of {src['method']} (not run here)"
+                     "measured": rec.method == m.name,
+                     "note": "" if rec.method == m.name else f"rates of {rec.method} (not run here)"
                      + ("; post-hoc: trains nothing" if not trains else "")})
     return work, rows
 
@@ -600,12 +600,12 @@ def step_suite(ctx: dict, cap: float) -> tuple[str, bool]:
          "(the report stage included).", ""]
     L += _table(["method", "compile", "epoch 1 (s)", "epoch 2 (s)", "train acc (epoch 2)", "predict s / 1000 images",
                  "peak memory (MB)", "test acc"],
-                [[c["method"], str(c.get("compile")), _f(float(c["log"][0]["seconds"]), "{:.3g}") if c["log"] else "n/a",
-                  _f(float(c["log"][-1]["seconds"]), "{:.3g}") if len(c["log"]) > 1 else "n/a",
-                  _f(float(c["log"][-1]["train_acc"]), "{:.3f}") if c["log"] else "n/a",
-                  _f(c.get("predict_seconds_per_1000"), "{:.3g}"), _f(c.get("peak_memory_mb"), "{:,.0f}"),
-                  _f(c.get("test_acc"), "{:.3f}")] for c in cells], "llrrrrrr")
-    run = {c["method"] for c in cells}
+                [[c.record.method, str(c.record.compile), _f(float(c.log[0]["seconds"]), "{:.3g}") if c.log else "n/a",
+                  _f(float(c.log[-1]["seconds"]), "{:.3g}") if len(c.log) > 1 else "n/a",
+                  _f(float(c.log[-1]["train_acc"]), "{:.3f}") if c.log else "n/a",
+                  _f(c.record.predict_seconds_per_1000, "{:.3g}"), _f(c.record.peak_memory_mb, "{:,.0f}"),
+                  _f(c.record.test_acc, "{:.3f}")] for c in cells], "llrrrrrr")
+    run = {c.record.method for c in cells}
     missing = [m for m in METHODS if m not in run]
     if problems or missing:
         why = f"the step's cap of {cap:.0f} s came first" if timed_out else f"run_suite.py exit status {rc}"

@@ -26,7 +26,7 @@ from bench.store import READ_ERRORS
 from bench.metrics import get_metric, selection
 from bench.scores import NEEDS, TRAINING, default_scores, get_score
 from bench.scores.record import FEATURES, fitting_view
-from bench.store import CellRecord, TrainingFeatures
+from bench.store import TrainingFeatures
 
 METRIC_COLUMNS = ["dataset", "method", "seed", "split", "metric", "score", "value"]
 FAILURE_COLUMNS = ["dataset", "method", "seed", "reason"]
@@ -110,7 +110,7 @@ def _no_features(catalog: Catalog, dataset: str, method: str, seed) -> str | Non
     """Why a trained cell stored no features although its suite kept them (``no_features``
     in its cell.json, :func:`bench.train.cell.features_absent`), or None."""
     cell = catalog.cells.get((dataset, method, seed))
-    return ((cell.read_cell() if cell is not None else None) or CellRecord()).no_features
+    return catalog.record(cell).no_features if cell is not None else None
 
 
 def labelled_and_ood(names: list[str]) -> tuple[list[str], list[str]]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from bench.analysis import bootstrap as stats
+from bench.analysis import bootstrap
 from bench.analysis.evaluate import METRIC_COLUMNS, CellScores, labelled_and_ood, metric_value, table_of
 from bench.store.catalog import Catalog
 from bench.store import CellRecord
@@ -30,10 +30,10 @@ BOOTSTRAP_RESAMPLES = 1000
 BOOTSTRAP_SEED = 0
 ALPHA = 0.05  # significance level after Holm correction
 SEVERITY_RESAMPLES = 200  # 75 splits x a few metrics stay fast on CIFAR-sized stores
-SIGNIFICANCE = stats.SEEDS_AND_SAMPLES  # the default test behind a mark (stats.SIGNIFICANCE_TESTS)
+SIGNIFICANCE = bootstrap.SEEDS_AND_SAMPLES  # the default test behind a mark (bootstrap.SIGNIFICANCE_TESTS)
 #: ``test`` column: what a p-value accounts for
 TESTS = {"both": "seeds+samples", "one_run": "samples only (one run)",
-         stats.SAMPLES_SEEDS_FIXED: "samples, seeds fixed"}
+         bootstrap.SAMPLES_SEEDS_FIXED: "samples, seeds fixed"}
 
 SUMMARY_COLUMNS = ["dataset", "method", "split", "table", "metric", "score", "n_seeds", "mean", "std",
                    "ci_low", "ci_high", "p_value", "p_holm", "verdict", "test", "seeds_needed"]
@@ -48,8 +48,8 @@ EFFICIENCY_COLUMNS = ["dataset", "method", *EFFICIENCY_FIELDS]
 
 def check_significance(significance: str) -> str:
     """``significance`` when it names a test of :data:`bench.analysis.bootstrap.SIGNIFICANCE_TESTS`, else a ConfigError."""
-    if significance not in stats.SIGNIFICANCE_TESTS:
-        raise ConfigError(f"unknown significance test {significance!r}; known: {', '.join(stats.SIGNIFICANCE_TESTS)}")
+    if significance not in bootstrap.SIGNIFICANCE_TESTS:
+        raise ConfigError(f"unknown significance test {significance!r}; known: {', '.join(bootstrap.SIGNIFICANCE_TESTS)}")
     return significance
 
 
@@ -102,14 +102,14 @@ def summarise(metrics_df: pd.DataFrame, cache: dict, seeds: dict, reference: str
     out.insert(3, "table", out["split"].map(table_of))
     boots = _summary_boots(out, cache, seeds, names, resamples, seed, errors, scores or {})
     boots = {k: per_seed for k, per_seed in boots.items() if k[3] not in errors}
-    dist = {k: stats.seed_mean_distribution(list(per_seed.values())) for k, per_seed in boots.items()}
+    dist = {k: bootstrap.seed_mean_distribution(list(per_seed.values())) for k, per_seed in boots.items()}
 
     units = _units(metrics_df, keys)
     rows = list(out[keys].itertuples(index=False, name=None))
-    both = significance == stats.SEEDS_AND_SAMPLES
+    both = significance == bootstrap.SEEDS_AND_SAMPLES
     ci = [(np.nan, np.nan) if k not in dist else
-          get_metric(k[3]).clip(*(stats.seed_mean(units[k], boots[k], bias_corrected=_bias_corrected(k[3]))
-                                  .interval() if both else stats.bootstrap_ci(dist[k])))
+          get_metric(k[3]).clip(*(bootstrap.seed_mean(units[k], boots[k], bias_corrected=_bias_corrected(k[3]))
+                                  .interval() if both else bootstrap.bootstrap_ci(dist[k])))
           for k in rows]
     out["ci_low"], out["ci_high"] = [c[0] for c in ci], [c[1] for c in ci]
     means = dict(zip(rows, out["mean"]))
@@ -150,7 +150,7 @@ def _summary_boots(out: pd.DataFrame, cache: dict, seeds: dict, names: list[str]
                 where = (dataset, method, s)
                 probs = np.exp(preds["test"].log_probs.astype(np.float64))
                 for name in labelled:
-                    boot = _resampled(errors, where, name, stats.boot_metric, probs, preds["test"].labels,
+                    boot = _resampled(errors, where, name, bootstrap.boot_metric, probs, preds["test"].labels,
                                       weights["test"])
                     if boot is not None:
                         boots.setdefault((dataset, method, "test", name, ""), {})[s] = boot
@@ -170,7 +170,7 @@ def _ood_boots(boots: dict, where: tuple, preds: dict, cell_scores: CellScores, 
         for score, ood in cell_scores.get(split, {}).items():
             if score in test_scores:
                 for name in on_scores:
-                    boot = _resampled(errors, where, name, stats.boot_ood_metric,
+                    boot = _resampled(errors, where, name, bootstrap.boot_ood_metric,
                                       test_scores[score], ood, weights["test"], weights[split])
                     if boot is not None:
                         boots.setdefault((dataset, method, split, name, score), {})[s] = boot
@@ -198,10 +198,11 @@ def _compare(k: tuple, reference: str, units: dict, boots: dict, dist: dict, mea
         return _Comparison()
     if both:
         pair = (units[k], boots[k], units[ref], boots[ref], k[1] in by_seed and reference in by_seed)
-        est = stats.difference(*pair)
+        est = bootstrap.difference(*pair)
         return _Comparison(est.p_value(), est.center, TESTS["both"] if est.measured else TESTS["one_run"], pair)
     observed = float(means[k] - means[ref])
-    return _Comparison(stats.paired_z_test(dist[k] - dist[ref], observed), observed, TESTS[stats.SAMPLES_SEEDS_FIXED])
+    return _Comparison(bootstrap.paired_z_test(dist[k] - dist[ref], observed), observed,
+                       TESTS[bootstrap.SAMPLES_SEEDS_FIXED])
 
 
 def _holm(out: pd.DataFrame, pairs: dict[int, tuple], swaps: dict[str, dict[str, str]]) -> None:
@@ -217,10 +218,10 @@ def _holm(out: pd.DataFrame, pairs: dict[int, tuple], swaps: dict[str, dict[str,
     for _, idx in out.groupby([out["dataset"], out["table"], family], sort=False).groups.items():
         finite = [i for i in idx if np.isfinite(out.at[i, "p_value"])]
         if finite:
-            out.loc[finite, "p_holm"] = stats.holm(out.loc[finite, "p_value"].to_numpy())
+            out.loc[finite, "p_holm"] = bootstrap.holm(out.loc[finite, "p_value"].to_numpy())
         for i in finite:
             if i in pairs:
-                out.at[i, "seeds_needed"] = stats.seeds_needed(*pairs[i], family=len(finite), alpha=ALPHA)
+                out.at[i, "seeds_needed"] = bootstrap.seeds_needed(*pairs[i], family=len(finite), alpha=ALPHA)
 
 
 def _bias_corrected(metric: str) -> bool:
@@ -247,7 +248,7 @@ def _weights(n: int, resamples: int, seed: int, ood_split: str = "") -> np.ndarr
     same images, so one matrix per size pairs them by image; each OOD set (``ood_split``)
     is a separate sample and gets its own draw."""
     offset = zlib.crc32(ood_split.encode()) if is_ood(ood_split) else 0
-    w = stats.resample_weights(n, resamples, (seed + offset) % 2**32)
+    w = bootstrap.resample_weights(n, resamples, (seed + offset) % 2**32)
     w.flags.writeable = False
     return w
 
@@ -334,10 +335,10 @@ def severity_table(metrics_df: pd.DataFrame, cache: dict, seeds: dict, names: li
     keys = ["dataset", "method", "severity", "metric"]
     units = _units(per_seed, keys)
     ci = [(np.nan, np.nan) if k not in bands else
-          get_metric(k[3]).clip(*(stats.seed_mean(units[k], bands[k], bias_corrected=_bias_corrected(k[3]))
+          get_metric(k[3]).clip(*(bootstrap.seed_mean(units[k], bands[k], bias_corrected=_bias_corrected(k[3]))
                                   .interval()
-                                  if significance == stats.SEEDS_AND_SAMPLES
-                                  else stats.bootstrap_ci(stats.seed_mean_distribution(list(bands[k].values())))))
+                                  if significance == bootstrap.SEEDS_AND_SAMPLES
+                                  else bootstrap.bootstrap_ci(bootstrap.seed_mean_distribution(list(bands[k].values())))))
           for k in out[keys].itertuples(index=False, name=None)]
     out["ci_low"], out["ci_high"] = [c[0] for c in ci], [c[1] for c in ci]
     return out.sort_values(["dataset", "method", "severity", "metric"], kind="stable",
@@ -365,7 +366,7 @@ def _severity_bands(df: pd.DataFrame, cache: dict, seeds: dict, clean_sizes: dic
                 w = _weights(n, SEVERITY_RESAMPLES, seed)
                 probs = np.exp(arrays.log_probs.astype(np.float64))
                 for name in names:
-                    value = _resampled(errors, (dataset, method, s), name, stats.boot_metric, probs, arrays.labels, w)
+                    value = _resampled(errors, (dataset, method, s), name, bootstrap.boot_metric, probs, arrays.labels, w)
                     if value is None:
                         continue
                     sums.setdefault((sev, name), []).extend([value] * copies)
@@ -413,7 +414,7 @@ def efficiency(catalog: Catalog) -> pd.DataFrame:
     for d in catalog.datasets:
         for e in catalog.methods:
             if e.kind == "trained":
-                infos = [catalog.cells[(d, e.name, s)].read_cell() or CellRecord() for s in catalog.seeds
+                infos = [catalog.record(catalog.cells[(d, e.name, s)]) for s in catalog.seeds
                          if (d, e.name, s) in catalog.cells]
                 if infos:
                     rows.append({
@@ -429,7 +430,7 @@ def efficiency(catalog: Catalog) -> pd.DataFrame:
                 continue
             formed = catalog.formed(d, e)
             if formed:
-                costs = [_replicate_costs([catalog.cells[(d, e.base, s)].read_cell() or CellRecord() for s in members])
+                costs = [_replicate_costs([catalog.record(catalog.cells[(d, e.base, s)]) for s in members])
                          for _, members in formed]
                 rows.append({"dataset": d, "method": e.name, "parameters": costs[0]["parameters"],
                              **{k: float(np.mean([c[k] for c in costs])) for k in ("train_seconds",

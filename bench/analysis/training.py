@@ -61,7 +61,7 @@ import pandas as pd
 
 from bench.store.catalog import Catalog
 from bench.core.errors import one_line
-from bench.store import READ_ERRORS, TRAIN_LOG, CellDir, CellRecord
+from bench.store import READ_ERRORS, TRAIN_LOG, CellDir
 
 WINDOW_FRACTION = 0.2  # the compared windows: the last k epochs and the k before, k = this share of the epochs
 TRAIN_ACC_RISE = 0.01  # training accuracy (a fraction) rising by more than this: still improving
@@ -188,13 +188,13 @@ def majority_share(cd: CellDir) -> float:
     return float(np.bincount(labels).max() / len(labels)) if len(labels) else np.nan
 
 
-def _stage_row(log: pd.DataFrame | None, why: str, cd: CellDir | None, share: float) -> dict:
-    """One convergence row's values: from ``log`` (the cell ``cd``'s; ``share``: the most
-    frequent class's share of its stored test labels, :func:`majority_share`), or ``n/a: why``."""
+def _stage_row(log: pd.DataFrame | None, why: str, best: int | None, share: float) -> dict:
+    """One convergence row's values: from ``log`` (a cell's; ``best``: its recorded best
+    epoch; ``share``: the most frequent class's share of its stored test labels,
+    :func:`majority_share`), or ``n/a: why``."""
     if log is None:
         return {f: np.nan for f in CONVERGENCE_FIELDS} | {"window": 0, "train_acc_rise": np.nan, "val_nll_drop": np.nan,
                                                             "majority_share": np.nan, "verdict": UNJUDGED + why}
-    best = (cd.read_cell() or CellRecord()).best_epoch if cd is not None else None
     last = log.iloc[-1] if len(log) else pd.Series(dtype=float)
     judged = judge(log["train_acc"], log["val_nll"], share)
     return {"epochs": len(log), "best_epoch": float(best) if isinstance(best, (int, float)) else np.nan,
@@ -231,7 +231,7 @@ def convergence(catalog: Catalog) -> Convergence:
                 cd = catalog.cells.get((d, entry.name, s)) if entry.kind == "trained" else None
                 if cd is None:
                     continue
-                first = (cd.read_cell() or CellRecord()).stage1
+                first = catalog.record(cd).stage1
                 own, why = log_of(cd)
                 stages = []  # (stage, source row, log, why not, the cell beside the log)
                 if first is not None:
@@ -249,8 +249,9 @@ def convergence(catalog: Catalog) -> Convergence:
                 else:
                     stages.append((1, entry.name, own, why, cd))
                 for stage, source, log, why_not, beside in stages:
+                    best = catalog.record(beside).best_epoch if beside is not None else None
                     cells.append({"dataset": d, "method": entry.name, "seed": s, "stage": stage, "source": source,
-                                  **_stage_row(log, why_not, beside, share_of(beside, log))})
+                                  **_stage_row(log, why_not, best, share_of(beside, log))})
                 if own is not None:
                     stage = 2 if first is not None else 1
                     epochs += [{"dataset": d, "method": entry.name, "seed": s, "stage": stage, **row}

@@ -225,10 +225,10 @@ def write_suite_report(suite: Suite | None, store_root: Path, out_dir: Path, opt
         damaged = dict(zip(results.damaged["cell"], results.damaged["reason"]))
         left_out = _left_out(catalog, wanted, methods, damaged)  # with the cells found damaged while analysing
         command = _check(catalog, shown_rows, left_out, earlier, configured, Path(out_dir), options, suite is None)
-        infos = {cd.key: cd.read_cell() or CellRecord() for (_, m, _), cd in catalog.cells.items() if m in shown_rows}
+        infos = [catalog.record(cd) for (_, m, _), cd in catalog.cells.items() if m in shown_rows]
         render_report(results, stage, options.formats, rows, picked, options.severity, left_out, command,
                       _run_title(options, started, infos))
-        atomic_write_json(stage / CELLS_RECORD, {"cells": cells_record(catalog, shown_rows, infos)})
+        atomic_write_json(stage / CELLS_RECORD, {"cells": cells_record(catalog, shown_rows)})
         if options.run is not None and not implied(options.run, Path(out_dir).name):
             write_record(stage, options.run)
         elif options.run is not None:  # the plain suite's report keeps none: a damaged one copied here goes
@@ -252,7 +252,7 @@ def write_suite_report(suite: Suite | None, store_root: Path, out_dir: Path, opt
                     tuple(failures), tuple(unscored))
 
 
-def _run_title(options: ReportOptions, started: str, infos: dict[str, CellRecord]) -> RunTitle | None:
+def _run_title(options: ReportOptions, started: str, infos: list[CellRecord]) -> RunTitle | None:
     """The run the report shows (``options.run``; None: a report made without one): its
     overrides, what this report narrows or adds, the day it ``started`` (its store record's)
     or else the day its newest shown cell finished (``infos``: the shown cells' records)."""
@@ -262,7 +262,7 @@ def _run_title(options: ReportOptions, started: str, infos: dict[str, CellRecord
     shown = [("--methods", options.selection.methods), ("--metrics", options.metrics), ("--scores", options.scores)]
     if datasets and datasets != run.overrides.datasets:
         shown.insert(1, ("--datasets", datasets))
-    finished = [(info.finished or "")[:10] for info in infos.values()]
+    finished = [(info.finished or "")[:10] for info in infos]
     return RunTitle(run.name, run.suite, " ".join(run.overrides.flags()),
                     " ".join(f"{flag} {','.join(map(str, value))}" for flag, value in shown if value), started[:10],
                     max(finished, default=""))
@@ -278,15 +278,14 @@ def _left_out(catalog: Catalog, wanted: list | None, methods: list[str] | None,
     return left_out
 
 
-def cells_record(catalog: Catalog, rows: set[str], infos: dict[str, CellRecord] | None = None) -> list[dict]:
+def cells_record(catalog: Catalog, rows: set[str]) -> list[dict]:
     """What :data:`CELLS_RECORD` holds: per cell used by the rows ``rows``, its ``key``,
-    ``dataset``, ``method`` row, ``seed`` and ``configuration`` (:func:`_configuration`),
-    sorted by (dataset, method row, seed).  ``infos``: the cells' records (``cell.json``)
-    already read, by key; a cell not there is read here."""
-    infos = infos or {}
+    ``dataset``, ``method`` row, ``seed`` and ``configuration`` (:func:`_configuration`
+    of its record, :meth:`~bench.store.catalog.Catalog.record`), sorted by (dataset,
+    method row, seed)."""
     record = []
     for cell, key in sorted(_shown_cells(catalog, rows).items()):
-        info = infos[key] if key in infos else catalog.cells[cell].read_cell() or CellRecord()
+        info = catalog.record(catalog.cells[cell])
         record.append({"key": key, "dataset": cell[0], "method": cell[1], "seed": cell[2],
                        "configuration": _configuration(info.config)})
     return record

@@ -7,6 +7,7 @@ reference, place in the default selection); higher = more in-distribution throug
 
 ==============  =================================================================
 ``record``      :class:`Score`, :func:`ood_score`, :class:`TrainingFeatures`,
+                :data:`ARRAYS` (the stored arrays a score ``reads``),
                 the default selection and the checks of ``--scores``
 ``outputs``     MSP, entropy, mutual information, max logit, energy, predictive
                 variance (probabilities, logits, the spread of the passes)
@@ -22,11 +23,11 @@ from __future__ import annotations
 from bench.scores.features import (GDA_JITTERS, fit_gaussians, fit_gda, fit_knn, fit_vim, gda_jitter, gda_log_density,
                                    knn_k, knn_score, mahalanobis_score, normalise, relative_mahalanobis_score, residual_norm, vim_dim, vim_score)
 from bench.scores.outputs import energy_score, max_logit_score, msp_score
-from bench.scores.record import (NEEDS, TRAINING, Score, TrainingFeatures, default_scores, detector_cost, get_score,
+from bench.scores.record import (ARRAYS, NEEDS, TRAINING, Score, TrainingFeatures, default_scores, detector_cost, get_score,
                                  ood_score,
                                  score_key, score_order, sort_scores, validate_scores)
 
-__all__ = ["NEEDS", "TRAINING", "Score", "TrainingFeatures", "default_scores", "detector_cost", "get_score", "ood_score",
+__all__ = ["ARRAYS", "NEEDS", "TRAINING", "Score", "TrainingFeatures", "default_scores", "detector_cost", "get_score", "ood_score",
            "score_key", "score_order", "sort_scores", "validate_scores", "msp_score", "max_logit_score", "energy_score", "fit_gaussians",
            "mahalanobis_score", "relative_mahalanobis_score", "normalise", "fit_knn", "knn_k", "knn_score",
            "fit_vim", "vim_dim", "vim_score", "residual_norm", "GDA_JITTERS", "fit_gda", "gda_jitter",

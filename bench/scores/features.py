@@ -67,7 +67,7 @@ import numpy as np
 from scipy.linalg import pinvh, solve_triangular
 from scipy.special import logsumexp
 
-from bench.scores.record import TrainingFeatures, ood_score
+from bench.scores.record import ARRAYS, TrainingFeatures, ood_score
 
 KNN_K = 50  # Sun et al. 2022, CIFAR-10 with the full training set
 KNN_CHUNK = 1024  # test rows per distance block (a block is chunk x n float64)
@@ -130,14 +130,14 @@ def _fit_gaussians(training: TrainingFeatures) -> Gaussians:
 
 @ood_score("Mahalanobis", "max_c -(x - mu_c)^T P (x - mu_c): class means and shared covariance (/n, "
            "pseudo-inverted) of the stored training features (Lee et al. 2018; OpenOOD `mds`, same sign).",
-           reads=("features",), fit=_fit_gaussians, reference="Lee et al., NeurIPS 2018", default=5)
+           reads=(ARRAYS.features,), fit=_fit_gaussians, reference="Lee et al., NeurIPS 2018", default=5)
 def mahalanobis(preds, fitted: Gaussians):
     return mahalanobis_score(preds.features, fitted)
 
 
 @ood_score("RelMahalanobis", "max_c -(MD_c(x) - MD_0(x)): Mahalanobis minus the distance to one Gaussian "
            "of all training features (Ren et al. 2021; OpenOOD `rmds`, same sign).",
-           reads=("features",), fit=_fit_gaussians, reference="Ren et al., arXiv:2106.09022 (2021)",
+           reads=(ARRAYS.features,), fit=_fit_gaussians, reference="Ren et al., arXiv:2106.09022 (2021)",
            name="relative_mahalanobis")
 def relative_mahalanobis(preds, fitted: Gaussians):
     return relative_mahalanobis_score(preds.features, fitted)
@@ -193,7 +193,7 @@ def _fit_knn(training: TrainingFeatures) -> Neighbours:
 @ood_score("KNN", "-||x/|x| - b_(k)||: minus the distance to the k-th nearest normalised training feature, "
            "k = 50 x (stored / all training images) (Sun et al. 2022; OpenOOD `knn` gives minus the squared "
            "distance: same ranking).",
-           reads=("features",), fit=_fit_knn, reference="Sun et al., ICML 2022", default=6)
+           reads=(ARRAYS.features,), fit=_fit_knn, reference="Sun et al., ICML 2022", default=6)
 def knn(preds, fitted: Neighbours):
     return knn_score(preds.features, fitted)
 
@@ -251,14 +251,14 @@ def _fit_vim(training: TrainingFeatures) -> VirtualLogit:
 @ood_score("ViM", "logsumexp(z) - alpha ||(x - u) R||: energy minus the scaled norm of the feature's "
            "residual outside the principal subspace of the training features (Wang et al. 2022; OpenOOD `vim`, "
            "same sign).",
-           reads=("features",), fit=_fit_vim, reference="Wang et al., CVPR 2022", default=7)
+           reads=(ARRAYS.features,), fit=_fit_vim, reference="Wang et al., CVPR 2022", default=7)
 def vim(preds, fitted: VirtualLogit):
     return vim_score(preds.features, fitted)
 
 
 @ood_score("Residual", "-||(x - u) R||: minus the norm of ViM's residual (Wang et al. 2022; OpenOOD "
            "`residual`, same sign).",
-           reads=("features",), fit=_fit_vim, reference="Wang et al., CVPR 2022")
+           reads=(ARRAYS.features,), fit=_fit_vim, reference="Wang et al., CVPR 2022")
 def residual(preds, fitted: VirtualLogit):
     return -residual_norm(preds.features, fitted)
 
@@ -351,6 +351,6 @@ def _fit_gda(training: TrainingFeatures) -> ClassGaussians:
            "mean and covariance (/(n_c - 1), plus the official jitter until positive definite), pi_c = n_c / n, fitted "
            "on the stored training features (Mukhoti et al. 2023, DDU's feature density; the official code leaves out "
            "log pi_c).",
-           reads=("features",), fit=_fit_gda, reference="Mukhoti et al., CVPR 2023")
+           reads=(ARRAYS.features,), fit=_fit_gda, reference="Mukhoti et al., CVPR 2023")
 def ddu_density(preds, fitted: ClassGaussians):
     return gda_log_density(preds.features, fitted)

@@ -15,7 +15,7 @@ import numpy as np
 from scipy.special import logsumexp
 
 from bench.metrics.decomposition import entropy, mutual_information
-from bench.scores.record import ood_score
+from bench.scores.record import ARRAYS, ood_score
 
 
 def msp_score(probs: np.ndarray) -> np.ndarray:
@@ -40,13 +40,13 @@ def _probs(preds) -> np.ndarray:
 
 
 @ood_score("MSP", "max_c p_c of the predictive distribution (Hendrycks & Gimpel 2017; OpenOOD `msp`).",
-           reads=("log_probs",), reference="Hendrycks & Gimpel, ICLR 2017", default=0)
+           reads=(ARRAYS.log_probs,), reference="Hendrycks & Gimpel, ICLR 2017", default=0)
 def msp(preds, _fitted=None):
     return msp_score(_probs(preds))
 
 
 @ood_score("Entropy", "-H[p̄] = sum_c p_c ln p_c of the predictive distribution, in nats.",
-           reads=("log_probs",), reference="Shannon entropy of the predictive distribution", default=1,
+           reads=(ARRAYS.log_probs,), reference="Shannon entropy of the predictive distribution", default=1,
            name="entropy")
 def negative_entropy(preds, _fitted=None):
     return -entropy(_probs(preds))
@@ -54,28 +54,28 @@ def negative_entropy(preds, _fitted=None):
 
 @ood_score("MI", "-(H[p̄] - mean_s H[p_s]): negative mutual information between prediction and model "
            "(the epistemic part of the entropy), for methods with several passes or members.",
-           reads=("entropy_of_mean", "mean_entropy"), reference="Depeweg et al., ICML 2018", default=2,
+           reads=(ARRAYS.entropy_of_mean, ARRAYS.mean_entropy), reference="Depeweg et al., ICML 2018", default=2,
            name="mutual_info")
 def mutual_info(preds, _fitted=None):
     return -mutual_information(preds.entropy_of_mean, preds.mean_entropy)
 
 
 @ood_score("MaxLogit", "max_c z_c of the (mean) logit (Hendrycks et al. 2022; OpenOOD `mls`).",
-           reads=("logits",), reference="Hendrycks et al., ICML 2022", default=3)
+           reads=(ARRAYS.logits,), reference="Hendrycks et al., ICML 2022", default=3)
 def max_logit(preds, _fitted=None):
     return max_logit_score(preds.logits)
 
 
 @ood_score("Energy", "T logsumexp(z / T) with T = 1 of the (mean) logit, i.e. minus the free energy "
            "(Liu et al. 2020; OpenOOD `ebo`, same sign).",
-           reads=("logits",), reference="Liu et al., NeurIPS 2020", default=4)
+           reads=(ARRAYS.logits,), reference="Liu et al., NeurIPS 2020", default=4)
 def energy(preds, _fitted=None):
     return energy_score(preds.logits, 1.0)
 
 
 @ood_score("PredVar", "-sum_c Var_s[p_s,c]: minus the variance of the class probabilities over the passes "
            "(population variance over the S passes, or over the members of an ensemble), summed over classes.",
-           reads=("prob_variance",), reference="e.g. Gal 2016, section 3.3 (predictive variance)",
+           reads=(ARRAYS.prob_variance,), reference="e.g. Gal 2016, section 3.3 (predictive variance)",
            name="predictive_variance")
 def predictive_variance(preds, _fitted=None):
     return -preds.prob_variance.astype(np.float64)

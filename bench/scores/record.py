@@ -25,7 +25,7 @@ import numpy as np
 from bench.metrics.inputs import read_only
 from bench.core.registry import SCORES
 from bench.store import Predictions, TrainingFeatures
-from bench.store.record import needs
+from bench.store.record import ARRAYS, needs  # noqa: F401  (ARRAYS: how a score names what it reads)
 
 #: What a score may need, and the stored prediction arrays that provide it (declared with
 #: the arrays: :func:`bench.store.record.needs`).
@@ -50,9 +50,10 @@ class Score:
     ``fn(preds, fitted)`` maps one split's stored :class:`~bench.store.Predictions`
     (read-only) and what ``fit`` returned (None for a score without ``fit``) to the
     score ``[N]`` (float64, higher = more in-distribution).  ``reads``: the arrays it
-    reads (a score is computed only where all of them are stored; ``entropy_of_mean``,
-    ``mean_entropy`` and ``prob_variance`` exist only for methods with several passes or
-    members).  ``fit(training)``: for scores fitted on :class:`TrainingFeatures`
+    reads, named through :data:`ARRAYS` (e.g. ``(ARRAYS.logits,)``; a name the record does
+    not declare is refused).  A score is computed only where all of them are stored
+    (``entropy_of_mean``, ``mean_entropy`` and ``prob_variance`` exist only for methods with
+    several passes or members).  ``fit(training)``: for scores fitted on :class:`TrainingFeatures`
     (:func:`fitting_view`: float64).
     ``label``: the short name reports print; ``convention``: the one sentence the README
     prints (formula, sign, and where it differs from OpenOOD v1.5); ``reference``: the

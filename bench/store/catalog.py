@@ -121,6 +121,19 @@ class Catalog:
     # (dataset, row, seed) -> cell key(s) of that seed in a configuration the row does not use
     elsewhere: dict[tuple[str, str, int], str] = field(default_factory=dict)
     _preds: dict[tuple[str, str, int], Preds] = field(default_factory=dict, repr=False)
+    _records: dict[str, CellRecord] = field(default_factory=dict, repr=False)  # cell key -> its cell.json
+
+    def record(self, cd: CellDir) -> CellRecord:
+        """The ``cell.json`` of a cell of this store as the scan of :func:`open_store` read it
+        (read here, once, for a cell the scan did not read); an empty record where it is
+        unreadable.  Every reader after the scan (analysis, report, ``compare``) takes a
+        cell's record from here, so each ``cell.json`` is read once per catalog."""
+        if cd.key not in self._records:
+            try:
+                self._records[cd.key] = cd.read_cell() or CellRecord()
+            except OSError:
+                self._records[cd.key] = CellRecord()
+        return self._records[cd.key]
 
     def dataset_class(self, dataset: str) -> type | None:
         """The registered class of a dataset (its type from a cell's ``cell.json``), or None
@@ -132,8 +145,8 @@ class Catalog:
             if d != dataset:
                 continue
             try:
-                kind = (cd.read_cell() or CellRecord()).config["dataset"]["type"]
-            except (OSError, KeyError, TypeError):
+                kind = self.record(cd).config["dataset"]["type"]
+            except (KeyError, TypeError):
                 continue
             return DATASETS.get(kind) if kind in DATASETS else None
         return None
@@ -150,9 +163,9 @@ class Catalog:
             if m != method:
                 continue
             try:
-                config = (cd.read_cell() or CellRecord()).config["method"]
+                config = self.record(cd).config["method"]
                 kind, stored = config["type"], dict(config["options"])
-            except (OSError, KeyError, TypeError, ValueError):
+            except (KeyError, TypeError, ValueError):
                 continue
             if kind not in METHODS:
                 return []
@@ -316,11 +329,14 @@ class Catalog:
             out.append(LeftOut(key, d, m, s, state, why))
         return out
 
-    def _use(self, key: tuple[str, str, int], candidates: list[CellDir], planned: set[str]) -> None:
+    def _use(self, key: tuple[str, str, int], candidates: list[CellDir], planned: set[str],
+             records: dict[str, CellRecord]) -> None:
         """Record the cell used for ``key`` (dataset, row, seed), or why none is."""
-        cd, state, problem, directory = _choose(candidates, planned)
+        cd, state, problem, directory = _choose(candidates, planned, records)
         if cd is not None:
             self.cells[key] = cd
+            if not records[cd.key].complete:  # sealed after the scan read it: read the final record
+                self._records.pop(cd.key, None)
             return
         who = live_runner(self.root, directory) if state == "interrupted" else None
         if who is not None:
@@ -393,12 +409,14 @@ def _read_description(root: Path) -> dict | None:
     return obj if isinstance(obj, dict) else None
 
 
-def _scan(root: Path) -> tuple[dict[tuple[str, str, int], list[CellDir]], dict[str, str]]:
+def _scan(root: Path) -> tuple[dict[tuple[str, str, int], list[CellDir]], dict[str, str], dict[str, CellRecord]]:
     """Every cell directory of the store, grouped by the (dataset, method, seed) its
-    ``cell.json`` names, and the directories that cannot be attributed (unreadable, or no
-    usable ``cell.json``) with the reason.  Damaged cells moved aside by ``run`` are skipped."""
+    ``cell.json`` names, the directories that cannot be attributed (unreadable, or no
+    usable ``cell.json``) with the reason, and the record (``cell.json``) of every grouped
+    cell by key.  Damaged cells moved aside by ``run`` are skipped."""
     found: dict[tuple[str, str, int], list[CellDir]] = {}
     unnamed: dict[str, str] = {}
+    records: dict[str, CellRecord] = {}
     for path in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
         if DAMAGED_MARK in path.name:
             continue
@@ -414,12 +432,15 @@ def _scan(root: Path) -> tuple[dict[tuple[str, str, int], list[CellDir]], dict[s
                 unnamed[path.name] = "its cell.json is missing, truncated or not a cell record"
             continue
         found.setdefault((info.dataset, info.method, info.seed), []).append(cd)
-    return found, unnamed
+        records[cd.key] = info
+    return found, unnamed, records
 
 
-def _choose(candidates: list[CellDir], planned: set[str]) -> tuple[CellDir | None, str, str, str]:
+def _choose(candidates: list[CellDir], planned: set[str],
+            records: dict[str, CellRecord]) -> tuple[CellDir | None, str, str, str]:
     """``(cell to use, state, problem, directory)`` among directories naming one (dataset,
-    method, seed): a complete one (state ``complete``), else the first damaged, failed or
+    method, seed): a complete one (state ``complete``; among several unplanned ones the one
+    finished last by its record in ``records``), else the first damaged, failed or
     interrupted one, with why and its directory."""
     conditions = {cd.key: cd.condition(skip=(CHECKPOINT,)) for cd in candidates}
     complete = [cd for cd in candidates if conditions[cd.key][0] == "complete"]
@@ -427,7 +448,7 @@ def _choose(candidates: list[CellDir], planned: set[str]) -> tuple[CellDir | Non
         mine = [cd for cd in complete if cd.key in planned]
         if mine:
             return mine[0], "complete", "", mine[0].key
-        chosen = max(complete, key=lambda cd: ((cd.read_cell() or CellRecord()).finished or "", cd.key))
+        chosen = max(complete, key=lambda cd: (records[cd.key].finished or "", cd.key))
         return chosen, "complete", "", chosen.key
     for state in ("damaged", "failed", "interrupted"):
         for cd in candidates:
@@ -446,8 +467,8 @@ def stored_cell(root: Path, dataset: str, method: str, seed: int, key: str) -> C
     among that triple's directories as :func:`open_store` chooses the cells analysis uses
     (a two-stage method's stage 1, ``bench.train.cell``), with every file verified, checkpoint
     included; None when the store holds no such complete cell."""
-    found, _ = _scan(Path(root))
-    cd, _, _, _ = _choose(found.get((dataset, method, int(seed)), []), {key})
+    found, _, records = _scan(Path(root))
+    cd, _, _, _ = _choose(found.get((dataset, method, int(seed)), []), {key}, records)
     if cd is None or cd.key != key or cd.condition()[0] != "complete":
         return None
     return cd
@@ -467,7 +488,7 @@ def open_store(root: Path, suite=None, planned: set[str] = frozenset()) -> Catal
     if not root.is_dir():
         raise ConfigError(f"no store at {root}: run the suite first, or pass --results DIR and --suite NAME "
                           "for a store under DIR/NAME")
-    found, unnamed = _scan(root)
+    found, unnamed, records = _scan(root)
     if suite is not None:
         datasets = [d.name for d in suite.datasets]
         entries = [_entry(m.name, m.type, m.kind, m.options) for m in suite.methods]
@@ -488,6 +509,7 @@ def open_store(root: Path, suite=None, planned: set[str] = frozenset()) -> Catal
         if reference not in {e.name for e in entries}:
             reference = entries[0].name if entries else ""
     catalog = Catalog(name, root, datasets, [], seeds, reference, unnamed=unnamed)
+    catalog._records.update(records)
     planned = set(planned)
     rows: dict[str, list[str]] = {}  # trained method -> its rows (configurations) on any dataset
     for d in datasets:
@@ -495,12 +517,12 @@ def open_store(root: Path, suite=None, planned: set[str] = frozenset()) -> Catal
             if e.kind != "trained":
                 continue
             by_seed = {s: found[(d, e.name, s)] for s in seeds if (d, e.name, s) in found}
-            for label, group in _configurations(by_seed, planned):
+            for label, group in _configurations(by_seed, planned, records):
                 row = f"{e.name} ({label})" if label else e.name
                 if row not in rows.setdefault(e.name, []):
                     rows[e.name].append(row)
                 for s, candidates in group.items():
-                    catalog._use((d, row, s), candidates, planned)
+                    catalog._use((d, row, s), candidates, planned, records)
                 for s in by_seed.keys() - group.keys():
                     catalog.elsewhere[(d, row, s)] = ", ".join(cd.key for cd in by_seed[s])
     for e in entries:
@@ -518,16 +540,17 @@ def open_store(root: Path, suite=None, planned: set[str] = frozenset()) -> Catal
     return catalog
 
 
-def _configurations(by_seed: dict[int, list[CellDir]],
-                    planned: set[str]) -> list[tuple[str, dict[int, list[CellDir]]]]:
+def _configurations(by_seed: dict[int, list[CellDir]], planned: set[str],
+                    records: dict[str, CellRecord]) -> list[tuple[str, dict[int, list[CellDir]]]]:
     """The configuration groups of one method's cells on one dataset, as ``(label, seed ->
     candidates)``: the group of a planned cell alone when there is one, else every group;
-    ``label`` names the settings in which the groups differ (``""`` for a single group)."""
+    ``label`` names the settings in which the groups differ (``""`` for a single group).
+    ``records``: the cells' ``cell.json`` by key."""
     groups: dict[str, dict[int, list[CellDir]]] = {}
     configs: dict[str, dict] = {}
     for s, candidates in by_seed.items():
         for cd in candidates:
-            config = _configuration(cd)
+            config = _configuration(records[cd.key])
             ident = json.dumps(config, sort_keys=True)
             configs[ident] = config
             groups.setdefault(ident, {}).setdefault(s, []).append(cd)
@@ -539,12 +562,9 @@ def _configurations(by_seed: dict[int, list[CellDir]],
     return [(labels[i], g) for i, g in groups.items()]
 
 
-def _configuration(cd: CellDir) -> dict:
-    """A cell's resolved config without its seed (``{}`` when ``cell.json`` records none)."""
-    try:
-        config = (cd.read_cell() or CellRecord()).config
-    except OSError:
-        return {}
+def _configuration(record: CellRecord) -> dict:
+    """A cell's resolved config without its seed (``{}`` when its ``cell.json`` records none)."""
+    config = record.config
     return {k: v for k, v in config.items() if k != "seed"} if isinstance(config, dict) else {}
 
 

@@ -6,13 +6,14 @@ Every stored array is a field whose metadata (:class:`ArraySpec`) gives its dtyp
 shape; the checks a verified cell passes (:func:`arrays_problem`,
 :func:`training_features_problem`), the dtypes written and what each OOD score may need
 (:func:`needs`) are read from there.  Only this module spells a stored array name or a
-``cell.json`` key: every other module reads and writes fields, so a misspelt name is an
+``cell.json`` key: every other module reads and writes fields, and names a prediction
+array through :data:`ARRAYS` (an OOD score's ``reads``), so a misspelt name is an
 AttributeError or a TypeError, never a silent NaN.
 """
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Any, ClassVar, Mapping
 
 import numpy as np
@@ -126,6 +127,12 @@ class Predictions:
     def from_arrays(cls, arrays: Mapping[str, np.ndarray]) -> "Predictions":
         """From the arrays of a prediction file; ValueError naming what is missing or unknown."""
         return cls(**_named(cls, arrays, "a prediction file"))
+
+
+#: The names of the :class:`Predictions` arrays as attributes, taken from its fields
+#: (``ARRAYS.logits == "logits"``; a name it lacks is an AttributeError): how a module
+#: outside the store names a stored array, e.g. in an OOD score's ``reads``.
+ARRAYS = make_dataclass("PredictionArrays", [(f.name, str, f.name) for f in fields(Predictions)], frozen=True)()
 
 
 def _named(cls, arrays: Mapping[str, Any], what: str) -> dict[str, Any]:

@@ -125,5 +125,5 @@ def test_cells_per_gpu_runs_on_cpu(tmp_path):
     for k in (1, 2):  # every cell of every store is complete (manifest and sha256 checked)
         done, problems = cells_per_gpu.read_store(work / f"results_k{k}" / cells_per_gpu.SUITE_NAME)
         assert len(done) == 2 and not problems
-        assert sorted(c["seed"] for c in done) == [0, 1] and all(c["device"] == "cpu" for c in done)
-        assert all(c["train_seconds"] > 0 for c in done)
+        assert sorted(c.record.seed for c in done) == [0, 1] and all(c.record.device == "cpu" for c in done)
+        assert all(c.record.train_seconds > 0 for c in done)

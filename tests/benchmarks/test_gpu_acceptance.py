@@ -107,18 +107,17 @@ def test_projection_matches_a_hand_computation_from_the_stored_cells(dry_run):
     cells = {}
     for path in store.iterdir():
         if (path / "cell.json").exists():
-            info = CellDir(path).read_cell().to_json()
-            info["log"] = list(csv.DictReader((path / "train_log.csv").open()))
-            cells[info["method"]] = info
+            record = CellDir(path).read_cell()
+            cells[record.method] = (record, list(csv.DictReader((path / "train_log.csv").open())))
     assert set(cells) == set(ga.METHODS)
     proj = {r["method"]: r for r in tables(section(dry_run["report"], 4))[1]}
-    for name, cell in cells.items():
-        e1, e2 = float(cell["log"][0]["seconds"]), float(cell["log"][-1]["seconds"])
-        hours = 5 * (max(0.0, e1 - e2) + 300 * e2 * N_TRAIN / 90 + N_EVAL * cell["predict_seconds_per_1000"] / 1000) / 3600
+    for name, (record, log) in cells.items():
+        e1, e2 = float(log[0]["seconds"]), float(log[-1]["seconds"])
+        hours = 5 * (max(0.0, e1 - e2) + 300 * e2 * N_TRAIN / 90 + N_EVAL * record.predict_seconds_per_1000 / 1000) / 3600
         assert float(proj[name]["CPU-hours"]) == pytest.approx(hours, abs=0.006), name
     # a method not run borrows msp's rates, its prediction scaled by its passes, and says so
-    msp = cells["msp"]
-    p = msp["predict_seconds_per_1000"] / 1000 * 10
+    msp, _ = cells["msp"]
+    p = msp.predict_seconds_per_1000 / 1000 * 10
     assert float(proj["mc_dropout"]["eval (s/cell)"].replace(",", "")) == pytest.approx(N_EVAL * p, rel=0.01, abs=1)
     assert proj["mc_dropout"]["note"] == "rates of msp (not run here)"
     total = next(line for line in section(dry_run["report"], 4).splitlines() if line.startswith("**Total:"))

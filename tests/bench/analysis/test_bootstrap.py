@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import bench.metrics.resample as kernels  # what the vectorised kernels share
-import bench.analysis.bootstrap as S
+from bench.analysis import bootstrap
 from bench.metrics import Metric, selection
 from bench.core.registry import METRICS
 from tests.helpers.synthetic import make_case
@@ -54,34 +54,35 @@ def correctness_case(correct: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def test_resamples_are_seeded_sorted_and_consistent(monkeypatch):
     monkeypatch.setattr(kernels, "_CHUNK_ELEMENTS", 200)  # 4 rows per chunk: exercise the chunking
-    idx = S.index_matrix(50, 30, seed=7)
-    w = S.resample_weights(50, 30, seed=7)
+    idx = bootstrap.index_matrix(50, 30, seed=7)
+    w = bootstrap.resample_weights(50, 30, seed=7)
     assert idx.shape == (30, 50) and w.shape == (30, 50)
     assert np.all(np.diff(idx, axis=1) >= 0)  # rows sorted
-    assert np.array_equal(S.weights_from_index(idx, 50), w)
+    assert np.array_equal(bootstrap.weights_from_index(idx, 50), w)
     assert np.array_equal(w.sum(axis=1), np.full(30, 50))
     for b in (0, 13, 29):  # counts are the row's bincount
         assert np.array_equal(w[b], np.bincount(idx[b], minlength=50))
-    assert np.array_equal(S.index_matrix(50, 30, seed=7), idx)
-    assert not np.array_equal(S.index_matrix(50, 30, seed=8), idx)
+    assert np.array_equal(bootstrap.index_matrix(50, 30, seed=7), idx)
+    assert not np.array_equal(bootstrap.index_matrix(50, 30, seed=8), idx)
     # drawn in row chunks, yet the same stream as one integers(size=(B, n)) call
     draws = np.random.default_rng(7).integers(0, 50, size=(30, 50))
-    assert np.array_equal(S.weights_from_index(draws, 50), w)
+    assert np.array_equal(bootstrap.weights_from_index(draws, 50), w)
     # weights_from_index does not need sorted rows or M == n
-    assert np.array_equal(S.weights_from_index(np.array([[2, 0, 2]]), 4), [[1, 0, 2, 0]])
+    assert np.array_equal(bootstrap.weights_from_index(np.array([[2, 0, 2]]), 4), [[1, 0, 2, 0]])
 
 
 def test_bad_weights_are_rejected():
     p, y = make_case(10, 3, 0, None)
-    ok = S.resample_weights(10, 4, 0)
+    ok = bootstrap.resample_weights(10, 4, 0)
     for bad in (ok[:, :9], -ok, np.zeros((2, 10), int), ok + 0.5, ok[0]):
         with pytest.raises(ValueError):
-            S.boot_metric("accuracy", p, y, bad)
-    assert np.array_equal(S.boot_metric("accuracy", p, y, ok.astype(float)), S.boot_metric("accuracy", p, y, ok))
+            bootstrap.boot_metric("accuracy", p, y, bad)
+    assert np.array_equal(bootstrap.boot_metric("accuracy", p, y, ok.astype(float)),
+                          bootstrap.boot_metric("accuracy", p, y, ok))
     with pytest.raises(Exception, match="unknown metric"):
-        S.boot_metric("acuracy", p, y, ok)
+        bootstrap.boot_metric("acuracy", p, y, ok)
     with pytest.raises(ValueError):
-        S.weights_from_index(np.array([[0, 10]]), 10)
+        bootstrap.weights_from_index(np.array([[0, 10]]), 10)
 
 
 # ------------------------------------------------------------ exactness of the bootstrap
@@ -94,10 +95,10 @@ def test_boot_metric_equals_metric_on_resampled_arrays(seed, decimals):
     """For every resample b: boot_metric(...)[b] == metric(probs[idx[b]], labels[idx[b]]),
     ties included (rounded probabilities: tied confidences, tied argmax)."""
     p, y = make_case(30 + 17 * seed, 3, seed, decimals)
-    idx = S.index_matrix(y.shape[0], 40, seed=seed)
-    w = S.weights_from_index(idx, y.shape[0])
+    idx = bootstrap.index_matrix(y.shape[0], 40, seed=seed)
+    w = bootstrap.weights_from_index(idx, y.shape[0])
     for name in VECTORISED_CLASSIFICATION:
-        assert_same(S.boot_metric(name, p, y, w), reference(name, idx, p, y), f"{name} seed={seed} dec={decimals}")
+        assert_same(bootstrap.boot_metric(name, p, y, w), reference(name, idx, p, y), f"{name} seed={seed} dec={decimals}")
 
 
 def test_the_paper_selection_is_vectorised():
@@ -111,10 +112,10 @@ def test_float32_and_bin_edges():
     conf = rng.choice(np.array([0.2, 0.4, 1 / 3, 0.6, 0.8, 1.0], np.float32), size=60)
     probs = np.stack([conf, 1 - conf], axis=1).astype(np.float32)
     y = (rng.random(60) < 0.3).astype(np.int64)
-    idx = S.index_matrix(60, 40, seed=3)
-    w = S.weights_from_index(idx, 60)
+    idx = bootstrap.index_matrix(60, 40, seed=3)
+    w = bootstrap.weights_from_index(idx, 60)
     for name in VECTORISED_CLASSIFICATION:
-        assert_same(S.boot_metric(name, probs, y, w), reference(name, idx, probs, y), name)
+        assert_same(bootstrap.boot_metric(name, probs, y, w), reference(name, idx, probs, y), name)
 
 
 def test_fpr95_drop_intermediate_paths_are_both_exercised(monkeypatch):
@@ -131,9 +132,9 @@ def test_fpr95_drop_intermediate_paths_are_both_exercised(monkeypatch):
     n_rows = 0
     for seed in range(3):
         p, y = make_case(80, 3, seed, None)  # distinct scores: straight runs of equal steps
-        idx = S.index_matrix(80, 100, seed=seed)
-        w = S.weights_from_index(idx, 80)
-        got = S.boot_metric("failure_fpr95", p, y, w)
+        idx = bootstrap.index_matrix(80, 100, seed=seed)
+        w = bootstrap.weights_from_index(idx, 80)
+        got = bootstrap.boot_metric("failure_fpr95", p, y, w)
         assert_same(got, reference("failure_fpr95", idx, p, y), f"seed={seed}")
         n_rows += 100
     assert 0 < len(calls) < n_rows
@@ -144,20 +145,20 @@ def test_undefined_resamples_are_nan():
     correct = np.ones(25, bool)
     correct[7] = False
     p, y = correctness_case(correct)
-    idx = S.index_matrix(25, 60, seed=1)
-    w = S.weights_from_index(idx, 25)
+    idx = bootstrap.index_matrix(25, 60, seed=1)
+    w = bootstrap.weights_from_index(idx, 25)
     for name in VECTORISED_CLASSIFICATION:
-        got = S.boot_metric(name, p, y, w)
+        got = bootstrap.boot_metric(name, p, y, w)
         assert_same(got, reference(name, idx, p, y), name)
-    auroc = S.boot_metric("failure_auroc", p, y, w)
+    auroc = bootstrap.boot_metric("failure_auroc", p, y, w)
     assert np.isnan(auroc).any() and not np.isnan(auroc).all()
     # all correct: undefined everywhere; all wrong: AUPR-Success undefined, E-AURC = 0
     p, y = correctness_case(np.ones(25, bool))
-    assert np.isnan(S.boot_metric("failure_auroc", p, y, w)).all()
-    assert np.isnan(S.boot_metric("failure_aupr_error", p, y, w)).all()
+    assert np.isnan(bootstrap.boot_metric("failure_auroc", p, y, w)).all()
+    assert np.isnan(bootstrap.boot_metric("failure_aupr_error", p, y, w)).all()
     p, y = correctness_case(np.zeros(25, bool))
-    assert np.isnan(S.boot_metric("failure_aupr_success", p, y, w)).all()
-    np.testing.assert_allclose(S.boot_metric("eaurc", p, y, w), 0.0, atol=ATOL)
+    assert np.isnan(bootstrap.boot_metric("failure_aupr_success", p, y, w)).all()
+    np.testing.assert_allclose(bootstrap.boot_metric("eaurc", p, y, w), 0.0, atol=ATOL)
 
 
 @pytest.mark.parametrize("seed,decimals", [(0, None), (1, 1), (2, 0), (3, 1)])
@@ -169,11 +170,11 @@ def test_boot_ood_metric_equals_metric_on_resampled_arrays(seed, decimals):
     s_ood = rng.normal(0.0, 1.0, 28)
     if decimals is not None:
         s_id, s_ood = np.round(s_id, decimals), np.round(s_ood, decimals)
-    idx_id = S.index_matrix(s_id.shape[0], 40, seed=seed)
-    idx_ood = S.index_matrix(s_ood.shape[0], 40, seed=seed + 100)
-    w_id, w_ood = S.weights_from_index(idx_id, s_id.shape[0]), S.weights_from_index(idx_ood, s_ood.shape[0])
+    idx_id = bootstrap.index_matrix(s_id.shape[0], 40, seed=seed)
+    idx_ood = bootstrap.index_matrix(s_ood.shape[0], 40, seed=seed + 100)
+    w_id, w_ood = bootstrap.weights_from_index(idx_id, s_id.shape[0]), bootstrap.weights_from_index(idx_ood, s_ood.shape[0])
     for name in VECTORISED_OOD:
-        got = S.boot_ood_metric(name, s_id, s_ood, w_id, w_ood)
+        got = bootstrap.boot_ood_metric(name, s_id, s_ood, w_id, w_ood)
         assert_same(got, reference_ood(name, idx_id, idx_ood, s_id, s_ood), f"{name} seed={seed}")
 
 
@@ -184,8 +185,8 @@ def test_unvectorised_registered_metric_falls_back_to_exact_loop(monkeypatch):
     monkeypatch.setitem(METRICS._items, "test_top2_mass", Metric(
         "test_top2_mass", top2_mass, "calibration", "top2", "", True, "Mass of the two largest probabilities."))
     p, y = make_case(20, 4, 0, 2)
-    idx = S.index_matrix(20, 10, seed=0)
-    got = S.boot_metric("test_top2_mass", p, y, S.weights_from_index(idx, 20))
+    idx = bootstrap.index_matrix(20, 10, seed=0)
+    got = bootstrap.boot_metric("test_top2_mass", p, y, bootstrap.weights_from_index(idx, 20))
     assert_same(got, reference("test_top2_mass", idx, p, y), "fallback")
 
 
@@ -197,8 +198,8 @@ def test_accuracy_ci_matches_normal_approximation():
     n = 4000
     correct = rng.random(n) < 0.8
     p, y = correctness_case(correct)
-    acc = S.boot_metric("accuracy", p, y, S.resample_weights(n, 1000, seed=0))
-    low, high = S.bootstrap_ci(acc)
+    acc = bootstrap.boot_metric("accuracy", p, y, bootstrap.resample_weights(n, 1000, seed=0))
+    low, high = bootstrap.bootstrap_ci(acc)
     phat = correct.mean()
     half = 1.96 * np.sqrt(phat * (1 - phat) / n)  # ~0.0124
     assert abs(low - (phat - half)) < 0.2 * half
@@ -207,18 +208,18 @@ def test_accuracy_ci_matches_normal_approximation():
 
 def test_bootstrap_ci_rules():
     v = np.arange(101, dtype=float)  # percentiles 2.5 and 97.5 of 0..100
-    assert S.bootstrap_ci(v) == pytest.approx((2.5, 97.5))
-    assert S.bootstrap_ci(np.append(v, [np.nan, np.nan])) == pytest.approx((2.5, 97.5))  # NaN ignored
-    assert S.bootstrap_ci(v, level=0.5) == pytest.approx((25.0, 75.0))
-    assert all(np.isnan(S.bootstrap_ci(np.full(5, np.nan))))
+    assert bootstrap.bootstrap_ci(v) == pytest.approx((2.5, 97.5))
+    assert bootstrap.bootstrap_ci(np.append(v, [np.nan, np.nan])) == pytest.approx((2.5, 97.5))  # NaN ignored
+    assert bootstrap.bootstrap_ci(v, level=0.5) == pytest.approx((25.0, 75.0))
+    assert all(np.isnan(bootstrap.bootstrap_ci(np.full(5, np.nan))))
     with pytest.raises(ValueError):
-        S.bootstrap_ci(v, level=95)
+        bootstrap.bootstrap_ci(v, level=95)
 
 
 def test_same_seed_same_interval():
     p, y = make_case(300, 5, 1, 2)
     cis = [
-        S.bootstrap_ci(S.boot_metric("failure_auroc", p, y, S.resample_weights(300, 200, seed=s)))
+        bootstrap.bootstrap_ci(bootstrap.boot_metric("failure_auroc", p, y, bootstrap.resample_weights(300, 200, seed=s)))
         for s in (5, 5, 6)
     ]
     assert cis[0] == cis[1]
@@ -236,29 +237,29 @@ def test_pairing_shrinks_the_spread_of_a_difference():
     flip = rng.choice(n, 10, replace=False)
     correct_b[flip] = ~correct_b[flip]
     (pa, y), (pb, _) = correctness_case(correct_a), correctness_case(correct_b)
-    w, w_other = S.resample_weights(n, 1000, seed=0), S.resample_weights(n, 1000, seed=1)
-    paired = S.boot_metric("accuracy", pa, y, w) - S.boot_metric("accuracy", pb, y, w)
-    unpaired = S.boot_metric("accuracy", pa, y, w) - S.boot_metric("accuracy", pb, y, w_other)
+    w, w_other = bootstrap.resample_weights(n, 1000, seed=0), bootstrap.resample_weights(n, 1000, seed=1)
+    paired = bootstrap.boot_metric("accuracy", pa, y, w) - bootstrap.boot_metric("accuracy", pb, y, w)
+    unpaired = bootstrap.boot_metric("accuracy", pa, y, w) - bootstrap.boot_metric("accuracy", pb, y, w_other)
     assert paired.std() < 0.3 * unpaired.std()
     assert np.all(np.abs(paired) <= 10 * 10 / n)  # at most 10 flips, each drawn <= ~10 times
 
 
 def test_seed_mean_distribution():
     a, b, c = np.array([1.0, 2.0, 3.0]), np.array([3.0, 2.0, np.nan]), np.array([2.0, 2.0, 0.0])
-    np.testing.assert_array_equal(S.seed_mean_distribution([a, b, c])[:2], [2.0, 2.0])
-    assert np.isnan(S.seed_mean_distribution([a, b, c])[2])
+    np.testing.assert_array_equal(bootstrap.seed_mean_distribution([a, b, c])[:2], [2.0, 2.0])
+    assert np.isnan(bootstrap.seed_mean_distribution([a, b, c])[2])
     # per seed on the same resamples: the CI of the seed-mean is narrower than one seed's
     p1, y = make_case(400, 4, 0, None)
     p2, _ = make_case(400, 4, 0, None)
     p2 = np.roll(p2, 1, axis=1)  # another "seed": a different predictor on the same labels
-    w = S.resample_weights(400, 300, seed=0)
-    per_seed = [S.boot_metric("nll", q, y, w) for q in (p1, p2)]
-    mean = S.seed_mean_distribution(per_seed)
+    w = bootstrap.resample_weights(400, 300, seed=0)
+    per_seed = [bootstrap.boot_metric("nll", q, y, w) for q in (p1, p2)]
+    mean = bootstrap.seed_mean_distribution(per_seed)
     np.testing.assert_allclose(mean, (per_seed[0] + per_seed[1]) / 2)
     with pytest.raises(ValueError):
-        S.seed_mean_distribution([a, a[:2]])
+        bootstrap.seed_mean_distribution([a, a[:2]])
     with pytest.raises(ValueError):
-        S.seed_mean_distribution([])
+        bootstrap.seed_mean_distribution([])
 
 
 # ---------------------------------------------------------------------- p-values
@@ -267,21 +268,21 @@ def test_seed_mean_distribution():
 def test_identical_methods_give_p_one_and_different_ones_small_p():
     rng = np.random.default_rng(4)
     n = 1000
-    w = S.resample_weights(n, 1000, seed=0)
+    w = bootstrap.resample_weights(n, 1000, seed=0)
     correct_a = rng.random(n) < 0.9
     pa, y = correctness_case(correct_a)
-    acc_a = S.boot_metric("accuracy", pa, y, w)
-    assert S.paired_z_test(acc_a - acc_a, 0.0) == 1.0
+    acc_a = bootstrap.boot_metric("accuracy", pa, y, w)
+    assert bootstrap.paired_z_test(acc_a - acc_a, 0.0) == 1.0
 
     correct_b = correct_a & (rng.random(n) < 0.78)  # ~0.7 accuracy, always worse
     pb, _ = correctness_case(correct_b)
-    acc_b = S.boot_metric("accuracy", pb, y, w)
+    acc_b = bootstrap.boot_metric("accuracy", pb, y, w)
     observed = correct_a.mean() - correct_b.mean()
-    assert S.paired_z_test(acc_a - acc_b, observed) < 0.01
-    assert S.paired_z_test(acc_b - acc_a, -observed) < 0.01
+    assert bootstrap.paired_z_test(acc_a - acc_b, observed) < 0.01
+    assert bootstrap.paired_z_test(acc_b - acc_a, -observed) < 0.01
     # and for a sort-based metric
-    au_a = S.boot_metric("failure_auroc", pa, y, w)
-    assert S.paired_z_test(au_a - au_a, 0.0) == 1.0
+    au_a = bootstrap.boot_metric("failure_auroc", pa, y, w)
+    assert bootstrap.paired_z_test(au_a - au_a, 0.0) == 1.0
 
 
 # -------------------------------------------------------------------------- Holm
@@ -292,15 +293,15 @@ def test_holm_hand_worked():
     # Multipliers m - j + 1 = 4, 3, 2, 1:  4*0.005 = 0.02, 3*0.01 = 0.03, 2*0.03 = 0.06, 1*0.04 = 0.04.
     # Running maximum (monotone step-down):   0.02,        0.03,        0.06,        0.06.
     # Back in input order: #0 -> 0.03, #1 -> 0.06, #2 -> 0.06, #3 -> 0.02.
-    np.testing.assert_allclose(S.holm([0.01, 0.04, 0.03, 0.005]), [0.03, 0.06, 0.06, 0.02])
+    np.testing.assert_allclose(bootstrap.holm([0.01, 0.04, 0.03, 0.005]), [0.03, 0.06, 0.06, 0.02])
     # cap at 1: [0.5, 0.6] -> 2*0.5 = 1.0, max(1.0, 1*0.6) = 1.0
-    np.testing.assert_allclose(S.holm([0.5, 0.6]), [1.0, 1.0])
+    np.testing.assert_allclose(bootstrap.holm([0.5, 0.6]), [1.0, 1.0])
     # NaN stays NaN and is not counted: m = 2 -> 2*0.01 = 0.02, max(0.02, 0.04) = 0.04
-    np.testing.assert_allclose(S.holm([0.01, np.nan, 0.04]), [0.02, np.nan, 0.04])
-    np.testing.assert_allclose(S.holm([0.2]), [0.2])
-    assert S.holm([]).shape == (0,)
+    np.testing.assert_allclose(bootstrap.holm([0.01, np.nan, 0.04]), [0.02, np.nan, 0.04])
+    np.testing.assert_allclose(bootstrap.holm([0.2]), [0.2])
+    assert bootstrap.holm([]).shape == (0,)
     with pytest.raises(ValueError):
-        S.holm([0.5, 1.5])
+        bootstrap.holm([0.5, 1.5])
 
 
 def test_holm_agrees_with_the_step_down_procedure():
@@ -310,7 +311,7 @@ def test_holm_agrees_with_the_step_down_procedure():
     for _ in range(200):
         m = int(rng.integers(1, 8))
         p = np.round(rng.random(m) ** 3, 3)
-        adj = S.holm(p)
+        adj = bootstrap.holm(p)
         assert np.all(adj >= p) and np.all(adj <= 1)
         for alpha in (0.01, 0.05, 0.1, 0.2):
             rejected = np.zeros(m, bool)
@@ -327,14 +328,14 @@ def test_paired_z_test_matches_the_normal_tail_and_is_not_floored_by_b():
     rng = np.random.default_rng(3)
     diff = rng.normal(0.05, 0.01, 1000)  # effect 5 standard errors away from 0
     se = diff.std(ddof=1)
-    assert S.paired_z_test(diff, 0.05) == pytest.approx(2 * norm.sf(0.05 / se))
-    assert S.paired_z_test(diff, 0.05) < 2 / 1001 / 100  # far below the percentile test's floor
-    assert S.paired_z_test(diff, 0.0) == 1.0
-    assert S.paired_z_test(np.zeros(10), 0.1) == 0.0
-    assert np.isnan(S.paired_z_test(np.full(5, np.nan), 0.1))
+    assert bootstrap.paired_z_test(diff, 0.05) == pytest.approx(2 * norm.sf(0.05 / se))
+    assert bootstrap.paired_z_test(diff, 0.05) < 2 / 1001 / 100  # far below the percentile test's floor
+    assert bootstrap.paired_z_test(diff, 0.0) == 1.0
+    assert bootstrap.paired_z_test(np.zeros(10), 0.1) == 0.0
+    assert np.isnan(bootstrap.paired_z_test(np.full(5, np.nan), 0.1))
     # a clear effect survives Holm over 60 comparisons, which a percentile-count p-value
     # (at least 2/(B+1) = 0.002, times 60 > 0.05) cannot
-    assert S.holm([S.paired_z_test(diff, 0.05)] + [0.5] * 59)[0] < 0.05
+    assert bootstrap.holm([bootstrap.paired_z_test(diff, 0.05)] + [0.5] * 59)[0] < 0.05
     assert 60 * 2 / 1001 > 0.05
 
 
@@ -352,18 +353,18 @@ def test_two_level_without_test_noise_is_the_classical_t_interval_and_t_tests():
 
     a, b = np.array([0.71, 0.80, 0.86, 0.78]), np.array([0.75, 0.84, 0.85, 0.90])
     units_a, units_b = dict(enumerate(a)), dict(enumerate(b))
-    lo, hi = S.seed_mean(units_a, flat(units_a)).interval()
+    lo, hi = bootstrap.seed_mean(units_a, flat(units_a)).interval()
     assert (lo, hi) == pytest.approx(sp.t.interval(0.95, len(a) - 1, loc=a.mean(), scale=sp.sem(a)), rel=1e-12)
-    paired = S.difference(units_a, flat(units_a), units_b, flat(units_b), paired=True)
+    paired = bootstrap.difference(units_a, flat(units_a), units_b, flat(units_b), paired=True)
     assert paired.p_value() == pytest.approx(sp.ttest_rel(a, b).pvalue, rel=1e-10) and paired.measured
     # unpaired: Welch's statistic on the smaller S - 1 degrees of freedom (Hsu's conservative df)
-    welch = S.difference(units_a, flat(units_a), units_b, flat(units_b), paired=False)
+    welch = bootstrap.difference(units_a, flat(units_a), units_b, flat(units_b), paired=False)
     t_welch = (a.mean() - b.mean()) / np.sqrt(a.var(ddof=1) / 4 + b.var(ddof=1) / 4)
     assert t_welch == pytest.approx(sp.ttest_ind(a, b, equal_var=False).statistic, rel=1e-12)
     assert welch.p_value() == pytest.approx(2 * sp.t.sf(abs(t_welch), 3), rel=1e-10)
     # units keyed by different seeds cannot be paired: Welch
     other = {k + 10: v for k, v in units_b.items()}
-    assert S.difference(units_a, flat(units_a), other, flat(other), paired=True).p_value() == pytest.approx(
+    assert bootstrap.difference(units_a, flat(units_a), other, flat(other), paired=True).p_value() == pytest.approx(
         welch.p_value(), rel=1e-12)
 
 
@@ -375,14 +376,14 @@ def test_two_level_of_single_runs_is_the_bootstrap_z_test_and_seeds_without_spre
     noise -= noise.mean(axis=1, keepdims=True)  # no bootstrap bias: the centre stays at the point
     boots_a, boots_b = {0: 0.80 + noise[0]}, {0: 0.78 + noise[1]}
     diff = boots_a[0] - boots_b[0]
-    one = S.difference({0: 0.80}, boots_a, {0: 0.78}, boots_b, paired=True)
-    assert not one.measured and one.p_value() == pytest.approx(S.paired_z_test(diff, 0.02), rel=1e-10)
+    one = bootstrap.difference({0: 0.80}, boots_a, {0: 0.78}, boots_b, paired=True)
+    assert not one.measured and one.p_value() == pytest.approx(bootstrap.paired_z_test(diff, 0.02), rel=1e-10)
     assert one.p_value() == pytest.approx(2 * norm.sf(0.02 / diff.std(ddof=1)), rel=1e-10)
     # three seeds that agree exactly, every seed with the same test-sample noise: the
     # bootstrap variance is all shared, and the t quantile has S - 1 = 2 df
     three_a = {k: 0.80 + noise[0] for k in range(3)}
     three_b = {k: 0.78 + noise[1] for k in range(3)}
-    est = S.difference(dict.fromkeys(range(3), 0.80), three_a, dict.fromkeys(range(3), 0.78), three_b, paired=True)
+    est = bootstrap.difference(dict.fromkeys(range(3), 0.80), three_a, dict.fromkeys(range(3), 0.78), three_b, paired=True)
     assert est.measured and est.df == 2
     assert est.p_value() == pytest.approx(2 * t.sf(0.02 / diff.std(ddof=1), 2), rel=1e-10)
 
@@ -398,10 +399,10 @@ def test_a_difference_where_nothing_varied_is_not_a_significant_one():
     ts = {0: base[0] + 1e-9 + noise * 1e-3, 1: base[1] + 1e-9 - noise * 1e-3}
     units = {0: 0.9, 1: 0.8}
     rounded = {0: 0.9 + 1e-9, 1: 0.8 + 1e-9}
-    est = S.difference(rounded, ts, units, base, paired=True)
+    est = bootstrap.difference(rounded, ts, units, base, paired=True)
     assert est.se == 0.0 and est.center != 0.0  # the case: nothing varied, a rounding-size centre
     assert not est.p_value() < 0.05
-    assert not S.seeds_needed(rounded, ts, units, base, paired=True) < 1000
+    assert not bootstrap.seeds_needed(rounded, ts, units, base, paired=True) < 1000
 
 
 def test_two_level_variance_counts_each_seeds_own_test_noise_once():
@@ -411,12 +412,12 @@ def test_two_level_variance_counts_each_seeds_own_test_noise_once():
     shared = rng.normal(0.0, 0.01, 1000)  # the test images' effect, common to every seed
     rows = np.stack([0.8 + d + shared + rng.normal(0.0, 0.02, 1000) for d in (-0.05, 0.0, 0.06)])
     units = {k: float(rows[k].mean()) for k in range(3)}
-    est = S.seed_mean(units, dict(enumerate(rows)))
+    est = bootstrap.seed_mean(units, dict(enumerate(rows)))
     v_t, v_s = rows.mean(axis=0).var(ddof=1), rows.var(axis=1, ddof=1).mean()
     variance = np.var(list(units.values()), ddof=1) / 3 + v_t - (v_s - v_t) / 2
     assert est.se == pytest.approx(np.sqrt(variance), rel=1e-12)
     assert est.df == 2
-    one = S.seed_mean({0: units[0]}, {0: rows[0]})
+    one = bootstrap.seed_mean({0: units[0]}, {0: rows[0]})
     assert not one.measured and one.se == pytest.approx(rows[0].std(ddof=1), rel=1e-12) and np.isinf(one.df)
 
 
@@ -424,10 +425,10 @@ def test_two_level_centre_removes_the_bootstrap_bias():
     """A statistic whose resamples run 0.01 above it (as plug-in ECE's do): the interval is
     centred 0.01 below the point, where the percentile interval sits 0.01 above."""
     row = np.random.default_rng(0).normal(0.06, 0.005, 1000)
-    est = S.seed_mean({0: 0.05}, {0: row})
+    est = bootstrap.seed_mean({0: 0.05}, {0: row})
     assert est.center == pytest.approx(0.05 - (row.mean() - 0.05), abs=1e-12)
     lo, hi = est.interval()
-    assert (lo + hi) / 2 == pytest.approx(est.center) and hi < S.bootstrap_ci(row)[1] - 0.015
+    assert (lo + hi) / 2 == pytest.approx(est.center) and hi < bootstrap.bootstrap_ci(row)[1] - 0.015
 
 
 def _c4(k: int) -> float:
@@ -457,16 +458,16 @@ def test_seeds_needed_reaches_80_percent_power_by_the_noncentral_t():
 
     a = _four_seeds(_c4(4))  # s / c4 = 1
     b = dict.fromkeys(range(4), 0.0)
-    n = S.seeds_needed(a, flat(a), b, flat(b), paired=True)
+    n = bootstrap.seeds_needed(a, flat(a), b, flat(b), paired=True)
     assert n == 10
     assert power(int(n), 1.0) >= 0.79 and power(int(n) - 1, 1.0) < 0.8
     # test-image noise shared by every seed, larger than the difference can carry: no seed count helps
     shared = np.random.default_rng(1).normal(0.0, 3.0, 500)
-    assert np.isinf(S.seeds_needed(a, {k: v + shared for k, v in a.items()}, b, flat(b, 500), paired=True))
+    assert np.isinf(bootstrap.seeds_needed(a, {k: v + shared for k, v in a.items()}, b, flat(b, 500), paired=True))
     # no difference at all (temperature scaling's accuracy, say): never significant
-    assert np.isinf(S.seeds_needed(a, flat(a), a, flat(a), paired=True))
+    assert np.isinf(bootstrap.seeds_needed(a, flat(a), a, flat(a), paired=True))
     # a side with one run: its seed variance is unknown
-    assert np.isnan(S.seeds_needed({0: 1.0}, flat({0: 1.0}), {0: 0.0}, flat({0: 0.0}), paired=True))
+    assert np.isnan(bootstrap.seeds_needed({0: 1.0}, flat({0: 1.0}), {0: 0.0}, flat({0: 0.0}), paired=True))
 
 
 def test_a_difference_observed_to_be_zero_is_not_marked_by_the_bootstrap_bias():
@@ -479,10 +480,10 @@ def test_a_difference_observed_to_be_zero_is_not_marked_by_the_bootstrap_bias():
     dips = {k: np.where(rng.random(1000) < 0.1, 0.99, 1.0) for k in range(3)}
     flat = {k: np.ones(1000) for k in range(3)}
     units = dict.fromkeys(range(3), 1.0)
-    est = S.difference(units, dips, units, flat, paired=True)
+    est = bootstrap.difference(units, dips, units, flat, paired=True)
     assert est.center == 0.0 and est.p_value() == 1.0
     # a real difference of the same size is still tested on its centre
-    shifted = S.difference(units, dips, dict.fromkeys(range(3), 0.99), flat, paired=True)
+    shifted = bootstrap.difference(units, dips, dict.fromkeys(range(3), 0.99), flat, paired=True)
     assert shifted.center != 0.0
 
 
@@ -500,17 +501,17 @@ def test_a_bias_corrected_estimate_is_centred_on_itself_and_others_lose_the_boot
     units_a, units_b = {0: 0.05, 1: 0.06, 2: 0.055}, {0: 0.04, 1: 0.048, 2: 0.039}
     point = np.mean(list(units_a.values()))
     boot_mean = np.mean([r.mean() for r in rows_a.values()])
-    assert S.seed_mean(units_a, rows_a, bias_corrected=True).center == pytest.approx(point, abs=1e-15)
-    assert S.seed_mean(units_a, rows_a).center == pytest.approx(2 * point - boot_mean, abs=1e-12)
-    lo, hi = S.seed_mean(units_a, rows_a, bias_corrected=True).interval()
+    assert bootstrap.seed_mean(units_a, rows_a, bias_corrected=True).center == pytest.approx(point, abs=1e-15)
+    assert bootstrap.seed_mean(units_a, rows_a).center == pytest.approx(2 * point - boot_mean, abs=1e-12)
+    lo, hi = bootstrap.seed_mean(units_a, rows_a, bias_corrected=True).interval()
     assert (lo + hi) / 2 == pytest.approx(point, abs=1e-12)
     diff = np.mean(list(units_a.values())) - np.mean(list(units_b.values()))
-    est = S.difference(units_a, rows_a, units_b, rows_b, paired=True, bias_corrected=True)
+    est = bootstrap.difference(units_a, rows_a, units_b, rows_b, paired=True, bias_corrected=True)
     assert est.center == pytest.approx(diff, abs=1e-15)
     assert est.p_value() == pytest.approx(2 * sp.t.sf(abs(diff) / est.se, 2), rel=1e-12)
-    plain = S.difference(units_a, rows_a, units_b, rows_b, paired=True)  # any metric's test: the observed difference
+    plain = bootstrap.difference(units_a, rows_a, units_b, rows_b, paired=True)  # any metric's test: the observed difference
     assert plain.center == pytest.approx(diff, abs=1e-15) and plain.se == est.se
-    shifted = S.difference(units_a, rows_a, units_b, rows_b, paired=True, bias_corrected=False)
+    shifted = bootstrap.difference(units_a, rows_a, units_b, rows_b, paired=True, bias_corrected=False)
     boot_diff = boot_mean - np.mean([r.mean() for r in rows_b.values()])
     assert shifted.se == est.se and shifted.center == pytest.approx(2 * diff - boot_diff, abs=1e-12)
 
@@ -529,9 +530,9 @@ def test_seeds_needed_in_a_holm_family_uses_alpha_over_its_size():
         return next(s for s in range(2, 1001)
                     if np.sqrt(s) >= sp.t.ppf(1 - 0.05 / (2 * m), s - 1) + sp.t.ppf(0.8, s - 1))
 
-    assert S.seeds_needed(a, flat(a), b, flat(b), paired=True) == expected(1) == 10
+    assert bootstrap.seeds_needed(a, flat(a), b, flat(b), paired=True) == expected(1) == 10
     for m in (10, 60):
-        assert S.seeds_needed(a, flat(a), b, flat(b), paired=True, family=m) == expected(m)
+        assert bootstrap.seeds_needed(a, flat(a), b, flat(b), paired=True, family=m) == expected(m)
     assert expected(60) > expected(10) > expected(1)
     with pytest.raises(ValueError, match="family must be a positive integer"):
-        S.seeds_needed(a, flat(a), b, flat(b), paired=True, family=0)
+        bootstrap.seeds_needed(a, flat(a), b, flat(b), paired=True, family=0)

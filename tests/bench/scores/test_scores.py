@@ -3,6 +3,9 @@ numpy from the papers' formulas) and OpenOOD v1.5's postprocessor formulas, thro
 registry (``bench.core.registry.SCORES``) and the plain functions of ``bench.scores``."""
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import numpy as np
 import pytest
 from scipy.special import log_softmax, logsumexp
@@ -13,7 +16,7 @@ from sklearn.neighbors import NearestNeighbors
 from bench.core.errors import ConfigError
 from bench.core.registry import SCORES
 from bench.store import Predictions
-from bench.scores import (GDA_JITTERS, TRAINING, TrainingFeatures, default_scores, fit_gda, fit_knn, gda_log_density,
+from bench.scores import (ARRAYS, GDA_JITTERS, TRAINING, TrainingFeatures, default_scores, fit_gda, fit_knn, gda_log_density,
                           get_score, knn_k, knn_score, ood_score, validate_scores, vim_dim)
 
 
@@ -331,6 +334,29 @@ def multivariate_logpdf(x, cov, mean):
     from scipy.stats import multivariate_normal
 
     return multivariate_normal(mean, cov).logpdf(x)
+
+
+def test_scores_name_the_arrays_they_read_through_the_store_record():
+    """``reads`` names stored arrays through ``ARRAYS`` (the fields of ``Predictions``): a
+    misspelt name is an AttributeError where the score is declared, and no score of
+    ``bench/`` spells an array name as a string."""
+    with pytest.raises(AttributeError, match="logit"):
+        ARRAYS.logit  # noqa: B018
+
+    @ood_score("Neg. max prob", "-max_c p_c: a test plugin's score.", reads=(ARRAYS.log_probs, ARRAYS.logits),
+               name="test_plugin_two_arrays")
+    def two(preds, _fitted=None):
+        return -preds.log_probs.max(axis=1)
+
+    assert get_score("test_plugin_two_arrays").needs == ("probabilities", "logits")
+    assert get_score("test_plugin_two_arrays").lacks(as_preds({"log_probs": np.zeros((2, 2))}), False) == "logits"
+    spelt = []
+    for path in sorted((Path(__file__).resolve().parents[3] / "bench").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.keyword) and node.arg == "reads":
+                spelt += [f"{path.name}:{c.lineno}" for c in ast.walk(node.value)
+                          if isinstance(c, ast.Constant) and isinstance(c.value, str)]
+    assert not spelt, f"array names spelt as strings in reads=: {spelt}"
 
 
 def test_unknown_score_names_the_closest_one():

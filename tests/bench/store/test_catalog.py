@@ -14,9 +14,11 @@ import bench.train.vit  # noqa: F401  (registers the attention layers the suite 
 import datasets  # noqa: F401
 import methods  # noqa: F401
 from bench.analysis import analyse
+from bench.analysis.summary import efficiency
+from bench.run.report import cells_record
 from bench.store.catalog import open_store
 from bench.store.plan import make_plan
-from bench.core.registry import METHODS
+from bench.core.registry import DATASETS, METHODS
 from bench.config.spec import Overrides, load_suite
 from tests.helpers.synthetic import fake_store, fake_suite
 
@@ -84,6 +86,23 @@ def test_with_a_suite_only_its_configuration_is_used(tmp_path, suite_file):
     assert {k: cd.key for k, cd in catalog.cells.items()} == {("mnist5k", "msp", 0): one[("msp", 0)]}
     left = catalog.left_out([(c.key, c.dataset.name, c.method.name, c.seed) for c in plan.cells])
     assert [(c.key, c.seed, c.state) for c in left] == [(one[("msp", 1)], 1, "missing")]
+
+
+def test_every_reader_takes_the_cell_records_the_scan_read(tmp_path, suite_file):
+    """Each ``cell.json`` is read once per catalog: replaced by garbage after the store was
+    opened, the costs (trained and derived rows), the report's cells record and the
+    dataset's class still come from what ``open_store`` read."""
+    results = tmp_path / "results"
+    fake_store(results, suite_file)  # every cell: 1000 parameters, 1 s training, 10 MB
+    catalog = open_store(results / "mix")
+    for cd in catalog.cells.values():
+        (cd.path / "cell.json").write_text("{not json")
+    costs = efficiency(catalog).set_index("method")
+    assert costs.loc["msp", ["parameters", "train_seconds", "peak_memory_mb"]].tolist() == [1000, 1.0, 10.0]
+    assert costs.loc["ens", ["parameters", "train_seconds"]].tolist() == [2000, 2.0]  # two members
+    configurations = {c["configuration"] for c in cells_record(catalog, {"msp"})}
+    assert len(configurations) == 1 and None not in configurations
+    assert catalog.dataset_class("mnist5k") is DATASETS.get("mnist5k")
 
 
 def _test_accuracy(cell) -> float:
