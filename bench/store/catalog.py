@@ -462,18 +462,6 @@ def _choose(candidates: list[CellDir], planned: set[str],
     return None, "", "no usable cell", ""
 
 
-def stored_cell(root: Path, dataset: str, method: str, seed: int, key: str) -> CellDir | None:
-    """The complete cell ``key`` of (dataset, method, seed) in the store at ``root``, chosen
-    among that triple's directories as :func:`open_store` chooses the cells analysis uses
-    (a two-stage method's stage 1, ``bench.train.cell``), with every file verified, checkpoint
-    included; None when the store holds no such complete cell."""
-    found, _, records = _scan(Path(root))
-    cd, _, _, _ = _choose(found.get((dataset, method, int(seed)), []), {key}, records)
-    if cd is None or cd.key != key or cd.condition()[0] != "complete":
-        return None
-    return cd
-
-
 def open_store(root: Path, suite=None, planned: set[str] = frozenset()) -> Catalog:
     """The catalog of the store at ``root``.
 
@@ -645,5 +633,5 @@ def _described_entry(m: dict, where: str) -> MethodEntry:
     return _entry(m["name"], type_, kind, options)
 
 
-__all__ = ["Catalog", "MethodEntry", "LeftOut", "open_store", "stored_cell", "describe_suite", "write_store_description",
+__all__ = ["Catalog", "MethodEntry", "LeftOut", "open_store", "describe_suite", "write_store_description",
            "live_runner", "describe_runner"]

@@ -5,7 +5,8 @@ split's ``preds/<split>.npz``), :class:`TrainingFeatures` (``features/train.npz`
 Every stored array is a field whose metadata (:class:`ArraySpec`) gives its dtypes and
 shape; the checks a verified cell passes (:func:`arrays_problem`,
 :func:`training_features_problem`), the dtypes written and what each OOD score may need
-(:func:`needs`) are read from there.  Only this module spells a stored array name or a
+(:func:`needs`) are read from there.  Only the store package (this module and the
+files it reads and writes, :mod:`bench.store`) spells a stored array name or a
 ``cell.json`` key: every other module reads and writes fields, and names a prediction
 array through :data:`ARRAYS` (an OOD score's ``reads``), so a misspelt name is an
 AttributeError or a TypeError, never a silent NaN.
