@@ -46,3 +46,21 @@ def test_the_repository_passes_ruff_check():
     done = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "."], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+MAX_FUNCTION_LINES = 80  # a function of bench/ longer than this is split into named steps
+
+
+def test_no_function_in_bench_is_longer_than_80_lines():
+    """Every function and method of ``bench/``, decorators left out and docstring included,
+    spans at most MAX_FUNCTION_LINES lines: a longer one does several jobs that want names."""
+    import ast
+
+    long = []
+    for path in sorted((REPO / "bench").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({lines} lines)")
+    assert not long, "functions over 80 lines:\n  " + "\n  ".join(long)
