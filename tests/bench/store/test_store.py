@@ -360,11 +360,17 @@ def test_preds_round_trip_nested_split_names(tmp_path):
         np.testing.assert_array_equal(got_y, y.astype(np.int64))
 
 
-def test_npz_loads_without_pickle_and_holds_exactly_two_arrays(tmp_path):
+def cell_with_preds(tmp_path, split: str, n: int, c: int, seed: int) -> tuple[CellDir, np.ndarray, np.ndarray]:
+    """A fresh cell holding random predictions of ``n`` samples and ``c`` classes for ``split``."""
     cd = CellDir(tmp_path / "cell")
     cd.reset()
-    lp, y = random_preds(6, 3, 5)
-    cd.write_preds("shift/gaussian_noise/3", Predictions(lp, y))
+    lp, y = random_preds(n, c, seed)
+    cd.write_preds(split, Predictions(lp, y))
+    return cd, lp, y
+
+
+def test_npz_loads_without_pickle_and_holds_exactly_two_arrays(tmp_path):
+    cd, lp, y = cell_with_preds(tmp_path, "shift/gaussian_noise/3", 6, 3, 5)
     path = cd.path / "preds" / "shift" / "gaussian_noise" / "3.npz"
     with np.load(path, allow_pickle=False) as z:
         assert sorted(z.files) == ["labels", "log_probs"]
@@ -378,10 +384,7 @@ def test_npz_loads_without_pickle_and_holds_exactly_two_arrays(tmp_path):
 
 
 def test_read_labels_gives_a_splits_labels_and_refuses_what_write_preds_does_not_write(tmp_path):
-    cd = CellDir(tmp_path / "cell")
-    cd.reset()
-    lp, y = random_preds(7, 3, 6)
-    cd.write_preds("test", Predictions(lp, y))
+    cd, lp, y = cell_with_preds(tmp_path, "test", 7, 3, 6)
     got = cd.read_labels("test")
     assert got.dtype == np.int64 and got.tolist() == y.tolist()
     with pytest.raises(OSError):
