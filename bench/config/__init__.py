@@ -1,0 +1,1 @@
+"""The configuration of a run: a suite file parsed and checked as frozen dataclasses (:mod:`bench.config.spec`, with the run's :class:`~bench.config.spec.RunSpec`), its options and its ``[executor]`` table."""

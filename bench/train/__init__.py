@@ -1,0 +1,1 @@
+"""Training one cell: :mod:`bench.train.cell` trains, predicts every split and stores; the loop (:mod:`bench.train.loop`), the resume file, the methods' base classes, the ViT and what a cell tells while it runs."""
