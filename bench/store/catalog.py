@@ -128,12 +128,16 @@ class Catalog:
         (read here, once, for a cell the scan did not read); an empty record where it is
         unreadable.  Every reader after the scan (analysis, report, ``compare``) takes a
         cell's record from here, so each ``cell.json`` is read once per catalog."""
-        if cd.key not in self._records:
-            try:
-                self._records[cd.key] = cd.read_cell() or CellRecord()
-            except OSError:
-                self._records[cd.key] = CellRecord()
-        return self._records[cd.key]
+        if cd.key in self._records:
+            return self._records[cd.key]
+        try:
+            record = cd.read_cell()
+        except OSError:
+            record = None
+        if record is None:
+            return CellRecord()  # not kept: a later reader tries the file again
+        self._records[cd.key] = record
+        return record
 
     def dataset_class(self, dataset: str) -> type | None:
         """The registered class of a dataset (its type from a cell's ``cell.json``), or None
@@ -335,8 +339,7 @@ class Catalog:
         cd, state, problem, directory = _choose(candidates, planned, records)
         if cd is not None:
             self.cells[key] = cd
-            if not records[cd.key].complete:  # sealed after the scan read it: read the final record
-                self._records.pop(cd.key, None)
+            self._records[cd.key] = records[cd.key]  # the record _choose read once the cell verified
             return
         who = live_runner(self.root, directory) if state == "interrupted" else None
         if who is not None:
@@ -440,10 +443,15 @@ def _choose(candidates: list[CellDir], planned: set[str],
             records: dict[str, CellRecord]) -> tuple[CellDir | None, str, str, str]:
     """``(cell to use, state, problem, directory)`` among directories naming one (dataset,
     method, seed): a complete one (state ``complete``; among several unplanned ones the one
-    finished last by its record in ``records``), else the first damaged, failed or
-    interrupted one, with why and its directory."""
+    finished last by its record), else the first damaged, failed or interrupted one, with
+    why and its directory.  A complete candidate's record in ``records`` is replaced by the
+    one read right after it verified (the scan's may be of a directory since moved aside and
+    redone, or of a cell still running then)."""
     conditions = {cd.key: cd.condition(skip=(CHECKPOINT,)) for cd in candidates}
-    complete = [cd for cd in candidates if conditions[cd.key][0] == "complete"]
+    # the records of what was just verified, not of what the scan saw before
+    verified = {cd.key: cd.read_cell() for cd in candidates if conditions[cd.key][0] == "complete"}
+    records.update({key: record for key, record in verified.items() if record is not None})
+    complete = [cd for cd in candidates if verified.get(cd.key) is not None]
     if complete:
         mine = [cd for cd in complete if cd.key in planned]
         if mine:
