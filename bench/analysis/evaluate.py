@@ -23,10 +23,9 @@ from bench.store.catalog import Catalog, Preds
 from bench.data import is_ood
 from bench.core.errors import one_line
 from bench.store import READ_ERRORS
-from bench.store.record import ARRAYS
 from bench.metrics import get_metric, selection
 from bench.scores import NEEDS, TRAINING, default_scores, get_score
-from bench.scores.record import FEATURES, fitting_view
+from bench.scores.record import FEATURES, LOGITS, fitting_view
 from bench.store import TrainingFeatures
 
 METRIC_COLUMNS = ["dataset", "method", "seed", "split", "metric", "score", "value"]
@@ -36,7 +35,7 @@ DAMAGED_COLUMNS = ["cell", "dataset", "method", "seed", "reason"]
 UNSCORED_COLUMNS = ["dataset", "method", "score", "reason"]
 #: what to do when a trained cell lacks what a score needs (stored before this code, or without features)
 RERUN = {
-    ARRAYS.logits: "needs logits: rerun the suite (this cell was stored before the store kept logits)",
+    LOGITS: "needs logits: rerun the suite (this cell was stored before the store kept logits)",
     FEATURES: "needs features: rerun with `[store] features = true` (this cell stored none)",
     TRAINING: "needs training features: rerun with `[store] features = true` (this cell stored none)",
 }

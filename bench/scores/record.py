@@ -32,6 +32,7 @@ from bench.store.record import ARRAYS, needs  # noqa: F401  (ARRAYS: how a score
 NEEDS: dict[str, tuple[str, ...]] = needs()
 TRAINING = "training features"  # a score with a ``fit``: the cell's ``features/train.npz``
 FEATURES = "features"  # the need of the scores that read the stored features
+LOGITS = "logits"  # the need of the scores that read the stored logits
 
 
 def fitting_view(stored: TrainingFeatures) -> TrainingFeatures:

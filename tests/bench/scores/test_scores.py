@@ -384,3 +384,12 @@ def test_a_plugin_registers_a_score_like_a_metric():
     np.testing.assert_allclose(registered("test_plugin_l1", {"features": np.array([[1.0, -2.0]])}), [-3.0])
     with pytest.raises(ValueError, match="already registered"):
         ood_score("x", "y.", reads=("features",), name="test_plugin_l1")(lambda a, f=None: a)
+
+
+def test_the_need_constants_are_needs_the_store_declares():
+    """FEATURES and LOGITS (the needs analysis words its rerun hints by) are needs that the
+    store's Predictions record declares, with the arrays that provide them."""
+    from bench.scores.record import FEATURES, LOGITS, NEEDS
+
+    assert {FEATURES, LOGITS} <= set(NEEDS)
+    assert NEEDS[LOGITS] and NEEDS[FEATURES]
