@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field, fields, make_dataclass
-from typing import Any, ClassVar, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -34,8 +34,10 @@ class ArraySpec:
     shape: tuple[str, ...]
     need: str | None = None
 
-    def describe(self) -> str:
-        return f"{'/'.join(np.dtype(t).name for t in self.dtypes)} [{', '.join(self.shape)}]"
+    def describe(self, dims: Mapping[str, int] | None = None) -> str:
+        """``float32 [N, C]``; with ``dims``, the sizes fixed so far in place of their symbols."""
+        shape = [str(dims[s]) if dims and s in dims else s for s in self.shape]
+        return f"{'/'.join(np.dtype(t).name for t in self.dtypes)} [{', '.join(shape)}]"
 
 
 def _array(dtypes: tuple[type, ...], shape: tuple[str, ...], need: str | None = None, optional: bool = True):
@@ -47,9 +49,15 @@ def _specs(cls) -> dict[str, ArraySpec]:
     return {f.name: f.metadata["array"] for f in fields(cls)}
 
 
+def _stored(record):
+    """``record`` (a :class:`Predictions` or :class:`TrainingFeatures`) with each array in
+    the dtype the store writes (its field's first dtype)."""
+    specs = _specs(type(record))
+    return type(record)(**{k: np.asarray(a, dtype=specs[k].dtypes[0]) for k, a in record.arrays().items()})
+
+
 def _described(name: str, a: np.ndarray, spec: ArraySpec, dims: dict[str, int]) -> str:
-    want = [str(dims[s]) if s in dims else s for s in spec.shape]
-    return f"{name} is {a.dtype}{list(a.shape)}, not {'/'.join(np.dtype(t).name for t in spec.dtypes)} [{', '.join(want)}]"
+    return f"{name} is {a.dtype}{list(a.shape)}, not {spec.describe(dims)}"
 
 
 def _array_problem(name: str, a: np.ndarray, spec: ArraySpec, dims: dict[str, int]) -> str | None:
@@ -94,8 +102,7 @@ class Predictions:
 
     def stored(self) -> "Predictions":
         """The arrays as the store writes them (each field's first dtype)."""
-        specs = _specs(Predictions)
-        return Predictions(**{k: np.asarray(a, dtype=specs[k].dtypes[0]) for k, a in self.arrays().items()})
+        return _stored(self)
 
     def has(self, name: str) -> bool:
         """Whether the array ``name`` is stored (a name the record does not declare: ValueError)."""
@@ -205,8 +212,7 @@ class TrainingFeatures:
 
     def stored(self) -> "TrainingFeatures":
         """The arrays as the store writes them (each field's first dtype)."""
-        specs = _specs(TrainingFeatures)
-        return TrainingFeatures(**{k: np.asarray(a, dtype=specs[k].dtypes[0]) for k, a in self.arrays().items()})
+        return _stored(self)
 
     @classmethod
     def from_arrays(cls, arrays: Mapping[str, np.ndarray]) -> "TrainingFeatures":
@@ -235,6 +241,14 @@ def training_features_problem(arrays: Mapping[str, np.ndarray]) -> str | None:
 _FLOAT = "float"  # an int or float in JSON (not a bool); NaN allowed
 
 
+def _key(kind: Any, required: bool = False):
+    """A ``cell.json`` key: a dataclass field declaring the JSON ``kind`` of its value
+    (``str``, ``int``, ``bool``, ``dict`` or :data:`_FLOAT`), which :func:`_checked`
+    reads; a ``required`` key has no default."""
+    metadata = {"json": kind, "required": required}
+    return field(metadata=metadata) if required else field(default=None, metadata=metadata)
+
+
 def _value_problem(name: str, value: Any, kind: Any) -> str | None:
     if kind == _FLOAT:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -252,34 +266,34 @@ class Stage1Record:
     training seconds, best epoch and best validation accuracy (None where the stored
     cell recorded none)."""
 
-    KINDS: ClassVar[dict[str, Any]] = {"method": str, "key": str, "reused": bool, "train_seconds": _FLOAT,
-                                       "best_epoch": int, "best_val_acc": _FLOAT}
-    method: str
-    key: str
-    reused: bool
-    train_seconds: float | None = None
-    best_epoch: int | None = None
-    best_val_acc: float | None = None
+    method: str = _key(str, required=True)
+    key: str = _key(str, required=True)
+    reused: bool = _key(bool, required=True)
+    train_seconds: float | None = _key(_FLOAT)
+    best_epoch: int | None = _key(int)
+    best_val_acc: float | None = _key(_FLOAT)
 
     def to_json(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}  # every key, null included
 
     @classmethod
     def from_json(cls, obj: Any) -> "Stage1Record":
-        return cls(**_checked(cls, obj, "stage1", required=("method", "key", "reused")))
+        return cls(**_checked(cls, obj, "stage1"))
 
 
-def _checked(cls, obj: Any, where: str, required: tuple[str, ...] = ()) -> dict:
-    """``obj``'s keys and values checked against ``cls.KINDS``; ValueError naming the first
-    unknown or missing key or wrong value (null is an absent value)."""
+def _checked(cls, obj: Any, where: str) -> dict:
+    """``obj``'s keys and values checked against the JSON kinds ``cls``'s fields declare
+    (:func:`_key`); ValueError naming the first unknown or missing key or wrong value (null
+    is an absent value)."""
+    kinds = {f.name: f.metadata["json"] for f in fields(cls)}
     if not isinstance(obj, dict):
         raise ValueError(f"{where} is {type(obj).__name__}, not an object")
-    if unknown := sorted(set(obj) - set(cls.KINDS)):
-        raise ValueError(f"{where} holds unknown key(s) {', '.join(unknown)} (known: {', '.join(cls.KINDS)})")
-    if missing := [k for k in required if obj.get(k) is None]:
+    if unknown := sorted(set(obj) - set(kinds)):
+        raise ValueError(f"{where} holds unknown key(s) {', '.join(unknown)} (known: {', '.join(kinds)})")
+    if missing := [f.name for f in fields(cls) if f.metadata["required"] and obj.get(f.name) is None]:
         raise ValueError(f"{where} lacks {', '.join(missing)}")
     for k, v in obj.items():
-        if v is not None and (why := _value_problem(k, v, cls.KINDS[k])) is not None:
+        if v is not None and (why := _value_problem(k, v, kinds[k])) is not None:
             raise ValueError(f"{where}: {why}")
     return dict(obj)
 
@@ -298,39 +312,32 @@ class CellRecord:
     they apply.  None = not recorded (left out of the file).  The store's schema version
     (:data:`STORE_SCHEMA`) is in ``config`` and the manifest."""
 
-    KINDS: ClassVar[dict[str, Any]] = {
-        "key": str, "dataset": str, "method": str, "seed": int, "config": dict, "status": str, "reason": str,
-        "device": str, "versions": dict, "started": str, "finished": str, "samples": int, "average": str,
-        "resumed_from_epoch": int, "stage1": dict, "no_features": str, "train_seconds": _FLOAT,
-        "predict_seconds": _FLOAT, "predict_seconds_per_1000": _FLOAT, "parameters": int, "best_epoch": int,
-        "compile": str, "best_val_acc": _FLOAT, "test_acc": _FLOAT, "peak_memory_mb": _FLOAT, "ood_detectors": dict,
-    }
-    key: str | None = None
-    dataset: str | None = None
-    method: str | None = None
-    seed: int | None = None
-    config: dict | None = None
-    status: str | None = None
-    reason: str | None = None
-    device: str | None = None
-    versions: dict | None = None
-    started: str | None = None
-    finished: str | None = None
-    samples: int | None = None
-    average: str | None = None
-    resumed_from_epoch: int | None = None
-    stage1: Stage1Record | None = None
-    no_features: str | None = None
-    train_seconds: float | None = None
-    predict_seconds: float | None = None
-    predict_seconds_per_1000: float | None = None
-    parameters: int | None = None
-    best_epoch: int | None = None
-    compile: str | None = None
-    best_val_acc: float | None = None
-    test_acc: float | None = None
-    peak_memory_mb: float | None = None
-    ood_detectors: dict[str, dict[str, float]] | None = None
+    key: str | None = _key(str)
+    dataset: str | None = _key(str)
+    method: str | None = _key(str)
+    seed: int | None = _key(int)
+    config: dict | None = _key(dict)
+    status: str | None = _key(str)
+    reason: str | None = _key(str)
+    device: str | None = _key(str)
+    versions: dict | None = _key(dict)
+    started: str | None = _key(str)
+    finished: str | None = _key(str)
+    samples: int | None = _key(int)
+    average: str | None = _key(str)
+    resumed_from_epoch: int | None = _key(int)
+    stage1: Stage1Record | None = _key(dict)
+    no_features: str | None = _key(str)
+    train_seconds: float | None = _key(_FLOAT)
+    predict_seconds: float | None = _key(_FLOAT)
+    predict_seconds_per_1000: float | None = _key(_FLOAT)
+    parameters: int | None = _key(int)
+    best_epoch: int | None = _key(int)
+    compile: str | None = _key(str)
+    best_val_acc: float | None = _key(_FLOAT)
+    test_acc: float | None = _key(_FLOAT)
+    peak_memory_mb: float | None = _key(_FLOAT)
+    ood_detectors: dict[str, dict[str, float]] | None = _key(dict)
 
     def replace(self, **changes: Any) -> "CellRecord":
         return dataclasses.replace(self, **changes)
