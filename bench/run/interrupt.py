@@ -60,7 +60,7 @@ class CtrlC:
 def stopped_at(plan, store_root: Path) -> str:
     """The line Ctrl-C ends a run with: its cells done, the ones in progress and the epoch
     each saved its training at."""
-    from bench.train.cell import saved_epoch
+    from bench.train.state import saved_epoch
     from bench.store import CellDir, CellRecord
 
     done, saved = 0, []

@@ -37,7 +37,8 @@ from bench.scores import detector_cost
 from bench.config.spec import DatasetSpec
 from bench.store import CHECKPOINT, TRAIN_LOG, CellDir, CellRecord, Stage1Record, TrainingFeatures
 from bench.train.loop import LOG_COLUMNS, TrainResult, fit, optimiser_steps, predict, seed_everything
-from bench.train.state import UnusableState, read_training_state, state_dict_problem, training_state_bytes
+from bench.train.state import (TRAIN_STATE, UnusableState, read_training_state, state_dict_problem,
+                               training_state_bytes)
 from bench.train.telemetry import Console, Events, peak_memory_mb, reset_peak_memory, tensorboard_folder
 
 
@@ -54,20 +55,7 @@ def versions() -> dict:
 #: what to do before running again when a cell's file cannot be written for want of room
 NO_ROOM = {errno.ENOSPC: "after freeing space on that disk", errno.EDQUOT: "after freeing space within your quota",
            errno.EFBIG: "after raising the file-size limit (ulimit -f)"}
-TRAIN_STATE = "train_state.pt"  # the resumable training state of a cell in progress
 TOKENIZER = "tokenizer.json"  # text cells: the vocabulary and length (bench.data.text.WordTokenizer.to_dict)
-
-
-def saved_epoch(cd: CellDir) -> int | None:
-    """The epoch a cell's resumable training state was saved at (None: no state, or one
-    that cannot be read); the file is mapped, not read whole."""
-    path = cd.path / TRAIN_STATE
-    if not path.is_file():
-        return None
-    try:
-        return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["epoch"])
-    except Exception:  # noqa: BLE001  (a state being written or damaged)
-        return None
 
 
 def _save_state(cd: CellDir, state: dict) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from bench.config.spec import TrainConfig
+from bench.store import CellDir
 
 
 class UnusableState(ValueError):
@@ -145,3 +146,18 @@ def state_dict_problem(tensors: object, expected: dict[str, tuple]) -> str | Non
             got = f"{t.dtype}{list(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
             return f"{name} is {got}, the model's {dtype}{list(shape)}"
     return None
+
+
+TRAIN_STATE = "train_state.pt"  # the resumable training state of a cell in progress
+
+
+def saved_epoch(cd: CellDir) -> int | None:
+    """The epoch a cell's resumable training state was saved at (None: no state, or one
+    that cannot be read); the file is mapped, not read whole."""
+    path = cd.path / TRAIN_STATE
+    if not path.is_file():
+        return None
+    try:
+        return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["epoch"])
+    except Exception:  # noqa: BLE001  (a state being written or damaged)
+        return None

@@ -58,7 +58,7 @@ def cmd_status(cells: list[PlannedCell], store_root: Path, suite=None) -> int:
     nothing is left; then the derived methods of ``suite`` (a :class:`bench.config.spec.Suite`),
     computed from these cells."""
     from bench.store.catalog import describe_runner, live_runner
-    from bench.train.cell import TRAIN_STATE, saved_epoch
+    from bench.train.state import TRAIN_STATE, saved_epoch
     from bench.core.progress import duration, time_left
     from bench.store import Store
 
