@@ -71,7 +71,7 @@ FILES: dict[str, tuple[str, list[str], tuple[str, ...]]] = {
 }
 #: The code the analysis files depend on, as paths under ``bench/`` (a folder stands for
 #: every ``.py`` file below it); their text is in the fingerprint.
-_CODE = ("metrics", "scores", "analysis", "store/catalog.py", "train/method.py")
+_CODE = ("metrics", "scores", "analysis", "store/catalog.py", "store/record.py", "train/method.py")
 
 
 def fingerprint(catalog: Catalog, metrics: list[str], resamples: int, seed: int,
