@@ -59,7 +59,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from bench.store.catalog import Catalog
+from bench.store.catalog import Catalog, Preds
 from bench.core.errors import one_line
 from bench.store import READ_ERRORS, TRAIN_LOG, CellDir
 
@@ -173,17 +173,14 @@ def read_log(cd: CellDir) -> tuple[pd.DataFrame | None, str]:
     return log.reindex(columns=["epoch", *LOG_FIELDS]), ""
 
 
-def majority_share(cd: CellDir) -> float:
-    """The share of the most frequent label among the labels of the cell's stored
-    :data:`LABELS_SPLIT` split (``-1``, no label, left out): the accuracy of a model that
-    predicts one class, as the test split estimates it; NaN when the cell stores no such
-    split, it cannot be read, or it holds no label."""
-    if LABELS_SPLIT not in cd.splits():
+def majority_share(preds: Preds | None) -> float:
+    """The share of the most frequent label among the labels of a cell's stored
+    :data:`LABELS_SPLIT` split (``preds``: its loaded splits; ``-1``, no label, left out):
+    the accuracy of a model that predicts one class, as the test split estimates it; NaN
+    when the cell stores no such split, it could not be read, or it holds no label."""
+    if preds is None or LABELS_SPLIT not in preds:
         return np.nan
-    try:
-        labels = cd.read_labels(LABELS_SPLIT)
-    except READ_ERRORS:
-        return np.nan
+    labels = preds[LABELS_SPLIT].labels
     labels = labels[labels >= 0]
     return float(np.bincount(labels).max() / len(labels)) if len(labels) else np.nan
 
@@ -206,7 +203,7 @@ def _stage_row(log: pd.DataFrame | None, why: str, best: int | None, share: floa
 def convergence(catalog: Catalog) -> Convergence:
     """The training logs of the catalog's cells, each judged (module docstring), in catalog
     order (datasets, methods, seeds, stages)."""
-    by_key = {cd.key: (row, cd) for (_, row, _), cd in catalog.cells.items()}
+    by_key = {cd.key: (cell, cd) for cell, cd in catalog.cells.items()}  # cell: (dataset, row, seed)
     logs: dict[str, tuple[pd.DataFrame | None, str]] = {}
 
     shares: dict[str, float] = {}
@@ -217,11 +214,12 @@ def convergence(catalog: Catalog) -> Convergence:
         return logs[cd.key]
 
     def share_of(cd: CellDir | None, log: pd.DataFrame | None) -> float:
-        """The cell's majority share, read once per cell and only for a log judge can judge."""
+        """The cell's majority share, from the predictions the catalog loaded (analysis has
+        evaluated them before), once per cell and only for a log judge can judge."""
         if cd is None or log is None or len(log) < 2:
             return np.nan
         if cd.key not in shares:
-            shares[cd.key] = majority_share(cd)
+            shares[cd.key] = majority_share(catalog.load_or_mark_damaged(*by_key[cd.key][0]))
         return shares[cd.key]
 
     epochs, cells = [], []
@@ -243,7 +241,7 @@ def convergence(catalog: Catalog) -> Convergence:
                         stages.append((1, first.method, None,
                                        f"its stage-1 cell {first.key} is not among the cells analysed", None))
                     else:
-                        stages.append((1, found[0], *log_of(found[1]), found[1]))
+                        stages.append((1, found[0][1], *log_of(found[1]), found[1]))
                     if why != NO_LOG:  # a post-hoc cell trained nothing: it has no stage 2
                         stages.append((2, entry.name, own, why, cd))
                 else:

@@ -413,17 +413,6 @@ class CellDir:
             raise ValueError(f"{rel}: {why}")
         return Predictions.from_arrays(arrays)
 
-    def read_labels(self, split: str) -> np.ndarray:
-        """The ``labels`` of ``split`` alone (int64 [N]; its other arrays are left unread);
-        OSError when the split is not stored, KeyError when its file has no labels,
-        ValueError when they are not int64 [N]."""
-        rel = split_relpath(split)
-        with np.load(self.path / rel, allow_pickle=False) as z:
-            labels = z["labels"]
-        if labels.dtype != np.int64 or labels.ndim != 1:
-            raise ValueError(f"{rel}: labels is {labels.dtype}{list(labels.shape)}, not int64 [N]")
-        return labels
-
     def splits(self) -> list[str]:
         """The stored splits: those of the manifest for a sealed cell (a stray file is never
         read), else every ``preds/**/*.npz`` written so far."""

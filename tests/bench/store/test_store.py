@@ -383,19 +383,6 @@ def test_npz_loads_without_pickle_and_holds_exactly_two_arrays(tmp_path):
         np.testing.assert_array_equal(arr, lp.astype(np.float32))
 
 
-def test_read_labels_gives_a_splits_labels_and_refuses_what_write_preds_does_not_write(tmp_path):
-    cd, lp, y = cell_with_preds(tmp_path, "test", 7, 3, 6)
-    got = cd.read_labels("test")
-    assert got.dtype == np.int64 and got.tolist() == y.tolist()
-    with pytest.raises(OSError):
-        cd.read_labels("val")  # not stored
-    buf = io.BytesIO()
-    np.savez(buf, log_probs=lp.astype(np.float32), labels=np.zeros((7, 2), dtype=np.int64))
-    (cd.path / "preds" / "val.npz").write_bytes(buf.getvalue())
-    with pytest.raises(ValueError, match="labels is int64\\[7, 2\\], not int64 \\[N\\]"):
-        cd.read_labels("val")
-
-
 @pytest.mark.parametrize("bad", ["../x", "a//b", "", "/abs", "x/", "a/./b", "a/../../b", ".", ".."])
 def test_bad_split_names_rejected(tmp_path, bad):
     cd = CellDir(tmp_path / "store" / "cell")
