@@ -130,10 +130,7 @@ class Catalog:
         cell's record from here, so each ``cell.json`` is read once per catalog."""
         if cd.key in self._records:
             return self._records[cd.key]
-        try:
-            record = cd.read_cell()
-        except OSError:
-            record = None
+        record = cd.read_cell()
         if record is None:
             return CellRecord()  # not kept: a later reader tries the file again
         self._records[cd.key] = record
@@ -333,13 +330,12 @@ class Catalog:
             out.append(LeftOut(key, d, m, s, state, why))
         return out
 
-    def _use(self, key: tuple[str, str, int], candidates: list[CellDir], planned: set[str],
-             records: dict[str, CellRecord]) -> None:
-        """Record the cell used for ``key`` (dataset, row, seed), or why none is."""
-        cd, state, problem, directory = _choose(candidates, planned, records)
+    def _use(self, key: tuple[str, str, int], candidates: list[CellDir], planned: set[str]) -> None:
+        """Record the cell used for ``key`` (dataset, row, seed), or why none is; the
+        records of the complete candidates become those read once they verified (:func:`_choose`)."""
+        cd, state, problem, directory = _choose(candidates, planned, self._records)
         if cd is not None:
             self.cells[key] = cd
-            self._records[cd.key] = records[cd.key]  # the record _choose read once the cell verified
             return
         who = live_runner(self.root, directory) if state == "interrupted" else None
         if who is not None:
@@ -504,8 +500,7 @@ def open_store(root: Path, suite=None, planned: set[str] = frozenset()) -> Catal
         reference = str(desc.get("reference", ""))
         if reference not in {e.name for e in entries}:
             reference = entries[0].name if entries else ""
-    catalog = Catalog(name, root, datasets, [], seeds, reference, unnamed=unnamed)
-    catalog._records.update(records)
+    catalog = Catalog(name, root, datasets, [], seeds, reference, unnamed=unnamed, _records=records)
     planned = set(planned)
     rows: dict[str, list[str]] = {}  # trained method -> its rows (configurations) on any dataset
     for d in datasets:
@@ -518,7 +513,7 @@ def open_store(root: Path, suite=None, planned: set[str] = frozenset()) -> Catal
                 if row not in rows.setdefault(e.name, []):
                     rows[e.name].append(row)
                 for s, candidates in group.items():
-                    catalog._use((d, row, s), candidates, planned, records)
+                    catalog._use((d, row, s), candidates, planned)
                 for s in by_seed.keys() - group.keys():
                     catalog.elsewhere[(d, row, s)] = ", ".join(cd.key for cd in by_seed[s])
     for e in entries:
