@@ -129,6 +129,11 @@ class PlannedCell:
     def label(self) -> str:
         return f"{self.dataset} / {self.method} / seed {self.seed}"
 
+    @classmethod
+    def of(cls, cell) -> "PlannedCell":
+        """The entry of a planned cell (:class:`bench.store.plan.Cell`)."""
+        return cls(cell.key, cell.dataset.name, cell.method.name, cell.seed, cell.method.train.epochs)
+
 
 @dataclass(frozen=True)
 class RunRecord:
@@ -333,8 +338,7 @@ def check_owner(folder: Path, kind: str, mine: RunSpec, rewritable: bool = False
 def store_record(spec: RunSpec, source: dict, plan) -> RunRecord:
     """The record a run keeps in its store (``plan``: a :class:`bench.store.plan.Plan`); its
     ``started`` (UTC, to the second) is now, and :func:`claim` keeps the first run's."""
-    return RunRecord(spec, source, tuple(PlannedCell(c.key, c.dataset.name, c.method.name, c.seed,
-                                                     c.method.train.epochs) for c in plan.cells),
+    return RunRecord(spec, source, tuple(PlannedCell.of(c) for c in plan.cells),
                      datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
 

@@ -44,8 +44,7 @@ def main(args: argparse.Namespace) -> int:
     given = overrides(args)
     suite = load_suite(args.suite or "default", given)
     selected = select(suite, args.methods, args.datasets, to_run=False)
-    cells = [PlannedCell(c.key, c.dataset.name, c.method.name, c.seed, c.method.train.epochs)
-             for c in make_plan(selected).cells]
+    cells = [PlannedCell.of(c) for c in make_plan(selected).cells]
     return cmd_status(cells, args.results / stored_run(args, suite.name, given), selected)
 
 
