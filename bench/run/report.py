@@ -46,7 +46,7 @@ from bench.store.runs import COMMAND, RUN_RECORD, implied, owner, resume_flags, 
 from bench.scores import validate_scores
 from bench.config.spec import Overrides, RunSpec, Suite, select
 from bench.core.registry import Registry
-from bench.store import STORE_SUITE, CellRecord, atomic_write_json, read_json_object
+from bench.store import STORE_SUITE, atomic_write_json, read_json_object
 
 #: the cells a report shows (key, dataset, method row, seed, configuration digest), beside
 #: its README: what a later report of the same run is compared with
@@ -225,9 +225,8 @@ def write_suite_report(suite: Suite | None, store_root: Path, out_dir: Path, opt
         damaged = dict(zip(results.damaged["cell"], results.damaged["reason"]))
         left_out = _left_out(catalog, wanted, methods, damaged)  # with the cells found damaged while analysing
         command = _check(catalog, shown_rows, left_out, earlier, configured, Path(out_dir), options, suite is None)
-        infos = [catalog.record(cd) for (_, m, _), cd in catalog.cells.items() if m in shown_rows]
         render_report(results, stage, options.formats, rows, picked, options.severity, left_out, command,
-                      _run_title(options, started, infos))
+                      _run_title(options, started, catalog, shown_rows))
         atomic_write_json(stage / CELLS_RECORD, {"cells": cells_record(catalog, shown_rows)})
         if options.run is not None and not implied(options.run, Path(out_dir).name):
             write_record(stage, options.run)
@@ -252,17 +251,17 @@ def write_suite_report(suite: Suite | None, store_root: Path, out_dir: Path, opt
                     tuple(failures), tuple(unscored))
 
 
-def _run_title(options: ReportOptions, started: str, infos: list[CellRecord]) -> RunTitle | None:
+def _run_title(options: ReportOptions, started: str, catalog: Catalog, rows: set[str]) -> RunTitle | None:
     """The run the report shows (``options.run``; None: a report made without one): its
     overrides, what this report narrows or adds, the day it ``started`` (its store record's)
-    or else the day its newest shown cell finished (``infos``: the shown cells' records)."""
+    or else the day its newest cell of the ``rows`` shown finished."""
     if options.run is None:
         return None
     run, datasets = options.run, options.selection.datasets
     shown = [("--methods", options.selection.methods), ("--metrics", options.metrics), ("--scores", options.scores)]
     if datasets and datasets != run.overrides.datasets:
         shown.insert(1, ("--datasets", datasets))
-    finished = [(info.finished or "")[:10] for info in infos]
+    finished = [(catalog.record(catalog.cells[cell]).finished or "")[:10] for cell in _shown_cells(catalog, rows)]
     return RunTitle(run.name, run.suite, " ".join(run.overrides.flags()),
                     " ".join(f"{flag} {','.join(map(str, value))}" for flag, value in shown if value), started[:10],
                     max(finished, default=""))
