@@ -90,6 +90,9 @@ def cut(batch: dict, n: int, label: str) -> dict:
     if have < n:
         raise ConfigError(f"{label}: holds {have:,} images, the subset takes its first {n:,}; give a complete "
                           "official CIFAR-10 copy")
+    if b"filenames" in batch and not isinstance(batch[b"filenames"], (list, tuple)):
+        raise ConfigError(f"{label}: b'filenames' is of type {type(batch[b'filenames']).__name__}, not a list of names; give "
+                          "the official CIFAR-10 files")
     if b"filenames" in batch and len(batch[b"filenames"]) != have:
         raise ConfigError(f"{label}: b'filenames' has {len(batch[b'filenames'])} entries for {have} images")
     return {key: value[:n] if key in PER_IMAGE else value for key, value in batch.items()}

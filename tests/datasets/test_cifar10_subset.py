@@ -140,6 +140,17 @@ def test_smaller_sizes_cut_a_small_archive(tmp_path):
     assert modified == [*FIRST, "batches.meta"]  # each named: none is the published file
 
 
+def test_filenames_that_are_no_list_are_refused_naming_the_batch_and_nothing_is_written(tmp_path):
+    """A batch whose b'filenames' is a number, not the list of names the official files
+    hold: a ConfigError (main's one line, exit 2) naming the batch and the key."""
+    batches = official_batches({name: 5 for name in FIRST})
+    batches["data_batch_1"][b"filenames"] = 5
+    archive = write_archive(tmp_path / "odd.tar.gz", batches)
+    with pytest.raises(ConfigError, match=r"data_batch_1: b'filenames' is of type int, not a list of names"):
+        write_subset(archive, tmp_path / "data", SMALL)
+    assert not (tmp_path / "data").exists()
+
+
 class Evil:
     def __init__(self, path):
         self.path = path
