@@ -56,6 +56,7 @@ writes ``reports/perf/coverage.md``.  ``tests/benchmarks/test_coverage.py`` runs
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shlex
 import sys
@@ -135,12 +136,14 @@ POWER_SEEDS = POWER_GRID[-1]
 REFERENCE_SUITES = ("default", "cifar10_subset", "text", "variants", "zoo")
 
 
+@functools.cache
 def paper_metrics() -> int:
     """The paper selection's metrics of a labelled split: one method's comparisons in the
     test split's Holm family (``bench.analysis.summary.summarise``)."""
     return sum(not get_metric(name).on_scores for name in selection("paper"))
 
 
+@functools.cache
 def suite_families(suites=REFERENCE_SUITES) -> dict[str, int]:
     """Each suite's Holm family on its test split as ``bench.analysis.summary.summarise``
     forms it: the paper metrics of a labelled split times the methods compared with the
@@ -231,7 +234,7 @@ def ws_p_value(est: bootstrap.TwoLevel, units_a: bootstrap.Units, units_b: boots
     if not (np.isfinite(v) and v > 0 and np.isfinite(est.se) and est.se > 0):
         return est.p_value()
     df = est.se ** 4 / (v ** 2 / (d.size - 1))
-    return float(min(1.0, 2.0 * sp.t.sf(abs(est.center) / est.se, df)))
+    return replace(est, df=df).p_value()
 
 
 def _seed_run(setting: Setting, rng, z, labels, w, metrics, errors: list | None = None):

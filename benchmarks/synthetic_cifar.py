@@ -235,7 +235,6 @@ def _classes(text: str) -> tuple[int, ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository, for bench.run.flags
     from bench.run.flags import int_at_least
 
     _count = int_at_least(0)
