@@ -172,3 +172,42 @@ def test_l1_tradeoff_orders_the_estimators_at_true_ece_0():
     assert res["truth"] < 1e-12
     assert res["soft"][0] > res["ece_debiased"] > 0.0
     assert res["soft"][0] > res["soft"][1] > res["soft"][2] >= 0.0
+
+
+def test_above_level_is_the_exact_one_sided_binomial_test():
+    """Against scipy's binomtest (alternative "greater") and a hand count: 1 rejection in 1
+    replicate at 5% has P(X >= 1) = 0.05; 0 rejections are no evidence at all (p = 1)."""
+    from scipy.stats import binomtest
+
+    for k, r in ((21, 300), (28, 300), (150, 3000), (3, 10)):
+        assert study.above_level(k, r) == pytest.approx(binomtest(k, r, 0.05, alternative="greater").pvalue)
+    assert study.above_level(1, 1) == pytest.approx(0.05)
+    assert study.above_level(0, 300) == pytest.approx(1.0)
+
+
+def test_level_check_tells_monte_carlo_error_from_a_rate_above_5_percent():
+    """Fifty cells of 300 replicates at a true 5% (binomial draws) pass although about half
+    lie above 5%; one cell at 12% (36 of 300: one-sided p 4e-6, times 51 cells still tiny)
+    is flagged, and only that one."""
+    rng = np.random.default_rng(5)
+    exact = [(int(k), 300) for k in rng.binomial(300, 0.05, 50)]
+    assert sum(k > 15 for k, _ in exact) >= 10  # many cells above 5% by chance alone
+    assert study.level_check(exact)[1] == 0
+    smallest, above = study.level_check(exact + [(36, 300)])
+    assert above == 1 and smallest < 1e-3
+
+
+def test_median_band_is_the_order_statistic_interval_of_the_median():
+    """For 100 values the distribution-free 95% interval of the median runs from the 40th to
+    the 61st order statistic (the binomial(100, 1/2) table); it covers the true median of a
+    skewed distribution in about 95% of draws; NaN values are left out."""
+    values = np.arange(1.0, 101.0)
+    median, (low, high) = study.median_band(list(np.random.default_rng(6).permutation(values)))
+    assert (median, low, high) == (50.5, 40.0, 61.0)
+    rng = np.random.default_rng(7)
+    covered = 0
+    for _ in range(400):
+        _, (lo, hi) = study.median_band(list(rng.exponential(size=200)))
+        covered += lo <= np.log(2.0) <= hi
+    assert 0.92 <= covered / 400 <= 0.99
+    assert study.median_band([np.nan, 1.0, 2.0, 3.0])[0] == 2.0
