@@ -514,9 +514,9 @@ def seeds_needed(units_a: Units, boots_a: Boots, units_b: Units, boots_b: Boots,
     k = 3, 0.940 for 5, 0.973 for 10), not as s^2: s^2 on k - 1 = 2 df falls below sigma^2
     in most draws (its median is 0.69 sigma^2), and with the plain s^2 the median count
     read from 3 seeds was 0.64-0.73 of the simulated count for a 1-point gain; with s / c4
-    the median lies within 0.79-1.19 of it from 3, 5 or 10 seeds (reports/perf/coverage.md:
-    0.79 for a 1-point gain read from 3 seeds, just outside +-20%), closer than with s^2 or a
-    median-unbiased s^2 (which overshoots to 1.23 for a 2-point gain read from 3 seeds).
+    the median lies within 0.84-1.10 of it from 3, 5 or 10 seeds (reports/perf/coverage.md,
+    6,000 simulated benchmarks), closer than with s^2 or a median-unbiased s^2 (which
+    overshoots to 1.23 for a 2-point gain read from 3 seeds).
     ``inf`` when no count up to ``most`` reaches it; NaN when a seed variance could not be
     measured, the difference is undefined or nothing varied."""
     from scipy.stats import t
