@@ -23,6 +23,7 @@ Without a process group (the usual case) every function here is the identity, at
 """
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from datetime import timedelta
@@ -65,6 +66,11 @@ def setup(device: torch.device) -> torch.device:
                               "start at most that many processes (--nproc_per_node)")
         torch.cuda.set_device(local)
         device = torch.device("cuda", local)
+    # torch.distributed.nn.functional takes the default group as its functions' default
+    # argument, evaluated on import; imported once the group exists (DDP's first use imports
+    # it), it would hold the group past destroy_process_group, whose threads would then run
+    # on into the interpreter's exit and can abort it.  Imported first, it holds None.
+    importlib.import_module("torch.distributed.nn.functional")
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=TIMEOUT)
     return device
 
@@ -80,6 +86,7 @@ def abort(reason: str) -> NoReturn:
 
 
 def teardown() -> None:
+    """Destroy the process group (its threads end here, not at the interpreter's exit)."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 

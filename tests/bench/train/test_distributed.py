@@ -1,6 +1,7 @@
 """One cell on several processes (``torchrun``, DistributedDataParallel), on the CPU with
 the gloo backend: 2 processes train like 1 (loss curve, weights, the KSVD term's global
-mean), and ``torchrun ... run_suite.py`` stores each cell once, from rank 0."""
+mean), and ``torchrun ... run_suite.py`` stores each cell once, from rank 0, and every
+rank has ended its process group when it exits."""
 from __future__ import annotations
 
 import json
@@ -176,20 +177,28 @@ class FailsOnRank(MSP):
 '''
 
 
+def _torchrun_with_plugin(tmp_path: Path, suite: str, plugin: str, source: str, timeout: int,
+                          **env: str) -> subprocess.CompletedProcess:
+    """``torchrun --nproc_per_node 2 run_suite.py --plugin <plugin>`` on the suite text
+    ``suite``, the plugin module's ``source`` written to ``tmp_path``, with ``env`` added
+    to the environment; results and reports under ``tmp_path``."""
+    (tmp_path / f"{plugin}.py").write_text(source)
+    (tmp_path / "tiny_ddp.toml").write_text(suite)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **env,
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           "run_suite.py", "--suite", str(tmp_path / "tiny_ddp.toml"), "--results",
+                           str(tmp_path / "results"), "--reports", str(tmp_path / "reports"), "--device", "cpu",
+                           "--plugin", plugin], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
+
+
 @pytest.mark.parametrize("rank", [0, 1])
 def test_a_failure_on_one_rank_stops_every_rank(tmp_path, rank):
     """One rank failing mid-training (rank 0: the runner; rank 1: a follower) ends the
     whole torchrun job promptly (no rank left waiting in a collective) with a non-zero
     status, and the cell is not complete (rank 0 marks it failed when it is the one)."""
-    (tmp_path / "fails_plugin.py").write_text(FAILING_PLUGIN)
-    suite = tmp_path / "tiny_ddp.toml"
-    suite.write_text(TINY_DDP_SUITE.replace("[methods.msp]", "[methods.fails_on_rank]"))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "FAIL_RANK": str(rank),
-           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           "run_suite.py", "--suite", str(suite), "--results", str(tmp_path / "results"),
-                           "--reports", str(tmp_path / "reports"), "--device", "cpu", "--plugin", "fails_plugin"],
-                          cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+    proc = _torchrun_with_plugin(tmp_path, TINY_DDP_SUITE.replace("[methods.msp]", "[methods.fails_on_rank]"),
+                                 "fails_plugin", FAILING_PLUGIN, 120, FAIL_RANK=str(rank))
     assert proc.returncode != 0
     assert "injected failure" in proc.stdout + proc.stderr
     infos = [json.loads(f.read_text()) for f in (tmp_path / "results" / "tiny_ddp").glob("*/cell.json")]
@@ -255,3 +264,32 @@ def test_a_torchrun_cell_killed_mid_training_resumes_on_every_rank(tmp_path):
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-6)
+
+
+THREADS_PLUGIN = '''\
+"""At this process's exit (after the run returned): the names of its threads, in a file per rank."""
+import atexit
+import os
+from pathlib import Path
+
+
+def _threads():
+    names = sorted(Path(f"/proc/self/task/{t}/comm").read_text().strip() for t in os.listdir("/proc/self/task"))
+    Path(os.environ["THREADS_OUT"], f"threads.{os.environ['RANK']}").write_text("\\n".join(names))
+
+
+atexit.register(_threads)
+'''
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads the threads of a process from /proc")
+def test_every_torchrun_rank_ends_its_process_group_before_exit(tmp_path):
+    """When ``run`` returns, no thread of the process group (gloo's) runs on either rank:
+    the group was destroyed, not left to the interpreter's exit, where its threads can
+    abort the process ("terminate called without an active exception")."""
+    proc = _torchrun_with_plugin(tmp_path, tiny_suite("tiny_ddp", model={"dropout": 0.0}), "threads_plugin",
+                                 THREADS_PLUGIN, 300, THREADS_OUT=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    for rank in (0, 1):
+        threads = (tmp_path / f"threads.{rank}").read_text().split("\n")
+        assert not [t for t in threads if "gloo" in t], (rank, threads)
