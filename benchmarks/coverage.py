@@ -713,9 +713,10 @@ def _power_section(setting: Setting, res: dict, resamples: int) -> list[str]:
             for s in printed:
                 median, (low, high) = median_band(res["needed"][(d, s, m)])
                 ratio = median / target if np.isfinite(target) and np.isfinite(median) else float("nan")
+                lowest, highest = low / around[1], high / around[0]  # the ratio's Monte-Carlo band
                 if np.isfinite(target):
-                    ratios.append((ratio, low / around[1], high / around[0]))
-                cells.append(f"{_seeds_text(median)} ({ratio:.2f}; {low / around[1]:.2f}-{high / around[0]:.2f})"
+                    ratios.append((ratio, lowest, highest))
+                cells.append(f"{_seeds_text(median)} ({ratio:.2f}; {lowest:.2f}-{highest:.2f})"
                              if np.isfinite(ratio) else _seeds_text(median))
             sim = (f"> {grid[-1]}" if np.isinf(target) else
                    f"{target:.1f} ({around[0]:.1f}-" + (f"> {grid[-1]}" if np.isinf(around[1]) else f"{around[1]:.1f}")
@@ -735,15 +736,15 @@ def _power_section(setting: Setting, res: dict, resamples: int) -> list[str]:
 
 def median_band(values: list[float], level: float = 0.95) -> tuple[float, tuple[float, float]]:
     """The median of ``values`` and its distribution-free ``level`` interval: the order
-    statistics whose ranks bracket the median with Binomial(R, 1/2) probability ``level``
+    statistics whose ranks bracket the median with Binomial(R, 1/2) probability ``level``:
+    ranks k and R + 1 - k (1-based; the binomial is symmetric), k its (1 - level) / 2 quantile
     (NaN values, where nothing varied, are left out)."""
     x = np.sort(np.asarray(values, dtype=np.float64))
     x = x[~np.isnan(x)]
     if not x.size:
         return float("nan"), (float("nan"), float("nan"))
-    lo = int(sp.binom.ppf((1 - level) / 2, x.size, 0.5))
-    hi = min(x.size - 1, int(sp.binom.isf((1 - level) / 2, x.size, 0.5)))
-    return float(np.median(x)), (float(x[max(lo - 1, 0)]), float(x[hi]))
+    k = max(1, int(sp.binom.ppf((1 - level) / 2, x.size, 0.5)))
+    return float(np.median(x)), (float(x[k - 1]), float(x[x.size - k]))
 
 
 def _suites_text() -> str:
